@@ -1,0 +1,72 @@
+// Cost descriptors: FLOPs and HBM bytes (read + write) of each op from its shapes. The planner's
+// kernel-time model turns them into time; the benchmarks of the real kernels report achieved
+// rates against the same numbers, so a descriptor is the contract between kernel and simulator.
+//
+// Conventions: storage is bf16 (2 bytes) unless a byte width is passed; FLOPs count a
+// multiply-add as 2; "pairs" is the number of (query, key) position pairs attended, summed over
+// queries, for one head.
+#pragma once
+
+#include <cstdint>
+
+namespace ctxplan {
+
+// Which achieved rate bounds an op: the planner has a measured or estimated rate for each.
+enum class RateClass : uint8_t {
+  kGemm,               // tensor-core matrix multiply (cuBLASLt)
+  kAttentionForward,   // flash-class attention forward
+  kAttentionBackward,  // flash-class attention backward
+  kMemoryBound,        // elementwise / reduction kernels: bytes over HBM bandwidth
+  kHostToDevice,       // copy engine, host -> device
+  kDeviceToHost,       // copy engine, device -> host
+  kHostCompute,        // CPU work (optimizer on the host): bytes over host DRAM bandwidth
+  kNone,               // bookkeeping, no duration
+};
+
+struct OpCost {
+  double flops = 0.0;
+  double bytes = 0.0;  // bytes moved: HBM traffic for kernels, link traffic for copies
+  RateClass rate = RateClass::kNone;
+};
+
+inline constexpr int64_t kBf16Bytes = 2;
+inline constexpr int64_t kFp32Bytes = 4;
+
+// [m x k] * [k x n] -> [m x n]; `lora_rank` > 0 adds the two low-rank adapter GEMMs.
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank);
+// dX [m x k] = dY [m x n] * W^T, plus the adapters' share when lora_rank > 0.
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank);
+// dW [k x n] += X^T dY in `grad_bytes`; with lora_rank > 0 only the adapters' gradients.
+OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+                                int64_t grad_bytes);
+
+OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden);
+OpCost EmbeddingBackwardCost(int64_t tokens, int64_t hidden, int64_t grad_bytes);
+OpCost RmsNormForwardCost(int64_t tokens, int64_t hidden);   // with the residual add
+OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden);  // with the residual's gradient
+OpCost RopeCost(int64_t tokens, int64_t q_dim, int64_t kv_dim);  // forward or backward
+OpCost KvWriteCost(int64_t tokens, int64_t kv_dim);
+OpCost PageSummaryCost(int64_t pages, int64_t page_tokens, int64_t kv_dim);
+OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_t q_dim,
+                     int64_t kv_dim);
+OpCost PageTopKCost(int64_t tiles, int64_t pages);
+// `pairs`: attended (query, key) pairs per head; `kv_tokens_read`: K/V positions loaded.
+OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
+                            int64_t num_heads, int64_t kv_dim, int64_t head_dim);
+// dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`.
+OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
+                             int64_t num_heads, int64_t kv_dim, int64_t head_dim,
+                             int64_t grad_bytes);
+OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
+OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
+OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
+// Fused linear + cross-entropy over `tokens` positions and a `vocab` x `hidden` head:
+// logits computed twice (LSE pass, gradient pass), dX, and dW accumulated.
+OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab,
+                               bool head_trainable, int64_t grad_bytes);
+OpCost ZeroFillCost(int64_t bytes);
+// AdamW over `params` with fp32 moments.
+OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host);
+OpCost CopyCost(int64_t bytes, bool host_to_device);
+
+}  // namespace ctxplan

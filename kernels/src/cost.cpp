@@ -1,0 +1,119 @@
+#include "ctxplan/kernels/cost.h"
+
+namespace ctxplan {
+
+namespace {
+OpCost Memory(double bytes, double flops = 0.0) {
+  return OpCost{flops, bytes, RateClass::kMemoryBound};
+}
+double D(int64_t v) { return static_cast<double>(v); }
+}  // namespace
+
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank) {
+  double flops = 2.0 * D(m) * D(n) * D(k);
+  double bytes = D(m * k + k * n + m * n) * kBf16Bytes;
+  if (lora_rank > 0) {
+    flops += 2.0 * D(m) * D(lora_rank) * D(n + k);
+    bytes += D(lora_rank * (n + k) + 2 * m * lora_rank) * kBf16Bytes;
+  }
+  return {flops, bytes, RateClass::kGemm};
+}
+
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank) {
+  return LinearForwardCost(m, k, n, lora_rank);  // same GEMM with the roles of n and k swapped
+}
+
+OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+                                int64_t grad_bytes) {
+  if (lora_rank > 0) {
+    // X*A again, then dA = X^T (dY B^T) and dB = (X A)^T dY.
+    double flops = 2.0 * D(m) * D(lora_rank) * (D(k) + D(n) + D(n) + D(k));
+    double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(lora_rank * (n + k)) * D(grad_bytes);
+    return {flops, bytes, RateClass::kGemm};
+  }
+  double flops = 2.0 * D(m) * D(n) * D(k);
+  double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(k * n) * D(grad_bytes);
+  return {flops, bytes, RateClass::kGemm};
+}
+
+OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden) {
+  return Memory(2.0 * D(tokens * hidden) * kBf16Bytes);
+}
+OpCost EmbeddingBackwardCost(int64_t tokens, int64_t hidden, int64_t grad_bytes) {
+  return Memory(D(tokens * hidden) * (kBf16Bytes + 2.0 * D(grad_bytes)));
+}
+OpCost RmsNormForwardCost(int64_t tokens, int64_t hidden) {
+  // Reads x and the residual, writes the sum and the normalised output.
+  return Memory(4.0 * D(tokens * hidden) * kBf16Bytes, 6.0 * D(tokens * hidden));
+}
+OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden) {
+  // Reads x, dy and the residual's gradient, writes dx.
+  return Memory(4.0 * D(tokens * hidden) * kBf16Bytes, 8.0 * D(tokens * hidden));
+}
+OpCost RopeCost(int64_t tokens, int64_t q_dim, int64_t kv_dim) {
+  return Memory(2.0 * D(tokens * (q_dim + kv_dim)) * kBf16Bytes, 3.0 * D(tokens * (q_dim + kv_dim)));
+}
+OpCost KvWriteCost(int64_t tokens, int64_t kv_dim) {
+  return Memory(2.0 * 2.0 * D(tokens * kv_dim) * kBf16Bytes);
+}
+OpCost PageSummaryCost(int64_t pages, int64_t page_tokens, int64_t kv_dim) {
+  return Memory(D(pages) * D(page_tokens * kv_dim + kv_dim) * kBf16Bytes,
+                D(pages) * D(page_tokens * kv_dim));
+}
+OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_t q_dim,
+                     int64_t kv_dim) {
+  int64_t tiles = (q_tokens + query_tile - 1) / query_tile;
+  double flops = 2.0 * D(q_tokens) * D(pages) * D(q_dim);
+  double bytes = D(q_tokens * q_dim + pages * kv_dim) * kBf16Bytes + D(tiles * pages) * kFp32Bytes;
+  return {flops, bytes, RateClass::kMemoryBound};
+}
+OpCost PageTopKCost(int64_t tiles, int64_t pages) {
+  return Memory(D(tiles * pages) * kFp32Bytes * 2.0, D(tiles * pages) * 4.0);
+}
+OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
+                            int64_t num_heads, int64_t kv_dim, int64_t head_dim) {
+  double flops = 4.0 * pairs * D(num_heads) * D(head_dim);
+  double bytes = 2.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q in, O out
+                 2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
+                 D(q_tokens * num_heads) * kFp32Bytes;                    // log-sum-exp
+  return {flops, bytes, RateClass::kAttentionForward};
+}
+OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
+                             int64_t num_heads, int64_t kv_dim, int64_t head_dim,
+                             int64_t grad_bytes) {
+  // S = QK^T recomputed, then dV, dP, dQ, dK: five GEMM-shaped products against forward's two.
+  double flops = 10.0 * pairs * D(num_heads) * D(head_dim);
+  double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q, O, dO in; dQ out
+                 2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
+                 2.0 * 2.0 * D(kv_tokens_read * kv_dim) * D(grad_bytes) +  // dK, dV RMW
+                 D(q_tokens * num_heads) * kFp32Bytes;
+  return {flops, bytes, RateClass::kAttentionBackward};
+}
+OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
+  return Memory(3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes), 2.0 * D(tokens * kv_dim));
+}
+OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate) {
+  return Memory(3.0 * D(tokens * intermediate) * kBf16Bytes, 6.0 * D(tokens * intermediate));
+}
+OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate) {
+  return Memory(5.0 * D(tokens * intermediate) * kBf16Bytes, 12.0 * D(tokens * intermediate));
+}
+OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab,
+                               bool head_trainable, int64_t grad_bytes) {
+  double gemms = head_trainable ? 4.0 : 3.0;
+  double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
+  double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
+                 (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
+  return {flops, bytes, RateClass::kGemm};
+}
+OpCost ZeroFillCost(int64_t bytes) { return Memory(D(bytes)); }
+OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host) {
+  // Reads parameter, gradient and both fp32 moments; writes parameter and moments.
+  double bytes = D(params) * (2.0 * D(param_bytes) + D(grad_bytes) + 4.0 * kFp32Bytes);
+  return {12.0 * D(params), bytes, on_host ? RateClass::kHostCompute : RateClass::kMemoryBound};
+}
+OpCost CopyCost(int64_t bytes, bool host_to_device) {
+  return {0.0, D(bytes), host_to_device ? RateClass::kHostToDevice : RateClass::kDeviceToHost};
+}
+
+}  // namespace ctxplan

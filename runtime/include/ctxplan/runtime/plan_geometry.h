@@ -1,0 +1,90 @@
+// The numbers of a chunk-recurrent step that both the op stream (step_plan.h) and the planner's
+// analytic path derive from: chunk and page counts, page selections and their union, buffer
+// sizes, and which dKV pages exist when. One place, so the two paths cannot disagree on them.
+//
+// Notation (DESIGN.md): n context, c chunk, N = ceil(n/c) chunks, p page, k budget, s sinks,
+// b query tile, L layers. "Pages" below are pages of ONE layer; every layer has the same.
+#pragma once
+
+#include <cstdint>
+
+#include "ctxplan/models/model_spec.h"
+#include "ctxplan/runtime/run_options.h"
+
+namespace ctxplan {
+
+struct ChunkGeometry {
+  int32_t index = 0;
+  int64_t start = 0;          // first position
+  int64_t tokens = 0;         // c, or less for the last chunk
+  int64_t own_pages = 0;      // pages holding this chunk's positions (last one maybe partial)
+  int64_t earlier_pages = 0;  // E_i: pages of earlier positions (all full)
+  int64_t tiles = 0;          // query tiles of b queries
+  bool sparse = false;        // page selection applies (budget < earlier pages)
+  int64_t pages_per_tile = 0;  // earlier pages one query tile attends (sinks included)
+  int64_t union_pages = 0;     // U_i: pages any tile attends: what crosses PCIe per layer
+  double pairs_own = 0.0;      // causal (query, key) pairs inside the chunk
+  double pairs_paged = 0.0;    // (query, key) pairs against earlier pages
+};
+
+// dKV pages in the reverse pass. A dKV page is allocated on first write and dies with its chunk.
+// Which pages the sparse selections touch is unknown before the run, so the plan assumes the
+// conservative case: every page the reverse pass has selected so far is a different one, up to
+// all pages that exist (exact for dense attention). T_i = sum over j >= i of U_j.
+struct DkvState {
+  int64_t live_pages = 0;        // dKV pages allocated while chunk i runs its backward
+  int64_t live_after_pages = 0;  // ... after chunk i's own pages die
+  int64_t pretouched_union = 0;  // pages of U_i that already hold dKV (copied in, not zeroed)
+  int64_t own_touched = 0;       // own pages holding dKV from later chunks
+};
+
+class PlanGeometry {
+ public:
+  // Throws InputError if the options are invalid for the model.
+  PlanGeometry(const ModelSpec& model, const RunOptions& options);
+
+  const ModelSpec& model() const { return model_; }
+  const RunOptions& options() const { return options_; }
+
+  int32_t num_chunks() const { return num_chunks_; }
+  int32_t num_layers() const { return static_cast<int32_t>(model_.num_hidden_layers); }
+  ChunkGeometry Chunk(int32_t index) const;
+  // Reverse-pass dKV bookkeeping for chunk i, given T_{i+1} (pages selected by later chunks).
+  DkvState Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const;
+
+  // --- bytes of one page of one layer ---
+  int64_t kv_page_bytes() const;      // K and V, bf16
+  int64_t dkv_page_bytes() const;     // dK and dV, grad dtype
+  int64_t summary_page_bytes() const; // mean key, bf16
+
+  // --- parameter-sized buffers ---
+  int64_t trainable_params() const;
+  int64_t weight_bytes() const;
+  int64_t grad_bytes() const;             // on the GPU (accumulated across chunks)
+  int64_t optimizer_state_bytes() const;  // fp32 moments of the trainable parameters
+
+  // --- per-chunk buffers (O(1) in n) ---
+  int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;
+  int64_t activation_bytes() const;  // one layer, c tokens, forward + gradients
+  int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles, page scores
+  // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions (one attending,
+  // one prefetching) and two layers' own pages (one written, one copied out).
+  int64_t page_slot_bytes() const;
+
+  // K/V positions a paged-attention op loads: each query tile loads its own pages.
+  int64_t paged_tokens_read(const ChunkGeometry& chunk) const;
+
+  // The largest union of any chunk: the last chunk's, or the last full chunk's when the last
+  // one is short (fewer query tiles select fewer pages).
+  int64_t max_union_pages() const;
+
+  static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
+  static constexpr int64_t kLossVocabTile = 8192;  // logits tile columns, fp32
+
+ private:
+  ModelSpec model_;
+  RunOptions options_;
+  int32_t num_chunks_ = 0;
+};
+
+}  // namespace ctxplan

@@ -1,0 +1,143 @@
+#include "ctxplan/runtime/plan_geometry.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/errors.h"
+
+namespace ctxplan {
+
+namespace {
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
+    : model_(model), options_(options) {
+  options_.Validate(model_);
+  num_chunks_ = static_cast<int32_t>(CeilDiv(options_.context_tokens, options_.chunk_tokens));
+}
+
+ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
+  CTXPLAN_CHECK(index >= 0 && index < num_chunks_, "chunk index out of range");
+  const RunOptions& o = options_;
+  ChunkGeometry g;
+  g.index = index;
+  g.start = int64_t{index} * o.chunk_tokens;
+  g.tokens = std::min(o.chunk_tokens, o.context_tokens - g.start);
+  g.own_pages = CeilDiv(g.tokens, o.page_tokens);
+  g.earlier_pages = g.start / o.page_tokens;  // chunks start on page boundaries
+  g.tiles = CeilDiv(g.tokens, o.query_tile);
+  const int64_t budget = o.page_budget + o.sink_pages;
+  g.sparse = !o.dense() && g.earlier_pages > budget;
+  if (!g.sparse) {
+    g.pages_per_tile = g.earlier_pages;
+    g.union_pages = g.earlier_pages;
+  } else {
+    g.pages_per_tile = budget;
+    double further_tiles = static_cast<double>(g.tiles - 1);
+    double union_pages = static_cast<double>(budget);
+    switch (o.selection.kind) {
+      case SelectionModelKind::kShared:
+        break;
+      case SelectionModelKind::kDisjoint:
+        union_pages += further_tiles * static_cast<double>(o.page_budget);
+        break;
+      case SelectionModelKind::kOverlap:
+        union_pages += further_tiles * static_cast<double>(o.page_budget) *
+                       (1.0 - o.selection.overlap_fraction);
+        break;
+    }
+    g.union_pages = std::min(g.earlier_pages, static_cast<int64_t>(std::ceil(union_pages)));
+  }
+  const double t = static_cast<double>(g.tokens);
+  g.pairs_own = t * (t + 1.0) / 2.0;
+  g.pairs_paged = t * static_cast<double>(g.pages_per_tile * o.page_tokens);
+  return g;
+}
+
+DkvState PlanGeometry::Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const {
+  const bool last = chunk.index == num_chunks_ - 1;
+  const int64_t selected_so_far = selected_by_later_chunks + chunk.union_pages;
+  // Pages that may hold dKV while this chunk runs: its own (unless nobody comes after it) and
+  // every earlier one.
+  const int64_t candidate_pages = chunk.earlier_pages + (last ? 0 : chunk.own_pages);
+  DkvState s;
+  s.live_pages = std::min(candidate_pages, selected_so_far);
+  s.live_after_pages = std::min(chunk.earlier_pages, selected_so_far);
+  s.pretouched_union = std::min(chunk.union_pages, selected_by_later_chunks);
+  s.own_touched = last ? 0 : std::min(chunk.own_pages, selected_by_later_chunks);
+  return s;
+}
+
+int64_t PlanGeometry::kv_page_bytes() const {
+  return options_.page_tokens * 2 * model_.kv_dim() * kBf16Bytes;
+}
+int64_t PlanGeometry::dkv_page_bytes() const {
+  return options_.page_tokens * 2 * model_.kv_dim() * options_.grad_bytes();
+}
+int64_t PlanGeometry::summary_page_bytes() const { return model_.kv_dim() * kBf16Bytes; }
+
+int64_t PlanGeometry::trainable_params() const {
+  if (options_.lora_rank == 0) return model_.total_params();
+  const ModelSpec& m = model_;
+  const int64_t d = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
+  // Adapters A [in x r] and B [r x out] on every projection of every layer.
+  const int64_t per_layer = (d + q) + 2 * (d + kv) + (q + d) + 2 * (d + i) + (i + d);
+  return options_.lora_rank * per_layer * m.num_hidden_layers;
+}
+
+int64_t PlanGeometry::weight_bytes() const {
+  int64_t adapters = options_.lora_rank > 0 ? trainable_params() : 0;
+  return (model_.total_params() + adapters) * kBf16Bytes;
+}
+int64_t PlanGeometry::grad_bytes() const { return trainable_params() * options_.grad_bytes(); }
+int64_t PlanGeometry::optimizer_state_bytes() const { return trainable_params() * 2 * kFp32Bytes; }
+
+int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
+  const ModelSpec& m = model_;
+  const int64_t per_layer = chunk.tokens * (m.hidden_size + m.q_dim()) * kBf16Bytes +
+                            chunk.tokens * m.num_attention_heads * kFp32Bytes;
+  const int64_t selections = chunk.sparse ? chunk.tiles * chunk.pages_per_tile * 4 : 0;
+  return (per_layer + selections) * m.num_hidden_layers;
+}
+
+int64_t PlanGeometry::activation_bytes() const {
+  const ModelSpec& m = model_;
+  const int64_t c = options_.chunk_tokens;
+  const int64_t forward =
+      c * (3 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim() + 3 * m.intermediate_size) *
+          kBf16Bytes +
+      c * m.num_attention_heads * kFp32Bytes;
+  const int64_t residual_and_its_gradient = 2 * c * m.hidden_size * kBf16Bytes;
+  return 2 * forward + residual_and_its_gradient;
+}
+
+int64_t PlanGeometry::workspace_bytes() const {
+  const ChunkGeometry last = Chunk(num_chunks_ - 1);
+  const int64_t loss_tile = options_.chunk_tokens * std::min(kLossVocabTile, model_.vocab_size) *
+                            kFp32Bytes;
+  const int64_t scores = last.sparse ? CeilDiv(options_.chunk_tokens, options_.query_tile) *
+                                           last.earlier_pages * kFp32Bytes * 2
+                                     : 0;
+  return kCublasWorkspaceBytes + loss_tile + scores;
+}
+
+int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {
+  const int64_t per_tile = chunk.pages_per_tile * options_.page_tokens;
+  return chunk.sparse ? chunk.tiles * per_tile : per_tile;
+}
+
+int64_t PlanGeometry::max_union_pages() const {
+  int64_t pages = Chunk(num_chunks_ - 1).union_pages;
+  if (num_chunks_ >= 2) pages = std::max(pages, Chunk(num_chunks_ - 2).union_pages);
+  return pages;
+}
+
+int64_t PlanGeometry::page_slot_bytes() const {
+  if (!options_.offload) return 0;
+  const int64_t own = options_.chunk_tokens / options_.page_tokens;
+  return 2 * (max_union_pages() + own) * (kv_page_bytes() + dkv_page_bytes());
+}
+
+}  // namespace ctxplan

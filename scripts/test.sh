@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# README command 2 (and CI): set up, build with tests, run every test that needs no GPU.
+# GPU tests carry the ctest label `gpu` and skip themselves without one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-debian.sh
+scripts/build.sh -DBUILD_TESTING=ON
+ctest --test-dir build --output-on-failure --parallel "$(nproc)"

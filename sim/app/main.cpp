@@ -1,0 +1,344 @@
+// ctxplan: how long a context can model M train on GPU G with host RAM R, and how fast?
+//
+//   ctxplan max-context            the largest context that fits, and what binds
+//   ctxplan plan                   memory by category, step time, tokens/s, bottleneck, cost
+//   ctxplan sweep                  a grid of configurations to CSV or JSON
+//   ctxplan timeline               the simulated step as a Chrome trace (Perfetto)
+//   ctxplan list                   the catalogue
+//
+// Exit codes: 0 success, 2 bad input (one line on stderr naming what and what is accepted),
+// 1 an internal error (a bug).
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/models/units.h"
+#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/capacity.h"
+#include "ctxplan/sim/event_simulator.h"
+#include "ctxplan/sim/timeline_writer.h"
+#include "ctxplan/traces/atomic_file.h"
+#include "ctxplan/traces/chrome_trace_writer.h"
+#include "json_out.h"
+#include "progress_bar.h"
+#include "report_format.h"
+#include "run_flags.h"
+
+namespace ctxplan::cli {
+namespace {
+
+struct OutputFlags {
+  bool json = false;
+  std::string output;  // empty: stdout
+};
+
+void AddOutputFlags(CLI::App& app, OutputFlags& f) {
+  app.add_flag("--json", f.json, "print JSON instead of text");
+  app.add_option("--output,-o", f.output, "write to this file (atomically) instead of stdout");
+}
+
+// Writes the whole result at once: to stdout, or to a temp file renamed onto the target, so a
+// failure never leaves half an output behind.
+void Emit(const std::string& text, const std::string& path) {
+  if (path.empty()) {
+    std::cout << text << std::flush;
+    return;
+  }
+  AtomicFileWriter file(path);
+  file.stream() << text;
+  file.Commit();
+}
+
+sim::StepPrediction Predict(const std::string& path, const StepPlan& plan,
+                            const sim::KernelTimeModel& time_model) {
+  if (path == "event") return sim::EventSimulator(time_model).Run(plan);
+  return sim::AnalyticModel(time_model).Predict(plan.geometry());
+}
+
+// --- plan ----------------------------------------------------------------------------------
+struct PlanFlags {
+  RunFlags run;
+  OutputFlags out;
+  std::string path = "event";
+  std::string train_tokens;
+  std::optional<double> price;
+};
+
+int RunPlan(const PlanFlags& f) {
+  const ModelSpec model = LoadModel(f.run.model);
+  const MachineSpec machine = ResolveMachine(f.run);
+  const RunOptions options = ResolveOptions(f.run, model, true);
+  if (f.path != "event" && f.path != "analytic")
+    throw InputError("--path: '" + f.path + "' is not a path; accepted: event, analytic");
+  if (f.price && !(*f.price >= 0.0 && *f.price < 1e9))
+    throw InputError("--price-per-gpu-hour: must be a non-negative number");
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  sim::PlanReport report = MakeReport(plan.geometry(), machine, Predict(f.path, plan, time_model));
+  if (!f.train_tokens.empty())
+    sim::AddRunCost(report, ParseTokens(f.train_tokens, "--train-tokens"), f.price);
+  else if (f.price)
+    throw InputError("--price-per-gpu-hour: needs --train-tokens, the tokens to train on");
+  const PlanContext context{model, machine, options, f.path};
+  if (f.out.json) {
+    JsonOut json;
+    json.BeginObject();
+    PlanJson(json, context, report);
+    json.EndObject();
+    Emit(json.Text(), f.out.output);
+  } else {
+    Emit(PlanText(context, report), f.out.output);
+  }
+  return 0;
+}
+
+// --- max-context ---------------------------------------------------------------------------
+struct CapacityFlags {
+  RunFlags run;
+  OutputFlags out;
+};
+
+int RunMaxContext(const CapacityFlags& f) {
+  const ModelSpec model = LoadModel(f.run.model);
+  const MachineSpec machine = ResolveMachine(f.run);
+  const RunOptions options = ResolveOptions(f.run, model, false);
+  const sim::CapacityResult result = sim::FindMaxContext(model, machine, options);
+
+  // The GPU-memory slope over the upper half of the reachable range: what one more token costs
+  // on the GPU once the fixed buffers are paid.
+  double slope = 0.0;
+  int64_t from = 0, to = 0;
+  if (result.max_context_tokens >= 2 * options.chunk_tokens) {
+    to = result.max_context_tokens;
+    from = to / 2;
+    RunOptions lower = options;
+    lower.context_tokens = from;
+    const auto low = sim::AnalyticModel::PredictMemory(PlanGeometry(model, lower));
+    slope = static_cast<double>(result.at_max.gpu_memory.allocated - low.gpu.peak_bytes) /
+            static_cast<double>(to - from) * 10000.0 / 1e6;
+  }
+  RunOptions at_max = options;
+  at_max.context_tokens = std::max<int64_t>(result.max_context_tokens, 1);
+  const PlanContext context{model, machine, at_max, "analytic"};
+  if (f.out.json) {
+    JsonOut json;
+    json.BeginObject()
+        .Field("max_context_tokens", result.max_context_tokens)
+        .Field("limit", sim::CapacityLimitName(result.limit))
+        .Field("gpu_memory_slope_mb_per_10k_tokens", slope)
+        .Field("slope_from_tokens", from)
+        .Field("slope_to_tokens", to)
+        .BeginObject("at_max");
+    PlanJson(json, context, result.at_max);
+    json.EndObject().EndObject();
+    Emit(json.Text(), f.out.output);
+  } else {
+    Emit(CapacityText(context, result, slope, from, to), f.out.output);
+  }
+  return 0;
+}
+
+// --- sweep ---------------------------------------------------------------------------------
+struct SweepFlags {
+  RunFlags run;
+  std::string format = "csv";
+  std::string output;
+  std::string path = "analytic";
+};
+
+int RunSweep(SweepFlags f) {
+  if (f.format != "csv" && f.format != "json")
+    throw InputError("--format: '" + f.format + "' is not a format; accepted: csv, json");
+  if (f.path != "event" && f.path != "analytic")
+    throw InputError("--path: '" + f.path + "' is not a path; accepted: event, analytic");
+  const ModelSpec model = LoadModel(f.run.model);
+  const MachineSpec machine = ResolveMachine(f.run);
+  const sim::KernelTimeModel time_model(machine);
+
+  // Validate every value of every list before the first simulation: bad input costs nothing.
+  struct Axis {
+    std::string RunFlags::*field;
+    std::vector<std::string> values;
+  };
+  std::vector<Axis> axes = {{&RunFlags::context, SplitList(f.run.context)},
+                            {&RunFlags::chunk, SplitList(f.run.chunk)},
+                            {&RunFlags::page, SplitList(f.run.page)},
+                            {&RunFlags::budget, SplitList(f.run.budget)},
+                            {&RunFlags::offload, SplitList(f.run.offload)}};
+  std::vector<RunOptions> grid;
+  std::vector<size_t> index(axes.size(), 0);
+  while (true) {
+    RunFlags one = f.run;
+    for (size_t a = 0; a < axes.size(); ++a) one.*(axes[a].field) = axes[a].values[index[a]];
+    grid.push_back(ResolveOptions(one, model, true));
+    size_t a = 0;
+    while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;
+    if (a == axes.size()) break;
+  }
+
+  std::string text;
+  JsonOut json;
+  if (f.format == "csv") {
+    text = "model,machine,context_tokens,chunk_tokens,page_tokens,page_budget,offload,"
+           "gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits,step_seconds,"
+           "tokens_per_second,bottleneck\n";
+  } else {
+    json.BeginObject().Field("model", model.name).Field("machine", machine.name);
+    json.BeginArray("results");
+  }
+  ProgressBar progress("sweep", static_cast<int64_t>(grid.size()));
+  for (size_t i = 0; i < grid.size(); ++i) {
+    const RunOptions& o = grid[i];
+    const StepPlan plan(model, o);
+    const sim::PlanReport r = MakeReport(plan.geometry(), machine, Predict(f.path, plan, time_model));
+    if (f.format == "csv") {
+      char row[512];
+      std::snprintf(row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s\n",
+                    model.name.c_str(), machine.name.c_str(),
+                    static_cast<long long>(o.context_tokens), static_cast<long long>(o.chunk_tokens),
+                    static_cast<long long>(o.page_tokens),
+                    o.dense() ? "all" : std::to_string(o.page_budget).c_str(),
+                    o.offload ? "on" : "off", static_cast<long long>(r.gpu_memory.allocated),
+                    static_cast<long long>(r.gpu_memory.device),
+                    static_cast<long long>(r.host_peak), r.fits() ? "yes" : "no",
+                    r.prediction.step_seconds(), r.tokens_per_second,
+                    std::string(sim::BottleneckName(r.bottleneck)).c_str());
+      text += row;
+    } else {
+      json.BeginObject();
+      PlanJson(json, PlanContext{model, machine, o, f.path}, r);
+      json.EndObject();
+    }
+    progress.Update(static_cast<int64_t>(i + 1));
+  }
+  progress.Done();
+  if (f.format == "json") {
+    json.EndArray().EndObject();
+    text = json.Text();
+  }
+  Emit(text, f.output);
+  return 0;
+}
+
+// --- timeline ------------------------------------------------------------------------------
+struct TimelineFlags {
+  RunFlags run;
+  std::string output = "ctxplan-timeline.json";
+};
+
+int RunTimeline(const TimelineFlags& f) {
+  const ModelSpec model = LoadModel(f.run.model);
+  const MachineSpec machine = ResolveMachine(f.run);
+  const RunOptions options = ResolveOptions(f.run, model, true);
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  AtomicFileWriter file(f.output);
+  sim::StepPrediction prediction;
+  {
+    ChromeTraceWriter trace(file.stream());
+    trace.Metadata("tool", "ctxplan timeline");
+    trace.Metadata("model", model.name);
+    trace.Metadata("machine", machine.name);
+    trace.Metadata("options", DescribeOptions(options));
+    trace.Metadata("context_tokens", options.context_tokens);
+    trace.Metadata("plan_version", StepPlan::kVersion);
+    sim::TimelineWriter timeline(trace);
+    prediction = sim::EventSimulator(time_model).Run(plan, &timeline);
+    trace.Finish();
+  }
+  file.Commit();
+  std::fprintf(stderr, "ctxplan timeline: %llu ops, step %.3f s, written to %s\n",
+               static_cast<unsigned long long>(prediction.op_count), prediction.step_seconds(),
+               f.output.c_str());
+  return 0;
+}
+
+// --- list ----------------------------------------------------------------------------------
+int RunList() {
+  std::string s = "models:";
+  for (const std::string& name : CatalogModelNames()) s += " " + name;
+  s += "\ngpus:";
+  for (const std::string& name : CatalogGpuNames()) s += " " + name;
+  s += "\nmachines:";
+  for (const std::string& name : CatalogMachineNames()) s += " " + name;
+  std::cout << s << "\n";
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ctxplan: plan the longest context an LLM can train on a GPU, and how fast"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ctxplan 0.1.0 (step plan v" +
+                                        std::to_string(StepPlan::kVersion) + ")");
+
+  PlanFlags plan;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "memory, step time and bottleneck of one run");
+  AddRunFlags(*plan_cmd, plan.run, true);
+  AddOutputFlags(*plan_cmd, plan.out);
+  plan_cmd->add_option("--path", plan.path, "event (op by op) or analytic")->capture_default_str();
+  plan_cmd->add_option("--train-tokens", plan.train_tokens, "tokens to train on, for GPU-hours");
+  plan_cmd->add_option("--price-per-gpu-hour", plan.price, "price of one GPU-hour, for cost");
+
+  CapacityFlags capacity;
+  CLI::App* capacity_cmd =
+      app.add_subcommand("max-context", "the largest context that fits, and which limit binds");
+  AddRunFlags(*capacity_cmd, capacity.run, false);
+  AddOutputFlags(*capacity_cmd, capacity.out);
+
+  SweepFlags sweep;
+  sweep.run.context = "32K,128K,512K,1M";
+  CLI::App* sweep_cmd = app.add_subcommand("sweep", "a grid of configurations, to CSV or JSON");
+  AddRunFlags(*sweep_cmd, sweep.run, true, true);
+  sweep_cmd->add_option("--format", sweep.format, "csv or json")->capture_default_str();
+  sweep_cmd->add_option("--output,-o", sweep.output, "write to this file instead of stdout");
+  sweep_cmd->add_option("--path", sweep.path, "analytic (fast) or event")->capture_default_str();
+
+  TimelineFlags timeline;
+  timeline.run.context = "64K";
+  CLI::App* timeline_cmd =
+      app.add_subcommand("timeline", "the simulated step as Chrome trace JSON (Perfetto)");
+  AddRunFlags(*timeline_cmd, timeline.run, true);
+  timeline_cmd->add_option("--output,-o", timeline.output, "trace file")->capture_default_str();
+
+  CLI::App* list_cmd = app.add_subcommand("list", "the model, GPU and machine catalogue");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ctxplan: " << e.what() << "; see ctxplan --help\n";
+    return 2;
+  }
+  if (plan_cmd->parsed()) return RunPlan(plan);
+  if (capacity_cmd->parsed()) return RunMaxContext(capacity);
+  if (sweep_cmd->parsed()) return RunSweep(sweep);
+  if (timeline_cmd->parsed()) return RunTimeline(timeline);
+  if (list_cmd->parsed()) return RunList();
+  return 2;
+}
+
+}  // namespace
+}  // namespace ctxplan::cli
+
+int main(int argc, char** argv) {
+  try {
+    return ctxplan::cli::Main(argc, argv);
+  } catch (const ctxplan::InputError& e) {
+    std::cerr << "ctxplan: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ctxplan: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

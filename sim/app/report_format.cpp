@@ -1,0 +1,165 @@
+#include "report_format.h"
+
+#include <cstdio>
+
+#include "ctxplan/models/units.h"
+#include "run_flags.h"
+
+namespace ctxplan::cli {
+
+namespace {
+
+std::string Printf(const char* format, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, value);
+  return buffer;
+}
+
+std::string Gib(int64_t bytes) { return Printf("%9.2f GiB", static_cast<double>(bytes) / kGiB); }
+
+std::string Header(const PlanContext& c) {
+  std::string s = c.model.name + " on " + c.machine.name + " (" + c.machine.gpu.display_name +
+                  ", " + FormatGiB(c.machine.host_ram_bytes) + " host RAM)\n";
+  s += "  " + DescribeOptions(c.options) + "\n";
+  return s;
+}
+
+int64_t CudaContextBytes(const MachineSpec& machine) {
+  return static_cast<int64_t>(machine.gpu.cuda_context_gib.value * static_cast<double>(kGiB));
+}
+
+}  // namespace
+
+std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
+  std::string s = "ctxplan plan: " + Header(c);
+  s += "  context " + FormatTokens(r.context_tokens) + " tokens in " + FormatCount(r.chunks) +
+       " chunks; predicted by the " + c.path + " path\n\n";
+  s += "GPU memory at peak, by category\n";
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    const int64_t bytes = r.prediction.gpu.at_peak[i];
+    if (bytes == 0) continue;
+    std::string name(MemCategoryName(static_cast<MemCategory>(i)));
+    name.resize(16, ' ');
+    s += "  " + name + Gib(bytes) + "\n";
+  }
+  s += "  cuda_context    " + Gib(CudaContextBytes(c.machine)) + "\n";
+  s += "  allocated " + FormatGiB(r.gpu_memory.allocated) + " | reserved " +
+       FormatGiB(r.gpu_memory.reserved) + " | device " + FormatGiB(r.gpu_memory.device) + " of " +
+       FormatGiB(r.gpu_capacity) + (r.fits_gpu ? "  -> fits\n" : "  -> DOES NOT FIT\n");
+  s += "Pinned host memory at peak " + FormatGiB(r.host_peak) + " of " +
+       FormatGiB(r.host_capacity) + " usable" + (r.fits_host ? "  -> fits\n" : "  -> DOES NOT FIT\n");
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    const int64_t bytes = r.prediction.host.at_peak[i];
+    if (bytes == 0) continue;
+    std::string name(MemCategoryName(static_cast<MemCategory>(i)));
+    name.resize(16, ' ');
+    s += "  " + name + Gib(bytes) + "\n";
+  }
+  s += "\nStep " + Printf("%.3f s", r.prediction.step_seconds()) + ", " +
+       Printf("%.0f tokens/s", r.tokens_per_second) + ", " +
+       Printf("%.0f TFLOP/s achieved", r.achieved_tflops) + "\n";
+  s += "  busy: compute " + Printf("%.0f%%", 100 * r.compute_utilisation) + ", H2D " +
+       Printf("%.0f%%", 100 * r.h2d_utilisation) + ", D2H " +
+       Printf("%.0f%%", 100 * r.d2h_utilisation) + "; moved H2D " +
+       FormatGiB(static_cast<int64_t>(r.prediction.h2d_bytes)) + ", D2H " +
+       FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
+  s += "Bottleneck: " + std::string(sim::BottleneckName(r.bottleneck)) + "\n";
+  if (r.run_cost) {
+    const sim::RunCost& rc = *r.run_cost;
+    s += "Training on " + FormatCount(rc.train_tokens) + " tokens: " +
+         Printf("%.1f steps", rc.steps) + ", " + Printf("%.1f GPU-hours", rc.gpu_hours);
+    if (rc.cost) s += Printf(", cost %.2f", *rc.cost) + Printf(" at %.2f per GPU-hour", *rc.price_per_gpu_hour);
+    s += "\n";
+  }
+  return s;
+}
+
+void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
+  const RunOptions& o = c.options;
+  j.Field("model", c.model.name).Field("machine", c.machine.name);
+  j.Field("gpu", c.machine.gpu.display_name).Field("path", c.path);
+  j.BeginObject("options")
+      .Field("context_tokens", r.context_tokens)
+      .Field("chunk_tokens", o.chunk_tokens)
+      .Field("page_tokens", o.page_tokens)
+      .Field("page_budget", o.dense() ? std::string("all") : std::to_string(o.page_budget))
+      .Field("sink_pages", o.sink_pages)
+      .Field("query_tile", o.query_tile)
+      .Field("offload", o.offload)
+      .Field("grad_dtype", GradDtypeName(o.grad_dtype))
+      .Field("optimizer", OptimizerName(o.optimizer))
+      .Field("lora_rank", o.lora_rank)
+      .Field("selection", SelectionModelName(o.selection))
+      .EndObject();
+  j.Field("chunks", r.chunks);
+  j.BeginObject("gpu_memory")
+      .Field("allocated_bytes", r.gpu_memory.allocated)
+      .Field("reserved_bytes", r.gpu_memory.reserved)
+      .Field("device_bytes", r.gpu_memory.device)
+      .Field("capacity_bytes", r.gpu_capacity)
+      .Field("fits", r.fits_gpu)
+      .BeginObject("at_peak");
+  for (int i = 0; i < kMemCategoryCount; ++i)
+    j.Field(MemCategoryName(static_cast<MemCategory>(i)), r.prediction.gpu.at_peak[i]);
+  j.Field("cuda_context", CudaContextBytes(c.machine)).EndObject().EndObject();
+  j.BeginObject("host_memory")
+      .Field("peak_bytes", r.host_peak)
+      .Field("usable_bytes", r.host_capacity)
+      .Field("installed_bytes", c.machine.host_ram_bytes)
+      .Field("fits", r.fits_host)
+      .BeginObject("at_peak");
+  for (int i = 0; i < kMemCategoryCount; ++i)
+    j.Field(MemCategoryName(static_cast<MemCategory>(i)), r.prediction.host.at_peak[i]);
+  j.EndObject().EndObject();
+  j.BeginObject("step")
+      .Field("seconds", r.prediction.step_seconds())
+      .Field("tokens_per_second", r.tokens_per_second)
+      .Field("flops", r.prediction.flops)
+      .Field("achieved_tflops", r.achieved_tflops)
+      .Field("h2d_bytes", r.prediction.h2d_bytes)
+      .Field("d2h_bytes", r.prediction.d2h_bytes)
+      .Field("compute_utilisation", r.compute_utilisation)
+      .Field("h2d_utilisation", r.h2d_utilisation)
+      .Field("d2h_utilisation", r.d2h_utilisation)
+      .EndObject();
+  j.Field("bottleneck", sim::BottleneckName(r.bottleneck));
+  if (r.run_cost) {
+    j.BeginObject("run_cost")
+        .Field("train_tokens", r.run_cost->train_tokens)
+        .Field("steps", r.run_cost->steps)
+        .Field("gpu_hours", r.run_cost->gpu_hours);
+    if (r.run_cost->cost)
+      j.Field("price_per_gpu_hour", *r.run_cost->price_per_gpu_hour).Field("cost", *r.run_cost->cost);
+    j.EndObject();
+  }
+}
+
+std::string CapacityText(const PlanContext& c, const sim::CapacityResult& result,
+                         double slope_mb_per_10k, int64_t slope_from, int64_t slope_to) {
+  const sim::PlanReport& r = result.at_max;
+  std::string s = "ctxplan max-context: " + Header(c);
+  if (result.limit == sim::CapacityLimit::kNothingFits) {
+    s += "\nNothing fits: even one token needs " + FormatGiB(r.gpu_memory.device) +
+         " of GPU memory (" + FormatGiB(r.gpu_capacity) + " available) and " +
+         FormatGiB(r.host_peak) + " of pinned host memory (" + FormatGiB(r.host_capacity) +
+         " usable).\n";
+    return s;
+  }
+  s += "\nMax context: " + FormatTokens(result.max_context_tokens) + " tokens, bound by " +
+       std::string(sim::CapacityLimitName(result.limit)) + "\n";
+  s += "  GPU memory there: " + FormatGiB(r.gpu_memory.device) + " of " +
+       FormatGiB(r.gpu_capacity) + " (device level; allocated " +
+       FormatGiB(r.gpu_memory.allocated) + ")\n";
+  s += "  pinned host memory there: " + FormatGiB(r.host_peak) + " of " +
+       FormatGiB(r.host_capacity) + " usable (" + FormatGiB(c.machine.host_ram_bytes) +
+       " installed)\n";
+  if (slope_to > slope_from)
+    s += "  GPU memory slope: " + Printf("%.2f MB per 10K tokens", slope_mb_per_10k) +
+         " (from " + FormatTokens(slope_from) + " to " + FormatTokens(slope_to) + " tokens)\n";
+  s += "  step there: " + Printf("%.1f s", r.prediction.step_seconds()) + ", " +
+       Printf("%.0f tokens/s", r.tokens_per_second) + ", bottleneck " +
+       std::string(sim::BottleneckName(r.bottleneck)) + "\n";
+  return s;
+}
+
+}  // namespace ctxplan::cli

@@ -1,0 +1,118 @@
+#include "run_flags.h"
+
+#include <charconv>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/models/units.h"
+
+namespace ctxplan::cli {
+
+void AddRunFlags(CLI::App& app, RunFlags& f, bool with_context, bool lists) {
+  const std::string list = lists ? " (comma list)" : "";
+  app.add_option("--model", f.model,
+                 "catalogue model (ctxplan list) or path to a YAML / HF config.json")
+      ->capture_default_str();
+  app.add_option("--machine", f.machine, "machine preset: GPU + host RAM (default h200-125g)");
+  app.add_option("--gpu", f.gpu, "catalogue GPU or path to a GPU YAML (instead of --machine)");
+  app.add_option("--host-ram", f.host_ram, "host RAM, e.g. 512GiB (default 125GiB with --gpu)");
+  if (with_context)
+    app.add_option("--context", f.context, "context length in tokens, e.g. 1M, 32K" + list)
+        ->capture_default_str();
+  app.add_option("--chunk", f.chunk, "chunk size c in tokens" + list)->capture_default_str();
+  app.add_option("--page", f.page, "page size p in tokens" + list)->capture_default_str();
+  app.add_option("--budget", f.budget, "pages k per query tile, or 'all' (dense)" + list)
+      ->capture_default_str();
+  app.add_option("--sinks", f.sinks, "sink pages always attended")->capture_default_str();
+  app.add_option("--query-tile", f.query_tile, "queries sharing one page selection")
+      ->capture_default_str();
+  app.add_option("--offload", f.offload, "KV/dKV pages in pinned host memory: on|off" + list)
+      ->capture_default_str();
+  app.add_option("--grad-dtype", f.grad_dtype, "gradients and dKV: bf16|fp32")
+      ->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "adamw-gpu|adamw-host|none")->capture_default_str();
+  app.add_option("--lora-rank", f.lora_rank, "LoRA rank, 0 = full fine-tune")
+      ->capture_default_str();
+  app.add_option("--selection", f.selection,
+                 "union of the tiles' page selections: shared (best case), disjoint (worst "
+                 "case), overlap:F (measured fraction)")
+      ->capture_default_str();
+}
+
+int64_t ParseNonNegative(const std::string& text, const std::string& flag) {
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || value < 0)
+    throw InputError(flag + ": '" + text + "' is not a count; accepted: an integer >= 0");
+  return value;
+}
+
+bool ParseOnOff(const std::string& text, const std::string& flag) {
+  if (text == "on" || text == "true" || text == "1") return true;
+  if (text == "off" || text == "false" || text == "0") return false;
+  throw InputError(flag + ": '" + text + "' is not on or off; accepted: on, off");
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+MachineSpec ResolveMachine(const RunFlags& f) {
+  if (!f.machine.empty() && !f.gpu.empty())
+    throw InputError("--machine and --gpu: give one; accepted: --machine PRESET, or --gpu GPU "
+                     "[--host-ram SIZE]");
+  if (!f.gpu.empty()) {
+    const int64_t ram = ParseBytes(f.host_ram.empty() ? "125GiB" : f.host_ram, "--host-ram");
+    return MakeMachine(LoadGpu(f.gpu), ram);
+  }
+  MachineSpec machine = LoadMachine(f.machine.empty() ? "h200-125g" : f.machine);
+  if (!f.host_ram.empty()) {
+    machine.host_ram_bytes = ParseBytes(f.host_ram, "--host-ram");
+    machine.name += "+" + f.host_ram;
+  }
+  if (machine.host_usable_bytes() <= 0)
+    throw InputError("--host-ram: " + FormatGiB(machine.host_ram_bytes) +
+                     " leaves nothing after the " + FormatGiB(machine.host_reserved_bytes) +
+                     " the OS keeps; accepted: more host RAM than that");
+  return machine;
+}
+
+RunOptions ResolveOptions(const RunFlags& f, const ModelSpec& model, bool with_context) {
+  RunOptions o;
+  if (with_context) o.context_tokens = ParseTokens(f.context, "--context");
+  o.chunk_tokens = ParseTokens(f.chunk, "--chunk");
+  o.page_tokens = ParseTokens(f.page, "--page");
+  o.page_budget = ParsePageBudget(f.budget, "--budget");
+  o.sink_pages = ParseNonNegative(f.sinks, "--sinks");
+  o.query_tile = ParseTokens(f.query_tile, "--query-tile");
+  o.offload = ParseOnOff(f.offload, "--offload");
+  o.grad_dtype = ParseGradDtype(f.grad_dtype, "--grad-dtype");
+  o.optimizer = ParseOptimizer(f.optimizer, "--optimizer");
+  o.lora_rank = ParseNonNegative(f.lora_rank, "--lora-rank");
+  o.selection = ParseSelectionModel(f.selection, "--selection");
+  o.Validate(model);
+  return o;
+}
+
+std::string DescribeOptions(const RunOptions& o) {
+  std::string s = "chunk " + FormatCount(o.chunk_tokens) + ", page " + FormatCount(o.page_tokens);
+  s += o.dense() ? ", dense attention"
+                 : ", budget " + FormatCount(o.page_budget) + " pages + " +
+                       FormatCount(o.sink_pages) + " sink, query tile " +
+                       FormatCount(o.query_tile) + ", selection " + SelectionModelName(o.selection);
+  s += std::string(", offload ") + (o.offload ? "on" : "off");
+  s += ", grads " + std::string(GradDtypeName(o.grad_dtype));
+  s += ", optimizer " + std::string(OptimizerName(o.optimizer));
+  s += o.lora_rank > 0 ? ", LoRA rank " + std::to_string(o.lora_rank) : ", full fine-tune";
+  return s;
+}
+
+}  // namespace ctxplan::cli

@@ -1,0 +1,36 @@
+// The analytic path: the same prediction as the event path without ops or events, for sweeps
+// and the max-context search.
+//
+// Memory is closed-form: every allocation of the plan happens at a chunk boundary, so the peak
+// is the largest of a few per-chunk states. Time uses the plan's structure: all layers of a
+// chunk are alike, so the ops of a layer collapse into a few segments between the points where
+// streams wait for each other, and a small max-plus recurrence over (chunk, layer) gives the
+// completion time of each stream. Once two consecutive layers shift every active stream by the
+// same amount, the rest of the chunk's layers are extrapolated exactly (the recurrence is
+// shift-invariant). The event path is the reference; tests hold the two together.
+#pragma once
+
+#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/sim/kernel_time_model.h"
+#include "ctxplan/sim/prediction.h"
+
+namespace ctxplan::sim {
+
+struct MemoryPrediction {
+  MemoryPeak gpu;
+  MemoryPeak host;
+};
+
+class AnalyticModel {
+ public:
+  explicit AnalyticModel(const KernelTimeModel& time_model) : time_model_(time_model) {}
+
+  StepPrediction Predict(const PlanGeometry& geometry) const;
+  // Memory only: O(chunks) integer arithmetic, for the max-context search.
+  static MemoryPrediction PredictMemory(const PlanGeometry& geometry);
+
+ private:
+  const KernelTimeModel& time_model_;
+};
+
+}  // namespace ctxplan::sim

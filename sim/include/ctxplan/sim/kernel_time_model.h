@@ -1,0 +1,55 @@
+// How long an op takes on a machine: a roofline per op, from its cost descriptor and the GPU's
+// achieved rates (measured where we have them, else estimated from the datasheet), with
+// per-class efficiency factors. Made to be replaced by calibration tables from real traces.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/gpu_spec.h"
+#include "ctxplan/runtime/op.h"
+#include "ctxplan/sim/tick.h"
+
+namespace ctxplan::sim {
+
+struct KernelTimeCalibration {
+  // Fraction of the GPU spec's achieved rate that each rate class reaches (1 = the spec's rate).
+  double gemm_efficiency = 1.0;
+  double attention_forward_efficiency = 1.0;
+  double attention_backward_efficiency = 1.0;
+  // Memory-bound kernels reach this fraction of the measured device-to-device copy bandwidth.
+  double memory_efficiency = 0.8;
+  // A kernel never takes less than this (launch and tail effects).
+  double min_kernel_seconds = 2.5e-6;
+  // Fixed cost of one copy (descriptor setup, completion), on top of bytes / bandwidth.
+  double copy_latency_seconds = 5e-6;
+};
+
+class KernelTimeModel {
+ public:
+  KernelTimeModel(const MachineSpec& machine, KernelTimeCalibration calibration = {});
+
+  // Duration of one op in ticks; zero for memory bookkeeping.
+  Tick Duration(const Op& op) const { return Duration(op.cost, op.phase); }
+  // Copies in the backward share the link with copies the other way (both directions stream
+  // at once there), so they get half the measured duplex bandwidth; elsewhere one direction
+  // has the link to itself.
+  Tick Duration(const OpCost& cost, Phase phase) const;
+
+  const KernelTimeCalibration& calibration() const { return calibration_; }
+
+ private:
+  KernelTimeCalibration calibration_;
+  // Seconds per FLOP / per byte for each rate class, precomputed.
+  double gemm_seconds_per_flop_ = 0;
+  double attention_fwd_seconds_per_flop_ = 0;
+  double attention_bwd_seconds_per_flop_ = 0;
+  double hbm_seconds_per_byte_ = 0;
+  double h2d_seconds_per_byte_ = 0;
+  double d2h_seconds_per_byte_ = 0;
+  double duplex_seconds_per_byte_ = 0;  // per direction while both run
+  double host_seconds_per_byte_ = 0;
+};
+
+}  // namespace ctxplan::sim

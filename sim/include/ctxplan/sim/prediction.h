@@ -1,0 +1,60 @@
+// What a simulation of one step predicts: time, stream utilisation and memory peaks. The event
+// path and the analytic path both produce it, so they can be compared field by field.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "ctxplan/runtime/op.h"
+#include "ctxplan/sim/tick.h"
+
+namespace ctxplan::sim {
+
+using CategoryBytes = std::array<int64_t, kMemCategoryCount>;
+
+// Bytes allocated over time in one memory space. `at_peak` is the breakdown at the first moment
+// the total reached its peak.
+class MemoryTracker {
+ public:
+  void Apply(MemCategory category, int64_t delta) {
+    by_category_[static_cast<size_t>(category)] += delta;
+    total_ += delta;
+    CTXPLAN_CHECK(by_category_[static_cast<size_t>(category)] >= 0,
+                  "memory category freed below zero");
+    if (total_ > peak_) {
+      peak_ = total_;
+      at_peak_ = by_category_;
+    }
+  }
+  int64_t total() const { return total_; }
+  int64_t peak() const { return peak_; }
+  const CategoryBytes& by_category() const { return by_category_; }
+  const CategoryBytes& at_peak() const { return at_peak_; }
+
+ private:
+  int64_t total_ = 0;
+  int64_t peak_ = 0;
+  CategoryBytes by_category_{};
+  CategoryBytes at_peak_{};
+};
+
+struct MemoryPeak {
+  int64_t peak_bytes = 0;
+  CategoryBytes at_peak{};
+  int64_t end_bytes = 0;  // still allocated when the step ends (fixed buffers)
+};
+
+struct StepPrediction {
+  Tick step_ticks = 0;
+  std::array<Tick, kStreamCount> busy_ticks{};  // time each stream spent running ops
+  MemoryPeak gpu;   // our arena: allocated bytes
+  MemoryPeak host;  // pinned host memory
+  double flops = 0.0;
+  double h2d_bytes = 0.0;
+  double d2h_bytes = 0.0;
+  uint64_t op_count = 0;
+
+  double step_seconds() const { return TicksToSeconds(step_ticks); }
+};
+
+}  // namespace ctxplan::sim

@@ -1,0 +1,460 @@
+#include "ctxplan/sim/analytic_model.h"
+
+#include <algorithm>
+#include <array>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/errors.h"
+
+namespace ctxplan::sim {
+
+namespace {
+
+// --- memory ----------------------------------------------------------------------------------
+
+struct MemoryState {
+  CategoryBytes bytes{};
+  int64_t Total() const {
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    return total;
+  }
+  int64_t& operator[](MemCategory c) { return bytes[static_cast<size_t>(c)]; }
+};
+
+void Observe(MemoryPeak& peak, const MemoryState& state) {
+  const int64_t total = state.Total();
+  if (total > peak.peak_bytes) {
+    peak.peak_bytes = total;
+    peak.at_peak = state.bytes;
+  }
+}
+
+// --- time ------------------------------------------------------------------------------------
+
+// Durations of one layer's segments (the ops between two points where streams wait for each
+// other), summed op by op exactly as the event path times them.
+struct Segment {
+  Tick ticks = 0;
+  double flops = 0.0;
+};
+
+class SegmentBuilder {
+ public:
+  SegmentBuilder(const KernelTimeModel& model, Phase phase) : model_(model), phase_(phase) {}
+  SegmentBuilder& operator()(Segment& segment, const OpCost& cost) {
+    segment.ticks += model_.Duration(cost, phase_);
+    segment.flops += cost.flops;
+    return *this;
+  }
+
+ private:
+  const KernelTimeModel& model_;
+  Phase phase_;
+};
+
+struct ForwardLayer {
+  Segment pre, kv_write, summary, select, attn_own, attn_paged, post;
+  Tick h2d = 0, d2h = 0;
+  double h2d_bytes = 0, d2h_bytes = 0;
+  bool paged = false, copy_in = false, sparse = false, fill = false;
+};
+
+struct BackwardLayer {
+  Segment zero, before_attention, attn_paged, dkv_accumulate, after;
+  Tick h2d = 0, d2h = 0;
+  double h2d_bytes = 0, d2h_bytes = 0;
+  bool paged = false, copy_in = false, own_dkv = false;
+};
+
+// The state the max-plus recurrence carries from layer to layer: when each stream is next free,
+// and when each slot buffer is released.
+struct StreamClock {
+  static constexpr int kTerms = 7;
+  // compute, h2d, d2h, slot release 0/1, own-page release 0/1
+  std::array<Tick, kTerms> t{};
+  uint64_t slot_uses = 0;
+  uint64_t own_uses = 0;
+
+  Tick& compute() { return t[0]; }
+  Tick& h2d() { return t[1]; }
+  Tick& d2h() { return t[2]; }
+  Tick& slot_release(int parity) { return t[3 + parity]; }
+  Tick& own_release(int parity) { return t[5 + parity]; }
+};
+
+class TimeRecurrence {
+ public:
+  TimeRecurrence(const PlanGeometry& geometry, const KernelTimeModel& model,
+                 StepPrediction& result)
+      : g_(geometry), m_(geometry.model()), o_(geometry.options()), model_(model),
+        result_(result) {}
+
+  ForwardLayer Forward(const ChunkGeometry& c, Phase phase) const {
+    const int64_t t = c.tokens, d = m_.hidden_size, q = m_.q_dim(), kv = m_.kv_dim();
+    const int64_t inter = m_.intermediate_size, r = o_.lora_rank;
+    SegmentBuilder add(model_, phase);
+    ForwardLayer f;
+    f.fill = phase == Phase::kFill;
+    f.paged = c.earlier_pages > 0;
+    f.copy_in = o_.offload && f.paged;
+    f.sparse = c.sparse;
+    add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r))(
+        f.pre, RopeCost(t, q, kv));
+    if (f.fill) {
+      add(f.kv_write, KvWriteCost(t, kv));
+      add(f.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
+    }
+    if (c.sparse) {
+      add(f.select, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv))(
+          f.select, PageTopKCost(c.tiles, c.earlier_pages));
+    }
+    add(f.attn_own,
+        AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim));
+    if (f.paged)
+      add(f.attn_paged, AttentionForwardCost(c.pairs_paged, t, g_.paged_tokens_read(c),
+                                             m_.num_attention_heads, kv, m_.head_dim));
+    add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
+        f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
+        f.post, LinearForwardCost(t, d, inter, r));
+    if (f.copy_in) {
+      const OpCost copy = CopyCost(c.union_pages * g_.kv_page_bytes(), true);
+      f.h2d = model_.Duration(copy, phase);
+      f.h2d_bytes = copy.bytes;
+    }
+    if (f.fill && o_.offload) {
+      const OpCost copy = CopyCost(c.own_pages * g_.kv_page_bytes(), false);
+      f.d2h = model_.Duration(copy, phase);
+      f.d2h_bytes = copy.bytes;
+    }
+    return f;
+  }
+
+  BackwardLayer Backward(const ChunkGeometry& c, const DkvState& dkv) const {
+    const int64_t t = c.tokens, d = m_.hidden_size, q = m_.q_dim(), kv = m_.kv_dim();
+    const int64_t inter = m_.intermediate_size, r = o_.lora_rank, gb = o_.grad_bytes();
+    SegmentBuilder add(model_, Phase::kBackward);
+    BackwardLayer b;
+    b.paged = c.earlier_pages > 0;
+    b.own_dkv = dkv.own_touched > 0;
+    b.copy_in = o_.offload && (b.paged || b.own_dkv);
+    const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
+    if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
+    Segment& pre = b.before_attention;
+    add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r))(
+        pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(pre, RmsNormForwardCost(t, d))(
+        pre, LinearForwardCost(t, 2 * inter, d, r))(pre, SwigluForwardCost(t, inter));
+    auto linear = [&](Segment& s, int64_t out, int64_t in) {
+      add(s, LinearBackwardInputCost(t, out, in, r))(s, LinearBackwardWeightCost(t, out, in, r, gb));
+    };
+    linear(pre, d, inter);
+    add(pre, SwigluBackwardCost(t, inter));
+    linear(pre, 2 * inter, d);
+    add(pre, RmsNormBackwardCost(t, d));
+    linear(pre, d, q);
+    add(pre, AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb));
+    if (b.paged)
+      add(b.attn_paged, AttentionBackwardCost(c.pairs_paged, t, g_.paged_tokens_read(c),
+                                              m_.num_attention_heads, kv, m_.head_dim, gb));
+    if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
+    add(b.after, RopeCost(t, q, kv));
+    linear(b.after, q + 2 * kv, d);
+    add(b.after, RmsNormBackwardCost(t, d));
+    if (b.copy_in) {
+      const OpCost copy =
+          CopyCost(c.union_pages * g_.kv_page_bytes() +
+                       (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes(),
+                   true);
+      b.h2d = model_.Duration(copy, Phase::kBackward);
+      b.h2d_bytes = copy.bytes;
+    }
+    if (o_.offload && b.paged) {
+      const OpCost copy = CopyCost(c.union_pages * g_.dkv_page_bytes(), false);
+      b.d2h = model_.Duration(copy, Phase::kBackward);
+      b.d2h_bytes = copy.bytes;
+    }
+    return b;
+  }
+
+  void Kernel(const OpCost& cost, Phase phase) {
+    const Tick ticks = model_.Duration(cost, phase);
+    clock_.compute() += ticks;
+    result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += ticks;
+    result_.flops += cost.flops;
+  }
+
+  // Runs the layers of one forward pass over a chunk.
+  void RunForward(const ForwardLayer& f) {
+    RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
+    const int64_t layers = m_.num_hidden_layers;
+    const Tick compute = f.pre.ticks + f.kv_write.ticks + f.summary.ticks + f.select.ticks +
+                         f.attn_own.ticks + f.attn_paged.ticks + f.post.ticks;
+    result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
+    result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += layers * f.h2d;
+    result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += layers * f.d2h;
+    result_.flops += static_cast<double>(layers) *
+                     (f.pre.flops + f.kv_write.flops + f.summary.flops + f.select.flops +
+                      f.attn_own.flops + f.attn_paged.flops + f.post.flops);
+    result_.h2d_bytes += static_cast<double>(layers) * f.h2d_bytes;
+    result_.d2h_bytes += static_cast<double>(layers) * f.d2h_bytes;
+  }
+
+  void RunBackward(const BackwardLayer& b) {
+    RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
+    const int64_t layers = m_.num_hidden_layers;
+    const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_paged.ticks +
+                         b.dkv_accumulate.ticks + b.after.ticks;
+    result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
+    result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += layers * b.h2d;
+    result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += layers * b.d2h;
+    result_.flops += static_cast<double>(layers) *
+                     (b.zero.flops + b.before_attention.flops + b.attn_paged.flops +
+                      b.dkv_accumulate.flops + b.after.flops);
+    result_.h2d_bytes += static_cast<double>(layers) * b.h2d_bytes;
+    result_.d2h_bytes += static_cast<double>(layers) * b.d2h_bytes;
+  }
+
+  void Optimizer() {
+    const int64_t params = g_.trainable_params();
+    switch (o_.optimizer) {
+      case OptimizerKind::kNone:
+        return;
+      case OptimizerKind::kAdamWGpu:
+        Kernel(AdamWCost(params, kBf16Bytes, o_.grad_bytes(), false), Phase::kOptimizer);
+        return;
+      case OptimizerKind::kAdamWHost: {
+        const OpCost d2h = CopyCost(g_.grad_bytes(), false);
+        const OpCost update = AdamWCost(params, kBf16Bytes, o_.grad_bytes(), true);
+        const OpCost h2d = CopyCost(params * kBf16Bytes, true);
+        const Tick d2h_ticks = model_.Duration(d2h, Phase::kOptimizer);
+        const Tick update_ticks = model_.Duration(update, Phase::kOptimizer);
+        const Tick h2d_ticks = model_.Duration(h2d, Phase::kOptimizer);
+        clock_.d2h() = std::max(clock_.d2h(), clock_.compute()) + d2h_ticks;
+        host_ = std::max(host_, clock_.d2h()) + update_ticks;
+        clock_.h2d() = std::max(clock_.h2d(), host_) + h2d_ticks;
+        result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += d2h_ticks;
+        result_.busy_ticks[static_cast<size_t>(Stream::kHost)] += update_ticks;
+        result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += h2d_ticks;
+        result_.flops += update.flops;
+        result_.d2h_bytes += d2h.bytes;
+        result_.h2d_bytes += h2d.bytes;
+        return;
+      }
+    }
+  }
+
+  Tick End() { return std::max({clock_.compute(), clock_.h2d(), clock_.d2h(), host_}); }
+
+ private:
+  // Which terms of the clock a pass reads or writes; the others must not take part in the
+  // steady-state test.
+  std::array<bool, StreamClock::kTerms> ActiveTerms(bool copy_in, bool copy_out) const {
+    return {true, copy_in, copy_out, copy_in, copy_in, copy_out, copy_out};
+  }
+
+  // Steps `layers` times; once the clock after two layers is the clock before them shifted
+  // uniformly on its active terms (and the parities are back), the remainder is extrapolated.
+  template <typename Step>
+  void RunLayers(Step step, const std::array<bool, StreamClock::kTerms>& active) {
+    const int64_t layers = m_.num_hidden_layers;
+    int64_t done = 0;
+    StreamClock two_back;
+    Tick last_shift = -1;
+    while (done < layers) {
+      if (done >= 2 && (layers - done) >= 2 && (done % 2) == 0) {
+        Tick shift = -1;
+        bool uniform = true;
+        for (int i = 0; i < StreamClock::kTerms && uniform; ++i) {
+          if (!active[i]) continue;
+          const Tick delta = clock_.t[i] - two_back.t[i];
+          if (shift < 0) shift = delta;
+          uniform = delta == shift;
+        }
+        if (uniform && shift == last_shift) {
+          const int64_t pairs = (layers - done) / 2;
+          for (int i = 0; i < StreamClock::kTerms; ++i)
+            if (active[i]) clock_.t[i] += pairs * shift;
+          // An even number of layers leaves both buffer parities as they are.
+          done += 2 * pairs;
+          continue;
+        }
+        last_shift = uniform ? shift : -1;
+      }
+      if (done % 2 == 0) two_back = clock_;
+      step();
+      ++done;
+    }
+  }
+
+  void ForwardStep(const ForwardLayer& f) {
+    StreamClock& k = clock_;
+    const int parity = static_cast<int>(k.slot_uses++ & 1);
+    Tick h2d_end = 0;
+    if (f.copy_in && !f.sparse) {
+      k.h2d() = std::max(k.h2d(), k.slot_release(parity)) + f.h2d;
+      h2d_end = k.h2d();
+    }
+    k.compute() += f.pre.ticks;
+    Tick kv_write_end = 0;
+    int own_parity = 0;
+    if (f.fill) {
+      own_parity = static_cast<int>(k.own_uses++ & 1);
+      if (o_.offload) k.compute() = std::max(k.compute(), k.own_release(own_parity));
+      k.compute() += f.kv_write.ticks;
+      kv_write_end = k.compute();
+      k.compute() += f.summary.ticks;
+    }
+    if (f.sparse) {
+      k.compute() += f.select.ticks;
+      if (f.copy_in) {
+        k.h2d() = std::max({k.h2d(), k.compute(), k.slot_release(parity)}) + f.h2d;
+        h2d_end = k.h2d();
+      }
+    }
+    k.compute() += f.attn_own.ticks;
+    if (f.paged) {
+      if (f.copy_in) k.compute() = std::max(k.compute(), h2d_end);
+      k.compute() += f.attn_paged.ticks;
+      if (f.copy_in) k.slot_release(parity) = k.compute();
+    }
+    k.compute() += f.post.ticks;
+    if (f.fill && o_.offload) {
+      k.d2h() = std::max(k.d2h(), kv_write_end) + f.d2h;
+      k.own_release(own_parity) = k.d2h();
+    }
+  }
+
+  void BackwardStep(const BackwardLayer& b) {
+    StreamClock& k = clock_;
+    const int parity = static_cast<int>(k.slot_uses++ & 1);
+    Tick h2d_end = 0;
+    if (b.copy_in) {
+      k.h2d() = std::max(k.h2d(), k.slot_release(parity)) + b.h2d;
+      h2d_end = k.h2d();
+    }
+    k.compute() += b.zero.ticks + b.before_attention.ticks;
+    Tick release = -1;
+    if (b.paged) {
+      if (b.copy_in) k.compute() = std::max(k.compute(), h2d_end);
+      k.compute() += b.attn_paged.ticks;
+      release = k.compute();
+    }
+    if (b.own_dkv) {
+      if (!b.paged && b.copy_in) k.compute() = std::max(k.compute(), h2d_end);
+      k.compute() += b.dkv_accumulate.ticks;
+      if (!b.paged) release = k.compute();
+    }
+    k.compute() += b.after.ticks;
+    if (o_.offload && b.paged) {
+      k.d2h() = std::max(k.d2h(), release) + b.d2h;
+      release = k.d2h();
+    }
+    if (o_.offload && release >= 0) k.slot_release(parity) = release;
+  }
+
+  const PlanGeometry& g_;
+  const ModelSpec& m_;
+  const RunOptions& o_;
+  const KernelTimeModel& model_;
+  StepPrediction& result_;
+  StreamClock clock_;
+  Tick host_ = 0;
+};
+
+}  // namespace
+
+MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
+  const RunOptions& o = g.options();
+  const int64_t layers = g.model().num_hidden_layers;
+  const int32_t chunks = g.num_chunks();
+  MemoryPrediction p;
+
+  MemoryState gpu, host;
+  gpu[MemCategory::kWeights] = g.weight_bytes();
+  gpu[MemCategory::kGrads] = g.grad_bytes();
+  if (o.optimizer == OptimizerKind::kAdamWGpu) gpu[MemCategory::kOptimizer] = g.optimizer_state_bytes();
+  gpu[MemCategory::kActivations] = g.activation_bytes();
+  gpu[MemCategory::kWorkspace] = g.workspace_bytes();
+  gpu[MemCategory::kPageSlots] = g.page_slot_bytes();
+  if (o.optimizer == OptimizerKind::kAdamWHost) {
+    host[MemCategory::kOptimizer] = g.optimizer_state_bytes();
+    host[MemCategory::kGradStaging] = g.grad_bytes();
+  }
+  MemoryState& kv_space = o.offload ? host : gpu;
+  Observe(p.gpu, gpu);
+  Observe(p.host, host);
+  const MemoryState gpu_fixed = gpu, host_fixed = host;
+
+  // Pass 1: summaries (and KV pages) of chunks 0..N-2 accumulate. Chunks hold equal page counts
+  // except the last, which is never filled, so the end of the pass is the total.
+  const ChunkGeometry first = g.Chunk(0);
+  const int64_t filled = chunks - 1;
+  gpu[MemCategory::kPageSummaries] = filled * first.own_pages * layers * g.summary_page_bytes();
+  kv_space[MemCategory::kKvPages] = filled * first.own_pages * layers * g.kv_page_bytes();
+  Observe(p.gpu, gpu);
+  Observe(p.host, host);
+
+  // Pass 2: per chunk, layer inputs then dKV pages come alive; at its end they die with the
+  // chunk's pages.
+  const int64_t dkv_layer_bytes = layers * g.dkv_page_bytes();
+  int64_t selected_by_later_chunks = 0;
+  for (int32_t i = chunks - 1; i >= 0; --i) {
+    const ChunkGeometry c = g.Chunk(i);
+    const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
+    gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c);
+    Observe(p.gpu, gpu);
+    kv_space[MemCategory::kDkvPages] = dkv.live_pages * dkv_layer_bytes;
+    Observe(p.gpu, gpu);
+    Observe(p.host, host);
+    gpu[MemCategory::kLayerInputs] = 0;
+    if (i < chunks - 1) {
+      gpu[MemCategory::kPageSummaries] -= c.own_pages * layers * g.summary_page_bytes();
+      kv_space[MemCategory::kKvPages] -= c.own_pages * layers * g.kv_page_bytes();
+    }
+    kv_space[MemCategory::kDkvPages] = dkv.live_after_pages * dkv_layer_bytes;
+    selected_by_later_chunks += c.union_pages;
+  }
+  CTXPLAN_CHECK(gpu.bytes == gpu_fixed.bytes && host.bytes == host_fixed.bytes,
+                "analytic memory does not return to the fixed buffers");
+  p.gpu.end_bytes = gpu.Total();
+  p.host.end_bytes = host.Total();
+  return p;
+}
+
+StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
+  StepPrediction result;
+  const MemoryPrediction memory = PredictMemory(g);
+  result.gpu = memory.gpu;
+  result.host = memory.host;
+
+  const ModelSpec& m = g.model();
+  const RunOptions& o = g.options();
+  const int32_t chunks = g.num_chunks();
+  TimeRecurrence time(g, time_model_, result);
+
+  for (int32_t i = 0; i + 1 < chunks; ++i) {
+    const ChunkGeometry c = g.Chunk(i);
+    time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kFill);
+    time.RunForward(time.Forward(c, Phase::kFill));
+  }
+  int64_t selected_by_later_chunks = 0;
+  for (int32_t i = chunks - 1; i >= 0; --i) {
+    const ChunkGeometry c = g.Chunk(i);
+    const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
+    time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kRecompute);
+    time.RunForward(time.Forward(c, Phase::kRecompute));
+    time.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
+    time.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
+                                        o.grad_bytes()),
+                Phase::kLoss);
+    time.Kernel(RmsNormBackwardCost(c.tokens, m.hidden_size), Phase::kLoss);
+    time.RunBackward(time.Backward(c, dkv));
+    time.Kernel(EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes()), Phase::kBackward);
+    selected_by_later_chunks += c.union_pages;
+  }
+  time.Optimizer();
+  result.step_ticks = time.End();
+  return result;
+}
+
+}  // namespace ctxplan::sim

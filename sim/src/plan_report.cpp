@@ -1,0 +1,68 @@
+#include "ctxplan/sim/plan_report.h"
+
+#include <cmath>
+
+namespace ctxplan::sim {
+
+std::string_view BottleneckName(Bottleneck bottleneck) {
+  switch (bottleneck) {
+    case Bottleneck::kCompute: return "compute";
+    case Bottleneck::kPcie: return "pcie";
+    case Bottleneck::kGpuMemory: return "gpu-memory";
+    case Bottleneck::kHostMemory: return "host-memory";
+  }
+  return "?";
+}
+
+PlanReport MakeReport(const PlanGeometry& geometry, const MachineSpec& machine,
+                      const StepPrediction& prediction) {
+  PlanReport r;
+  r.context_tokens = geometry.options().context_tokens;
+  r.chunks = geometry.num_chunks();
+  r.prediction = prediction;
+  r.gpu_memory.allocated = prediction.gpu.peak_bytes;
+  r.gpu_memory.reserved =
+      (prediction.gpu.peak_bytes + kArenaGranularity - 1) / kArenaGranularity * kArenaGranularity;
+  r.gpu_memory.device = r.gpu_memory.reserved +
+                        static_cast<int64_t>(machine.gpu.cuda_context_gib.value * 1073741824.0);
+  r.gpu_capacity = machine.gpu.memory_bytes();
+  r.host_peak = prediction.host.peak_bytes;
+  r.host_capacity = machine.host_usable_bytes();
+  r.fits_gpu = r.gpu_memory.device <= r.gpu_capacity;
+  r.fits_host = r.host_peak <= r.host_capacity;
+
+  const double seconds = prediction.step_seconds();
+  if (seconds > 0) {
+    r.tokens_per_second = static_cast<double>(r.context_tokens) / seconds;
+    auto share = [&](Stream s) {
+      return TicksToSeconds(prediction.busy_ticks[static_cast<size_t>(s)]) / seconds;
+    };
+    r.compute_utilisation = share(Stream::kCompute);
+    r.h2d_utilisation = share(Stream::kH2D);
+    r.d2h_utilisation = share(Stream::kD2H);
+    r.achieved_tflops = prediction.flops / seconds / 1e12;
+  }
+  // What binds: memory first (the plan cannot run at all), else whichever resource the compute
+  // stream waits for. Compute stalls beyond 10% of the step are time spent waiting on PCIe.
+  if (!r.fits_gpu)
+    r.bottleneck = Bottleneck::kGpuMemory;
+  else if (!r.fits_host)
+    r.bottleneck = Bottleneck::kHostMemory;
+  else if (r.compute_utilisation < 0.9)
+    r.bottleneck = Bottleneck::kPcie;
+  else
+    r.bottleneck = Bottleneck::kCompute;
+  return r;
+}
+
+void AddRunCost(PlanReport& report, int64_t train_tokens, std::optional<double> price_per_gpu_hour) {
+  RunCost c;
+  c.train_tokens = train_tokens;
+  c.steps = static_cast<double>(train_tokens) / static_cast<double>(report.context_tokens);
+  c.gpu_hours = c.steps * report.prediction.step_seconds() / 3600.0;
+  c.price_per_gpu_hour = price_per_gpu_hour;
+  if (price_per_gpu_hour) c.cost = c.gpu_hours * *price_per_gpu_hour;
+  report.run_cost = c;
+}
+
+}  // namespace ctxplan::sim
