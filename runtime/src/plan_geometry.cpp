@@ -98,29 +98,33 @@ int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
   const ModelSpec& m = model_;
   const int64_t per_layer = chunk.tokens * (m.hidden_size + m.q_dim()) * kBf16Bytes +
                             chunk.tokens * m.num_attention_heads * kFp32Bytes;
-  const int64_t selections = chunk.sparse ? chunk.tiles * chunk.pages_per_tile * 4 : 0;
-  return (per_layer + selections) * m.num_hidden_layers;
+  // Each query tile's page list (int32), kept so the backward can prefetch what the recompute
+  // selected. One paged-attention kernel serves dense and sparse runs, so a dense tile lists
+  // every earlier page.
+  const int64_t page_lists = chunk.tiles * chunk.pages_per_tile * 4;
+  return (per_layer + page_lists) * m.num_hidden_layers;
 }
 
 int64_t PlanGeometry::activation_bytes() const {
   const ModelSpec& m = model_;
   const int64_t c = options_.chunk_tokens;
+  const int64_t mlp = c * 3 * m.intermediate_size * kBf16Bytes;
   const int64_t forward =
-      c * (3 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim() + 3 * m.intermediate_size) *
-          kBf16Bytes +
+      c * (3 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim()) * kBf16Bytes + mlp +
       c * m.num_attention_heads * kFp32Bytes;
+  // Page scores (fp32, plus as much top-k scratch) are needed before the attention, while the
+  // MLP buffers are idle, so they share them; only beyond ~10^8 tokens do they need more.
+  const ChunkGeometry last = Chunk(num_chunks_ - 1);
+  const int64_t scores =
+      last.sparse ? CeilDiv(c, options_.query_tile) * last.earlier_pages * kFp32Bytes * 2 : 0;
   const int64_t residual_and_its_gradient = 2 * c * m.hidden_size * kBf16Bytes;
-  return 2 * forward + residual_and_its_gradient;
+  return 2 * forward + std::max<int64_t>(0, scores - mlp) + residual_and_its_gradient;
 }
 
 int64_t PlanGeometry::workspace_bytes() const {
-  const ChunkGeometry last = Chunk(num_chunks_ - 1);
   const int64_t loss_tile = options_.chunk_tokens * std::min(kLossVocabTile, model_.vocab_size) *
                             kFp32Bytes;
-  const int64_t scores = last.sparse ? CeilDiv(options_.chunk_tokens, options_.query_tile) *
-                                           last.earlier_pages * kFp32Bytes * 2
-                                     : 0;
-  return kCublasWorkspaceBytes + loss_tile + scores;
+  return kCublasWorkspaceBytes + loss_tile;
 }
 
 int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {

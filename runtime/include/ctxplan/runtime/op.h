@@ -50,13 +50,13 @@ enum class MemCategory : uint8_t {
   kWeights,
   kGrads,
   kOptimizer,
-  kLayerInputs,    // per chunk in pass 2: each layer's input, attention output and LSE
-  kActivations,    // one layer's activations and their gradients for c tokens
+  kLayerInputs,    // per chunk in pass 2: each layer's input, attention output, LSE, page lists
+  kActivations,    // one layer's activations and their gradients for c tokens; page scores
   kPageSlots,      // offload on: the bounded pool of GPU page slots
   kKvPages,        // KV pages (GPU when offload is off, host when on)
   kDkvPages,       // dKV pages, allocated on first write
   kPageSummaries,  // mean key per page, layer and KV head (GPU)
-  kWorkspace,      // cuBLAS workspace, loss tiles, page scores
+  kWorkspace,      // cuBLAS workspace, loss tiles
   kGradStaging,    // host optimizer: gradients copied to the host
   kCount_
 };

@@ -65,8 +65,8 @@ class PlanGeometry {
 
   // --- per-chunk buffers (O(1) in n) ---
   int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;
-  int64_t activation_bytes() const;  // one layer, c tokens, forward + gradients
-  int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles, page scores
+  int64_t activation_bytes() const;  // one layer, c tokens, forward + gradients, page scores
+  int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles
   // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions (one attending,
   // one prefetching) and two layers' own pages (one written, one copied out).
   int64_t page_slot_bytes() const;

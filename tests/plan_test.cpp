@@ -1,0 +1,256 @@
+// The step plan and its geometry: the arithmetic DESIGN.md pins for Qwen2.5-7B, the invariants
+// of the op stream, and the selection models.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/step_plan.h"
+
+namespace ctxplan {
+namespace {
+
+RunOptions Options(int64_t context, int64_t budget = 64, bool offload = true) {
+  RunOptions o;
+  o.context_tokens = context;
+  o.page_budget = budget;
+  o.offload = offload;
+  return o;
+}
+
+const ModelSpec& Qwen7B() {
+  static const ModelSpec model = LoadModel("qwen2.5-7b");
+  return model;
+}
+
+TEST(PlanGeometry, Qwen7BArithmetic) {
+  const PlanGeometry g(Qwen7B(), Options(1 << 20));
+  const int64_t layers = Qwen7B().num_hidden_layers;
+  // KV of one token over all layers, bf16: 2 (K, V) x 28 layers x 4 heads x 128 x 2 bytes.
+  EXPECT_EQ(g.kv_page_bytes() * layers / 128, 57344);
+  EXPECT_EQ(Qwen7B().kv_bytes_per_token(), 57344);
+  // bf16 weights: 7.6B parameters.
+  EXPECT_GT(g.weight_bytes(), 15.22e9);
+  EXPECT_LT(g.weight_bytes(), 15.24e9);
+  // Page summaries: one bf16 mean key per page, layer and KV head: 28 x 512 x 2 / 128 tokens.
+  EXPECT_EQ(g.summary_page_bytes() * layers / 128, 224);
+  // Gradients as weights in bf16, twice in fp32; AdamW moments 8 bytes per parameter.
+  EXPECT_EQ(g.grad_bytes(), g.weight_bytes());
+  EXPECT_EQ(g.optimizer_state_bytes(), 4 * g.weight_bytes());
+}
+
+TEST(PlanGeometry, ChunksAndPages) {
+  RunOptions o = Options(10000);
+  o.chunk_tokens = 4096;
+  const PlanGeometry g(Qwen7B(), o);
+  ASSERT_EQ(g.num_chunks(), 3);
+  const ChunkGeometry last = g.Chunk(2);
+  EXPECT_EQ(last.start, 8192);
+  EXPECT_EQ(last.tokens, 10000 - 8192);
+  EXPECT_EQ(last.own_pages, 15);  // 1808 tokens: 14 full pages and one partial
+  EXPECT_EQ(last.earlier_pages, 64);
+  EXPECT_EQ(last.tiles, 15);
+  EXPECT_FALSE(last.sparse);  // 64 earlier pages <= 64 + 1 sink: dense
+  EXPECT_EQ(last.union_pages, 64);
+  EXPECT_DOUBLE_EQ(last.pairs_own, 1808.0 * 1809.0 / 2.0);
+  EXPECT_DOUBLE_EQ(last.pairs_paged, 1808.0 * 8192.0);
+}
+
+TEST(PlanGeometry, SelectionModelsBoundTheUnion) {
+  RunOptions o = Options(1 << 20);
+  const int32_t i = 200;  // 200 x 32 = 6400 earlier pages
+  o.selection = ParseSelectionModel("shared", "test");
+  const ChunkGeometry shared = PlanGeometry(Qwen7B(), o).Chunk(i);
+  o.selection = ParseSelectionModel("disjoint", "test");
+  const ChunkGeometry disjoint = PlanGeometry(Qwen7B(), o).Chunk(i);
+  o.selection = ParseSelectionModel("overlap:0.75", "test");
+  const ChunkGeometry overlap = PlanGeometry(Qwen7B(), o).Chunk(i);
+  ASSERT_TRUE(shared.sparse);
+  EXPECT_EQ(shared.union_pages, 65);               // k + s
+  EXPECT_EQ(disjoint.union_pages, 1 + 32 * 64);    // s + tiles x k
+  EXPECT_EQ(overlap.union_pages, 65 + 31 * 16);    // each further tile adds 25% of k
+  EXPECT_EQ(shared.pages_per_tile, 65);
+  EXPECT_DOUBLE_EQ(shared.pairs_paged, disjoint.pairs_paged);  // same work, different traffic
+  // Never more pages than exist.
+  o.selection = ParseSelectionModel("disjoint", "test");
+  EXPECT_EQ(PlanGeometry(Qwen7B(), o).Chunk(40).union_pages, 40 * 32);
+}
+
+TEST(PlanGeometry, DenseDkvTouchesEveryEarlierPage) {
+  const PlanGeometry g(Qwen7B(), Options(64 * 1024, RunOptions::kAllPages));
+  const int32_t n = g.num_chunks();
+  int64_t later = 0;
+  for (int32_t i = n - 1; i >= 0; --i) {
+    const ChunkGeometry c = g.Chunk(i);
+    const DkvState s = g.Dkv(c, later);
+    EXPECT_EQ(s.live_pages, i == n - 1 ? c.earlier_pages : c.earlier_pages + c.own_pages) << i;
+    EXPECT_EQ(s.live_after_pages, c.earlier_pages);
+    EXPECT_EQ(s.pretouched_union, i == n - 1 ? 0 : c.earlier_pages);
+    EXPECT_EQ(s.own_touched, i == n - 1 ? 0 : c.own_pages);
+    later += c.union_pages;
+  }
+}
+
+TEST(PlanGeometry, InvalidOptionsAreInputErrors) {
+  RunOptions o = Options(1 << 20);
+  o.chunk_tokens = 1000;  // not a multiple of 128
+  EXPECT_THROW(PlanGeometry(Qwen7B(), o), InputError);
+  o = Options(0);
+  EXPECT_THROW(PlanGeometry(Qwen7B(), o), InputError);
+  o = Options(RunOptions::kMaxContextTokens + 1);
+  EXPECT_THROW(PlanGeometry(Qwen7B(), o), InputError);
+  o = Options(1 << 20);
+  o.query_tile = 8192;  // larger than the chunk
+  EXPECT_THROW(PlanGeometry(Qwen7B(), o), InputError);
+  o = Options(1 << 20);
+  o.page_budget = -3;
+  EXPECT_THROW(PlanGeometry(Qwen7B(), o), InputError);
+}
+
+// Walks a whole plan and checks what every consumer relies on.
+struct PlanWalk {
+  uint64_t ops = 0;
+  std::map<std::pair<MemSpace, MemCategory>, int64_t> live;
+  std::map<OpKind, double> flops_by_kind;
+  double h2d_bytes = 0, d2h_bytes = 0;
+};
+
+PlanWalk Walk(const StepPlan& plan) {
+  PlanWalk walk;
+  auto ops = plan.Ops();
+  std::set<OpId> seen_recent;
+  while (ops.Next()) {
+    const Op& op = ops.Current();
+    EXPECT_EQ(op.id, walk.ops) << "ids number the ops in order";
+    for (int d = 0; d < op.num_deps; ++d) {
+      EXPECT_LT(op.deps[d], op.id);
+      EXPECT_LE(op.id - op.deps[d], StepPlan::kMaxDependencyDistance);
+    }
+    if (op.kind == OpKind::kAlloc) walk.live[{op.space, op.category}] += op.bytes;
+    if (op.kind == OpKind::kFree) {
+      walk.live[{op.space, op.category}] -= op.bytes;
+      const int64_t left = walk.live[{op.space, op.category}];
+      EXPECT_GE(left, 0) << MemCategoryName(op.category);
+    }
+    if (IsCompute(op.kind)) {
+      EXPECT_EQ(op.stream, op.kind == OpKind::kAdamW && op.stream == Stream::kHost
+                               ? Stream::kHost
+                               : Stream::kCompute);
+      EXPECT_GT(op.cost.bytes, 0.0) << OpKindName(op.kind);
+    }
+    if (op.kind == OpKind::kCopyH2D) walk.h2d_bytes += op.cost.bytes;
+    if (op.kind == OpKind::kCopyD2H) walk.d2h_bytes += op.cost.bytes;
+    walk.flops_by_kind[op.kind] += op.cost.flops;
+    ++walk.ops;
+  }
+  return walk;
+}
+
+TEST(StepPlan, EveryStepAllocationDiesWithItsChunk) {
+  for (bool offload : {true, false}) {
+    for (int64_t budget : {int64_t{64}, RunOptions::kAllPages}) {
+      const StepPlan plan(Qwen7B(), Options(100'000, budget, offload));
+      const PlanWalk walk = Walk(plan);
+      for (const auto& [key, bytes] : walk.live) {
+        const MemCategory c = key.second;
+        const bool fixed = c == MemCategory::kWeights || c == MemCategory::kGrads ||
+                           c == MemCategory::kOptimizer || c == MemCategory::kActivations ||
+                           c == MemCategory::kWorkspace || c == MemCategory::kPageSlots ||
+                           c == MemCategory::kGradStaging;
+        if (!fixed) {
+          EXPECT_EQ(bytes, 0) << MemCategoryName(c) << " offload " << offload;
+        }
+      }
+    }
+  }
+}
+
+TEST(StepPlan, OffloadOffMovesNothingOverPcie) {
+  const PlanWalk walk = Walk(StepPlan(Qwen7B(), Options(64 * 1024, 64, false)));
+  EXPECT_EQ(walk.h2d_bytes, 0.0);
+  EXPECT_EQ(walk.d2h_bytes, 0.0);
+}
+
+TEST(StepPlan, DenseOffloadCopiesEveryEarlierPage) {
+  // Fill and recompute bring in every earlier page once per layer; the backward brings KV and
+  // dKV in and sends dKV home.
+  const int64_t n = 32 * 1024, c = 4096;
+  const StepPlan plan(Qwen7B(), Options(n, RunOptions::kAllPages, true));
+  const PlanWalk walk = Walk(plan);
+  const double kv_token = 57344.0;  // all layers
+  double earlier_tokens_fill = 0, earlier_tokens_bwd = 0;
+  for (int64_t i = 0; i < n / c; ++i) {
+    if (i < n / c - 1) earlier_tokens_fill += i * c;
+    earlier_tokens_bwd += i * c;
+  }
+  // Fill: KV in for chunks 0..N-2, own KV out for the same chunks.
+  // Recompute: KV in for all chunks. Backward: KV + dKV in (dKV for all but the last chunk,
+  // plus own dKV), dKV out.
+  const double fill_in = earlier_tokens_fill * kv_token;
+  const double recompute_in = earlier_tokens_bwd * kv_token;
+  const double last_earlier = (n / c - 1) * c;
+  const double backward_in = earlier_tokens_bwd * kv_token +                // KV
+                             (earlier_tokens_bwd - last_earlier) * kv_token +  // dKV pretouched
+                             (n - 2 * c) * kv_token + (c) * kv_token;     // own dKV, chunks < N-1
+  EXPECT_DOUBLE_EQ(walk.h2d_bytes, fill_in + recompute_in + backward_in);
+  EXPECT_DOUBLE_EQ(walk.d2h_bytes, (n - c) * kv_token + earlier_tokens_bwd * kv_token);
+}
+
+TEST(StepPlan, AttentionFlopsFollowDesignFormula) {
+  // DESIGN.md: attention FLOPs per step with recompute ~ 9 A n^2 dense, A = L H_q d_h
+  // (fill 2, recompute 2, backward 5, each A n^2 for causal attention over n).
+  const int64_t n = 64 * 1024;
+  const PlanWalk walk = Walk(StepPlan(Qwen7B(), Options(n, RunOptions::kAllPages)));
+  const double a = 28.0 * 28.0 * 128.0;
+  const double attention = walk.flops_by_kind.at(OpKind::kAttentionForward) +
+                           walk.flops_by_kind.at(OpKind::kAttentionBackward);
+  const double formula = 9.0 * a * static_cast<double>(n) * static_cast<double>(n);
+  // The fill skips the last chunk, so a little less than the formula.
+  EXPECT_GT(attention / formula, 0.85);
+  EXPECT_LT(attention / formula, 1.01);
+  // Matmuls: fill (2), recompute (2), backward (4), x N_mm per token, less the fill's last
+  // chunk; the backward recomputes the internals (2) except the down projection, whose output
+  // nothing needs; the LM head's 4 GEMMs count once per token.
+  const double layer_mm = static_cast<double>(Qwen7B().layer_matmul_params()) * 28.0;
+  const double down = 3584.0 * 18944.0 * 28.0;
+  const double head = 152064.0 * 3584.0;
+  const double matmul = walk.flops_by_kind.at(OpKind::kLinearForward) +
+                        walk.flops_by_kind.at(OpKind::kLinearBackwardInput) +
+                        walk.flops_by_kind.at(OpKind::kLinearBackwardWeight) +
+                        walk.flops_by_kind.at(OpKind::kLossForwardBackward);
+  const double expected =
+      layer_mm * (2.0 * (n - 4096) + 6.0 * n) + (layer_mm - down) * 2.0 * n + head * 8.0 * n;
+  EXPECT_NEAR(matmul / expected, 1.0, 1e-9);
+}
+
+TEST(StepPlan, BudgetAllEqualsDenseOpForOp) {
+  // A budget that covers every page must produce the very same ops as dense attention.
+  const int64_t n = 48 * 1024;
+  const StepPlan dense(Qwen7B(), Options(n, RunOptions::kAllPages));
+  const StepPlan covering(Qwen7B(), Options(n, n / 128));
+  auto a = dense.Ops();
+  auto b = covering.Ops();
+  uint64_t count = 0;
+  while (true) {
+    const bool more_a = a.Next(), more_b = b.Next();
+    ASSERT_EQ(more_a, more_b);
+    if (!more_a) break;
+    const Op& x = a.Current();
+    const Op& y = b.Current();
+    ASSERT_EQ(x.kind, y.kind) << count;
+    ASSERT_EQ(x.stream, y.stream);
+    ASSERT_EQ(x.num_deps, y.num_deps);
+    ASSERT_EQ(x.pages, y.pages);
+    ASSERT_EQ(x.bytes, y.bytes);
+    ASSERT_EQ(x.cost.flops, y.cost.flops);
+    ASSERT_EQ(x.cost.bytes, y.cost.bytes);
+    ++count;
+  }
+  EXPECT_GT(count, 1000u);
+}
+
+}  // namespace
+}  // namespace ctxplan

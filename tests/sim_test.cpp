@@ -1,0 +1,257 @@
+// The simulator: the event path against the analytic path over a grid of configurations,
+// monotonicity of memory, the capacity answers DESIGN.md expects, and the time model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/units.h"
+#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/capacity.h"
+#include "ctxplan/sim/event_simulator.h"
+#include "ctxplan/sim/kernel_time_model.h"
+
+namespace ctxplan::sim {
+namespace {
+
+const MachineSpec& H200() {
+  static const MachineSpec machine = LoadMachine("h200-125g");
+  return machine;
+}
+const ModelSpec& Model(const std::string& name) {
+  static std::map<std::string, ModelSpec> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) it = cache.emplace(name, LoadModel(name)).first;
+  return it->second;
+}
+
+RunOptions Options(int64_t context, int64_t budget = 64, bool offload = true) {
+  RunOptions o;
+  o.context_tokens = context;
+  o.page_budget = budget;
+  o.offload = offload;
+  return o;
+}
+
+struct Both {
+  StepPrediction event, analytic;
+};
+
+Both PredictBoth(const ModelSpec& model, const MachineSpec& machine, const RunOptions& options) {
+  const KernelTimeModel time_model(machine);
+  const StepPlan plan(model, options);
+  return {EventSimulator(time_model).Run(plan), AnalyticModel(time_model).Predict(plan.geometry())};
+}
+
+double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// Acceptance: the event path and the analytic path agree within 1% on peak memory and 2% on
+// step time over a grid of at least 200 configurations.
+TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
+  struct Case {
+    std::string model;
+    int64_t context, chunk, page;
+    int64_t budget;
+    bool offload;
+    std::string selection;
+    std::string optimizer;
+    std::string grad;
+    int64_t lora;
+  };
+  std::vector<Case> grid;
+  for (const std::string model : {"qwen2.5-7b", "qwen2.5-0.5b", "llama-3.1-8b"})
+    for (int64_t context :
+         {int64_t{1}, int64_t{3000}, int64_t{20'000}, int64_t{70'001}, int64_t{150'000}})
+      for (int64_t chunk : {int64_t{1024}, int64_t{4096}})
+        for (int64_t budget : {int64_t{4}, int64_t{64}, RunOptions::kAllPages})
+          for (bool offload : {true, false})
+            grid.push_back({model, context, chunk, 128, budget, offload, "disjoint", "adamw-gpu",
+                            "bf16", 0});
+  // The less common options, on a smaller grid.
+  for (const std::string selection : {"shared", "overlap:0.5"})
+    for (const std::string optimizer : {"adamw-host", "none"})
+      for (const std::string grad : {"bf16", "fp32"})
+        for (int64_t lora : {int64_t{0}, int64_t{16}})
+          for (int64_t page : {int64_t{64}, int64_t{256}})
+            grid.push_back({"qwen2.5-7b", 50'000, 2048, page, 16, true, selection, optimizer, grad,
+                            lora});
+  ASSERT_GE(grid.size(), 200u);
+
+  const KernelTimeModel time_model(H200());
+  int compared = 0;
+  for (const Case& c : grid) {
+    RunOptions o = Options(c.context, c.budget, c.offload);
+    o.chunk_tokens = c.chunk;
+    o.page_tokens = c.page;
+    o.selection = ParseSelectionModel(c.selection, "test");
+    o.optimizer = ParseOptimizer(c.optimizer, "test");
+    o.grad_dtype = ParseGradDtype(c.grad, "test");
+    o.lora_rank = c.lora;
+    const Both both = PredictBoth(Model(c.model), H200(), o);
+    const std::string where = c.model + " n=" + std::to_string(c.context) + " c=" +
+                              std::to_string(c.chunk) + " p=" + std::to_string(c.page) +
+                              " k=" + std::to_string(c.budget) + " offload=" +
+                              std::to_string(c.offload) + " " + c.selection + " " + c.optimizer +
+                              " " + c.grad + " lora=" + std::to_string(c.lora);
+    EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
+    EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
+    EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;
+    // Both paths also count the same work.
+    EXPECT_LE(Relative(both.analytic.flops, both.event.flops), 1e-9) << where;
+    EXPECT_LE(Relative(both.analytic.h2d_bytes + 1, both.event.h2d_bytes + 1), 1e-9) << where;
+    for (int s = 0; s < kStreamCount; ++s)
+      EXPECT_EQ(both.analytic.busy_ticks[s], both.event.busy_ticks[s]) << where << " stream " << s;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(grid.size()));
+}
+
+TEST(EventSimulator, StepIsNoShorterThanAnyStreamIsBusy) {
+  for (bool offload : {true, false}) {
+    const Both both = PredictBoth(Model("qwen2.5-7b"), H200(), Options(200'000, 64, offload));
+    for (int s = 0; s < kStreamCount; ++s)
+      EXPECT_GE(both.event.step_ticks, both.event.busy_ticks[s]);
+    EXPECT_GT(both.event.busy_ticks[static_cast<int>(Stream::kCompute)], 0);
+    if (offload) EXPECT_GT(both.event.busy_ticks[static_cast<int>(Stream::kH2D)], 0);
+  }
+}
+
+TEST(Memory, MonotoneInContextChunkAndBudget) {
+  const ModelSpec& model = Model("qwen2.5-7b");
+  for (bool offload : {true, false}) {
+    MemoryPrediction previous;
+    for (int64_t n = 1; n <= (int64_t{1} << 22); n = n * 3 / 2 + 1) {
+      const MemoryPrediction m =
+          AnalyticModel::PredictMemory(PlanGeometry(model, Options(n, 64, offload)));
+      EXPECT_GE(m.gpu.peak_bytes, previous.gpu.peak_bytes) << "n=" << n;
+      EXPECT_GE(m.host.peak_bytes, previous.host.peak_bytes) << "n=" << n;
+      previous = m;
+    }
+    previous = {};
+    for (int64_t chunk = 256; chunk <= 32768; chunk *= 2) {
+      RunOptions o = Options(1 << 20, 64, offload);
+      o.chunk_tokens = chunk;
+      const MemoryPrediction m = AnalyticModel::PredictMemory(PlanGeometry(model, o));
+      EXPECT_GE(m.gpu.peak_bytes, previous.gpu.peak_bytes) << "chunk=" << chunk;
+      previous = m;
+    }
+    previous = {};
+    for (int64_t budget : {int64_t{1}, int64_t{8}, int64_t{32}, int64_t{64}, int64_t{256},
+                           int64_t{1024}, int64_t{4064}, int64_t{4096},
+                           RunOptions::kAllPages}) {
+      const MemoryPrediction m =
+          AnalyticModel::PredictMemory(PlanGeometry(model, Options(1 << 19, budget, offload)));
+      EXPECT_GE(m.gpu.peak_bytes, previous.gpu.peak_bytes) << "budget=" << budget;
+      EXPECT_GE(m.host.peak_bytes, previous.host.peak_bytes) << "budget=" << budget;
+      previous = m;
+    }
+  }
+}
+
+TEST(Memory, BudgetCoveringEveryPageEqualsDense) {
+  const int64_t n = 96 * 1024;
+  for (bool offload : {true, false}) {
+    const Both dense = PredictBoth(Model("qwen2.5-7b"), H200(), Options(n, RunOptions::kAllPages, offload));
+    const Both all = PredictBoth(Model("qwen2.5-7b"), H200(), Options(n, n / 128, offload));
+    EXPECT_EQ(dense.event.step_ticks, all.event.step_ticks);
+    EXPECT_EQ(dense.event.gpu.peak_bytes, all.event.gpu.peak_bytes);
+    EXPECT_EQ(dense.event.host.peak_bytes, all.event.host.peak_bytes);
+    EXPECT_EQ(dense.analytic.step_ticks, all.analytic.step_ticks);
+  }
+}
+
+TEST(Memory, HostHoldsKvAndDkvOfTheContext) {
+  // Dense, offload on, at 1M tokens: pinned KV of the filled chunks (all but the last) plus the
+  // dKV the last chunk's backward writes into every earlier page: 2 x (n - c) x 57,344 bytes in
+  // bf16, and (1 + 2) x (n - c) x 57,344 with fp32 dKV.
+  const int64_t n = int64_t{1} << 20, c = 4096;
+  RunOptions o = Options(n, RunOptions::kAllPages, true);
+  MemoryPrediction m = AnalyticModel::PredictMemory(PlanGeometry(Model("qwen2.5-7b"), o));
+  EXPECT_EQ(m.host.peak_bytes, 2 * (n - c) * 57344);
+  EXPECT_NEAR(static_cast<double>(m.host.peak_bytes) / kGiB, 111.56, 0.01);
+  o.grad_dtype = GradDtype::kFp32;
+  m = AnalyticModel::PredictMemory(PlanGeometry(Model("qwen2.5-7b"), o));
+  EXPECT_EQ(m.host.peak_bytes, 3 * (n - c) * 57344);
+  // With offload off the same bytes sit on the GPU instead, and the host holds nothing.
+  o = Options(n, RunOptions::kAllPages, false);
+  m = AnalyticModel::PredictMemory(PlanGeometry(Model("qwen2.5-7b"), o));
+  EXPECT_EQ(m.host.peak_bytes, 0);
+  EXPECT_EQ(m.gpu.at_peak[static_cast<int>(MemCategory::kKvPages)] +
+                m.gpu.at_peak[static_cast<int>(MemCategory::kDkvPages)],
+            2 * (n - c) * 57344);
+}
+
+// Acceptance 3: with offload and k = 64 the GPU grows at most 10 MB per 10K tokens; on the H200
+// with 125 GiB the max context is near 1M, bound by host RAM, and about 4M with 512 GiB.
+TEST(Capacity, GpuSlopeAndMaxContextOnTheTestMachines) {
+  const ModelSpec& model = Model("qwen2.5-7b");
+  const RunOptions defaults;  // offload on, k = 64, chunk 4096, page 128
+  const int64_t from = 512 * 1024, to = 1024 * 1024;
+  RunOptions a = defaults, b = defaults;
+  a.context_tokens = from;
+  b.context_tokens = to;
+  const double slope =
+      static_cast<double>(AnalyticModel::PredictMemory(PlanGeometry(model, b)).gpu.peak_bytes -
+                          AnalyticModel::PredictMemory(PlanGeometry(model, a)).gpu.peak_bytes) /
+      static_cast<double>(to - from) * 10'000.0;
+  EXPECT_LE(slope, 10e6);
+  EXPECT_GE(slope, 2.24e6);  // at least the page summaries: 224 bytes per token
+
+  const CapacityResult small = FindMaxContext(model, H200(), defaults);
+  EXPECT_EQ(small.limit, CapacityLimit::kHostMemory);
+  EXPECT_GT(small.max_context_tokens, 900'000);
+  EXPECT_LT(small.max_context_tokens, 1'300'000);
+  EXPECT_TRUE(small.at_max.fits());
+  EXPECT_FALSE(small.just_over.fits_host);
+  // One token more does not fit: the search is exact.
+  RunOptions over = defaults;
+  over.context_tokens = small.max_context_tokens + 1;
+  const MemoryPrediction m = AnalyticModel::PredictMemory(PlanGeometry(model, over));
+  EXPECT_GT(m.host.peak_bytes, H200().host_usable_bytes());
+
+  const CapacityResult large = FindMaxContext(model, LoadMachine("h200-512g"), defaults);
+  EXPECT_EQ(large.limit, CapacityLimit::kHostMemory);
+  EXPECT_GT(large.max_context_tokens, 3'500'000);
+  EXPECT_LT(large.max_context_tokens, 5'500'000);
+  EXPECT_LT(small.probes, 64);
+}
+
+TEST(Capacity, GpuBindsWithoutOffload) {
+  RunOptions o;
+  o.offload = false;
+  const CapacityResult r = FindMaxContext(Model("qwen2.5-7b"), H200(), o);
+  EXPECT_EQ(r.limit, CapacityLimit::kGpuMemory);
+  EXPECT_GT(r.max_context_tokens, 100'000);
+  EXPECT_LT(r.max_context_tokens, 1'000'000);
+}
+
+TEST(Capacity, NothingFitsWhenWeightsExceedTheGpu) {
+  const MachineSpec small = MakeMachine(LoadGpu("rtx-4090"), 64 * kGiB);
+  const CapacityResult r = FindMaxContext(Model("qwen2.5-32b"), small, RunOptions{});
+  EXPECT_EQ(r.limit, CapacityLimit::kNothingFits);
+  EXPECT_EQ(r.max_context_tokens, 0);
+}
+
+TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
+  const KernelTimeModel model(H200());
+  // A compute-bound GEMM runs at the measured GEMM rate.
+  const OpCost gemm = LinearForwardCost(4096, 18944, 3584, 0);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(gemm, Phase::kFill)),
+              gemm.flops / (H200().gpu.bf16_gemm_tflops.value * 1e12), 1e-9);
+  // A memory-bound kernel at 80% of the measured device-to-device bandwidth.
+  const OpCost norm = RmsNormForwardCost(4096, 3584);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(norm, Phase::kFill)),
+              std::max(norm.bytes / (0.8 * H200().gpu.d2d_copy_gbs.value * 1e9), 2.5e-6), 1e-12);
+  // A copy alone on the link at 55.2 GB/s; in the backward, half the duplex rate.
+  const OpCost copy = CopyCost(1 << 30, true);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kFill)), 5e-6 + (1 << 30) / 55.2e9, 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kBackward)), 5e-6 + (1 << 30) / 48.5e9,
+              1e-9);
+  EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
+}
+
+}  // namespace
+}  // namespace ctxplan::sim
