@@ -8,10 +8,14 @@
 //
 // Exit codes: 0 success, 2 bad input (one line on stderr naming what and what is accepted),
 // 1 an internal error (a bug).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -43,16 +47,64 @@ void AddOutputFlags(CLI::App& app, OutputFlags& f) {
   app.add_option("--output,-o", f.output, "write to this file (atomically) instead of stdout");
 }
 
+// AtomicFileWriter's errors name the path only; the flag and what it accepts make them actionable.
+[[noreturn]] void ThrowOutputError(const InputError& e) {
+  throw InputError(std::string("--output: ") + e.what() +
+                   "; accepted: a file in an existing, writable directory");
+}
+
+std::unique_ptr<AtomicFileWriter> OpenOutput(const std::string& path) {
+  try {
+    return std::make_unique<AtomicFileWriter>(path);
+  } catch (const InputError& e) {
+    ThrowOutputError(e);
+  }
+}
+
+void CommitOutput(AtomicFileWriter& file) {
+  try {
+    file.Commit();
+  } catch (const InputError& e) {
+    ThrowOutputError(e);
+  }
+}
+
 // Writes the whole result at once: to stdout, or to a temp file renamed onto the target, so a
 // failure never leaves half an output behind.
 void Emit(const std::string& text, const std::string& path) {
   if (path.empty()) {
+    // A full disk or a closed pipe must not pass for success: a script would read a cut result.
+    errno = 0;
     std::cout << text << std::flush;
+    if (!std::cout)
+      throw InputError(std::string("standard output: write failed (") +
+                       (errno != 0 ? std::strerror(errno) : "stream error") +
+                       "); accepted: a writable stdout, or --output FILE");
     return;
   }
-  AtomicFileWriter file(path);
-  file.stream() << text;
-  file.Commit();
+  const auto file = OpenOutput(path);
+  file->stream() << text;
+  CommitOutput(*file);
+}
+
+// Every error is one line on stderr, whatever the user typed: control characters echoed back
+// from a flag value or a file name are escaped.
+std::string OneLine(std::string_view message) {
+  std::string line;
+  for (const char c : message) {
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+      line += hex;
+    } else {
+      line += c;
+    }
+  }
+  return line;
 }
 
 sim::StepPrediction Predict(const std::string& path, const StepPlan& plan,
@@ -71,13 +123,17 @@ struct PlanFlags {
 };
 
 int RunPlan(const PlanFlags& f) {
-  const ModelSpec model = LoadModel(f.run.model);
+  const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = ResolveOptions(f.run, model, true);
   if (f.path != "event" && f.path != "analytic")
     throw InputError("--path: '" + f.path + "' is not a path; accepted: event, analytic");
-  if (f.price && !(*f.price >= 0.0 && *f.price < 1e9))
-    throw InputError("--price-per-gpu-hour: must be a non-negative number");
+  if (f.price && !(*f.price >= 0.0 && *f.price < 1e9)) {
+    char price[32];
+    std::snprintf(price, sizeof price, "%g", *f.price);
+    throw InputError(std::string("--price-per-gpu-hour: ") + price +
+                     " is out of range; accepted: a price from 0 to 1e9 per GPU-hour");
+  }
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
   sim::PlanReport report = MakeReport(plan.geometry(), machine, Predict(f.path, plan, time_model));
@@ -105,7 +161,7 @@ struct CapacityFlags {
 };
 
 int RunMaxContext(const CapacityFlags& f) {
-  const ModelSpec model = LoadModel(f.run.model);
+  const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = ResolveOptions(f.run, model, false);
   const sim::CapacityResult result = sim::FindMaxContext(model, machine, options);
@@ -157,7 +213,7 @@ int RunSweep(SweepFlags f) {
     throw InputError("--format: '" + f.format + "' is not a format; accepted: csv, json");
   if (f.path != "event" && f.path != "analytic")
     throw InputError("--path: '" + f.path + "' is not a path; accepted: event, analytic");
-  const ModelSpec model = LoadModel(f.run.model);
+  const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const sim::KernelTimeModel time_model(machine);
 
@@ -233,15 +289,15 @@ struct TimelineFlags {
 };
 
 int RunTimeline(const TimelineFlags& f) {
-  const ModelSpec model = LoadModel(f.run.model);
+  const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = ResolveOptions(f.run, model, true);
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
-  AtomicFileWriter file(f.output);
+  const auto file = OpenOutput(f.output);
   sim::StepPrediction prediction;
   {
-    ChromeTraceWriter trace(file.stream());
+    ChromeTraceWriter trace(file->stream());
     trace.Metadata("tool", "ctxplan timeline");
     trace.Metadata("model", model.name);
     trace.Metadata("machine", machine.name);
@@ -252,7 +308,7 @@ int RunTimeline(const TimelineFlags& f) {
     prediction = sim::EventSimulator(time_model).Run(plan, &timeline);
     trace.Finish();
   }
-  file.Commit();
+  CommitOutput(*file);
   std::fprintf(stderr, "ctxplan timeline: %llu ops, step %.3f s, written to %s\n",
                static_cast<unsigned long long>(prediction.op_count), prediction.step_seconds(),
                f.output.c_str());
@@ -317,7 +373,7 @@ int Main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "ctxplan: " << e.what() << "; see ctxplan --help\n";
+    std::cerr << "ctxplan: " << OneLine(e.what()) << "; see ctxplan --help\n";
     return 2;
   }
   if (plan_cmd->parsed()) return RunPlan(plan);
@@ -332,13 +388,14 @@ int Main(int argc, char** argv) {
 }  // namespace ctxplan::cli
 
 int main(int argc, char** argv) {
+  using ctxplan::cli::OneLine;
   try {
     return ctxplan::cli::Main(argc, argv);
   } catch (const ctxplan::InputError& e) {
-    std::cerr << "ctxplan: " << e.what() << "\n";
+    std::cerr << "ctxplan: " << OneLine(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "ctxplan: internal error: " << e.what() << "\n";
+    std::cerr << "ctxplan: internal error: " << OneLine(e.what()) << "\n";
     return 1;
   }
 }

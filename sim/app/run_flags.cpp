@@ -1,6 +1,11 @@
 #include "run_flags.h"
 
+#include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
@@ -65,17 +70,71 @@ std::vector<std::string> SplitList(const std::string& text) {
   return items;
 }
 
+namespace {
+
+bool EndsWithIgnoreCase(const std::string& text, std::string_view suffix) {
+  if (text.size() < suffix.size()) return false;
+  for (size_t i = 0; i < suffix.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[text.size() - suffix.size() + i]);
+    if (std::tolower(c) != suffix[i]) return false;
+  }
+  return true;
+}
+
+// The loaders say that a file cannot be read, but not which flag named it nor what else the flag
+// takes. Same rule as the catalogue's for "this is a path": a '/' or a .yaml/.yml/.json ending.
+void CheckReadableIfPath(const std::string& value, const std::string& flag,
+                         const std::string& accepted) {
+  if (value.find('/') == std::string::npos && !EndsWithIgnoreCase(value, ".yaml") &&
+      !EndsWithIgnoreCase(value, ".yml") && !EndsWithIgnoreCase(value, ".json"))
+    return;
+  std::error_code ec;
+  std::string reason;
+  if (std::filesystem::is_directory(value, ec)) {
+    reason = "it is a directory";
+  } else if (std::ifstream in(value, std::ios::binary); !in) {
+    reason = std::strerror(errno);
+  } else {
+    return;
+  }
+  throw InputError(flag + ": cannot read '" + value + "' (" + reason + "); accepted: " + accepted);
+}
+
+// MakeMachine bounds the host RAM (more than the OS keeps, not absurd) without naming the flag.
+MachineSpec MakeMachineForFlag(const GpuSpec& gpu, int64_t host_ram_bytes) {
+  try {
+    return MakeMachine(gpu, host_ram_bytes);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--host-ram: ") + e.what());
+  }
+}
+
+}  // namespace
+
+ModelSpec ResolveModel(const RunFlags& f) {
+  CheckReadableIfPath(f.model, "--model",
+                      "a catalogue model (ctxplan list) or the path of a readable model .yaml or "
+                      "Hugging Face config.json");
+  return LoadModel(f.model);
+}
+
 MachineSpec ResolveMachine(const RunFlags& f) {
   if (!f.machine.empty() && !f.gpu.empty())
     throw InputError("--machine and --gpu: give one; accepted: --machine PRESET, or --gpu GPU "
                      "[--host-ram SIZE]");
   if (!f.gpu.empty()) {
+    CheckReadableIfPath(f.gpu, "--gpu",
+                        "a catalogue GPU (ctxplan list) or the path of a readable GPU .yaml");
     const int64_t ram = ParseBytes(f.host_ram.empty() ? "125GiB" : f.host_ram, "--host-ram");
-    return MakeMachine(LoadGpu(f.gpu), ram);
+    return MakeMachineForFlag(LoadGpu(f.gpu), ram);
   }
+  CheckReadableIfPath(f.machine, "--machine",
+                      "a machine preset (ctxplan list) or the path of a readable machine .yaml");
   MachineSpec machine = LoadMachine(f.machine.empty() ? "h200-125g" : f.machine);
   if (!f.host_ram.empty()) {
-    machine.host_ram_bytes = ParseBytes(f.host_ram, "--host-ram");
+    const int64_t ram = ParseBytes(f.host_ram, "--host-ram");
+    MakeMachineForFlag(machine.gpu, ram);  // the same bounds as with --gpu
+    machine.host_ram_bytes = ram;
     machine.name += "+" + f.host_ram;
   }
   if (machine.host_usable_bytes() <= 0)

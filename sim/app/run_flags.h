@@ -34,6 +34,9 @@ struct RunFlags {
 // `with_context`: max-context searches the context itself. `lists`: sweep takes comma lists.
 void AddRunFlags(CLI::App& app, RunFlags& flags, bool with_context, bool lists = false);
 
+// The model and machine the flags name. Catalogue names and file paths; a path that cannot be read
+// gets one line naming the flag.
+ModelSpec ResolveModel(const RunFlags& flags);
 MachineSpec ResolveMachine(const RunFlags& flags);
 // Run options from single-valued flags (the `context` flag ignored when !with_context).
 RunOptions ResolveOptions(const RunFlags& flags, const ModelSpec& model, bool with_context);

@@ -1,0 +1,582 @@
+// The ctxplan program end to end: the real binary, run as a user runs it. Bad input of every kind
+// must give one clear line on stderr naming what is wrong and what is accepted, exit code 2, and
+// no output at all (no stdout, no output file, no temp file left behind); good input must give
+// complete, parseable results.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace ctxplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+#ifndef CTXPLAN_EXE
+#error "tests/CMakeLists.txt must define CTXPLAN_EXE, the path of the ctxplan binary"
+#endif
+
+struct RunResult {
+  int exit_code = -1;  // 128 + signal when killed by one, as a shell reports it
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A fresh directory per test (tests run in parallel under ctest), removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string pattern = (fs::temp_directory_path() / "ctxplan_cli_test_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      ADD_FAILURE() << "mkdtemp: " << std::strerror(errno);
+    }
+    path_ = pattern;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string Write(const std::string& name, const std::string& text) const {
+    const fs::path file = path_ / name;
+    std::ofstream(file, std::ios::binary) << text;
+    return file.string();
+  }
+
+ private:
+  fs::path path_;
+};
+
+// Runs argv (argv[0] looked up in PATH when it has no '/'), stdin from /dev/null, stdout and
+// stderr captured separately through files, so neither can block on a full pipe. `stdout_path`
+// redirects stdout elsewhere instead (e.g. /dev/full). spawn_errno is set when it cannot start.
+RunResult RunArgv(const std::vector<std::string>& argv, const fs::path& scratch,
+                  const std::string& stdout_path = "", int* spawn_errno = nullptr) {
+  const std::string out_path =
+      stdout_path.empty() ? (scratch / ".run.stdout").string() : stdout_path;
+  const std::string err_path = (scratch / ".run.stderr").string();
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> c_argv;
+  for (const std::string& arg : argv) c_argv.push_back(const_cast<char*>(arg.c_str()));
+  c_argv.push_back(nullptr);
+
+  RunResult result;
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, c_argv[0], &actions, nullptr, c_argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawn_errno != nullptr) *spawn_errno = rc;
+  if (rc != 0) {
+    result.err = "cannot start " + argv[0] + ": " + std::strerror(rc);
+    return result;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
+  if (stdout_path.empty()) result.out = ReadAll(out_path);
+  result.err = ReadAll(err_path);
+  fs::remove(err_path);
+  if (stdout_path.empty()) fs::remove(out_path);
+  return result;
+}
+
+RunResult RunCtxplan(std::vector<std::string> args, const fs::path& scratch,
+                     const std::string& stdout_path = "") {
+  args.insert(args.begin(), CTXPLAN_EXE);
+  return RunArgv(args, scratch, stdout_path);
+}
+
+std::string Describe(const std::vector<std::string>& args, const RunResult& r) {
+  std::string s = "ctxplan";
+  for (const std::string& a : args) s += " '" + a + "'";
+  return s + "\n  exit " + std::to_string(r.exit_code) + "\n  stderr: " + r.err + "\n  stdout (" +
+         std::to_string(r.out.size()) + " bytes): " + r.out.substr(0, 300);
+}
+
+// The contract for bad input: exit 2, one line "ctxplan: ..." containing every `expected`
+// substring (what is wrong and what is accepted), nothing on stdout.
+void ExpectBadInput(const std::vector<std::string>& args, const RunResult& r,
+                    const std::vector<std::string>& expected) {
+  SCOPED_TRACE(Describe(args, r));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr must be exactly one line";
+  EXPECT_TRUE(r.err.ends_with("\n"));
+  EXPECT_TRUE(r.err.starts_with("ctxplan: ")) << r.err;
+  for (const std::string& e : expected) EXPECT_NE(r.err.find(e), std::string::npos) << e;
+  EXPECT_EQ(r.out, "") << "bad input must print nothing on stdout";
+}
+
+// No temporary sibling of `file` ("<name>.tmp.<pid>") may be left behind.
+void ExpectNoTempFile(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_directory(file.parent_path(), ec)) return;
+  const std::string prefix = file.filename().string() + ".tmp";
+  for (const auto& entry : fs::directory_iterator(file.parent_path())) {
+    EXPECT_FALSE(entry.path().filename().string().starts_with(prefix))
+        << "temp file left behind: " << entry.path();
+  }
+}
+
+// Neither the file nor a temporary sibling of it may be left behind.
+void ExpectNoOutputFile(const fs::path& file) {
+  EXPECT_FALSE(fs::exists(file)) << file;
+  ExpectNoTempFile(file);
+}
+
+// --- fixture files: one valid model, and copies broken in exactly one way each ----------------
+
+constexpr const char* kGoodModel =
+    "name: test-model\n"
+    "model_type: qwen2\n"
+    "hidden_size: 3584\n"
+    "intermediate_size: 18944\n"
+    "num_hidden_layers: 28\n"
+    "num_attention_heads: 28\n"
+    "num_key_value_heads: 4\n"
+    "vocab_size: 152064\n"
+    "max_position_embeddings: 131072\n"
+    "tie_word_embeddings: false\n"
+    "attention_bias: true\n"
+    "rope_theta: 1000000.0\n"
+    "rms_norm_eps: 1.0e-6\n";
+
+std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+void WriteFixtures(const ScratchDir& dir) {
+  dir.Write("good.yaml", kGoodModel);
+  dir.Write("broken.yaml", "name: test-model\nhidden_size: [3584,\nintermediate_size: 18944\n");
+  dir.Write("unknown_key.yaml", Replace(kGoodModel, "hidden_size:", "hidden_sise:"));
+  dir.Write("string_number.yaml",
+            Replace(kGoodModel, "num_hidden_layers: 28", "num_hidden_layers: many"));
+  dir.Write("heads.yaml", Replace(kGoodModel, "num_key_value_heads: 4", "num_key_value_heads: 5"));
+  dir.Write("config.json", "{\"model_type\": \"qwen2\", \"hidden_size\": \"wide\"}\n");
+  dir.Write("machine.yaml",
+            "name: m\ngpu: h200\nhost_ram_gib: 125\nhost_reserved_gib: 8\nhost_memory_gbs: 200\n"
+            "fans: 4\n");
+}
+
+// --- bad input: one table, one test per row ---------------------------------------------------
+
+struct BadInputCase {
+  std::string name;
+  std::vector<std::string> args;      // "@DIR@" is replaced by the test's scratch directory
+  std::vector<std::string> expected;  // substrings of the error line
+  // Add "--output @DIR@/out.json" and check that neither it nor a temp file appears.
+  bool add_output = true;
+};
+
+// gtest prints parameters on failure; the name and arguments say more than the raw bytes.
+void PrintTo(const BadInputCase& c, std::ostream* os) {
+  *os << c.name << ":";
+  for (const std::string& a : c.args) *os << " " << a;
+}
+
+const std::vector<BadInputCase>& BadInputCases() {
+  static const std::vector<BadInputCase> cases = {
+      // Model files and names.
+      {"MalformedModelYaml",
+       {"plan", "--model", "@DIR@/broken.yaml"},
+       {"broken.yaml", "malformed YAML", "expected a model"}},
+      {"ModelYamlUnknownKey",
+       {"plan", "--model", "@DIR@/unknown_key.yaml"},
+       {"unknown_key.yaml", "'hidden_sise'", "unknown key", "accepted keys:", "hidden_size,"}},
+      {"ModelYamlStringForNumber",
+       {"plan", "--model", "@DIR@/string_number.yaml"},
+       {"string_number.yaml", "'num_hidden_layers'", "'many' is not a number",
+        "expected an integer"}},
+      {"ModelYamlHeadsNotDivisible",
+       {"plan", "--model", "@DIR@/heads.yaml"},
+       {"heads.yaml", "num_key_value_heads", "not divisible", "expected a divisor"}},
+      {"HfConfigJsonStringForNumber",
+       {"plan", "--model", "@DIR@/config.json"},
+       {"config.json", "'hidden_size'", "'wide', not a number", "expected an integer"}},
+      {"MissingModelFile",
+       {"max-context", "--model", "@DIR@/missing.yaml"},
+       {"--model", "missing.yaml", "No such file", "accepted: a catalogue model"}},
+      {"ModelPathIsDirectory",
+       {"plan", "--model", "@DIR@/"},
+       {"--model", "it is a directory", "accepted: a catalogue model"}},
+      {"UnknownModelName",
+       {"plan", "--model", "gpt-9000"},
+       {"unknown model 'gpt-9000'", "qwen2.5-7b", "config.json"}},
+      // GPUs and machines.
+      {"UnknownGpu", {"plan", "--gpu", "tpu-v9"}, {"unknown GPU 'tpu-v9'", "h200"}},
+      {"MissingGpuFile",
+       {"plan", "--gpu", "@DIR@/gpu.yaml"},
+       {"--gpu", "gpu.yaml", "accepted: a catalogue GPU"}},
+      {"UnknownMachine",
+       {"max-context", "--machine", "h900-1t"},
+       {"unknown machine 'h900-1t'", "h200-125g", "h200-512g"}},
+      {"MachineYamlUnknownKey",
+       {"max-context", "--machine", "@DIR@/machine.yaml"},
+       {"machine.yaml", "'fans'", "unknown key", "host_ram_gib"}},
+      {"MachineAndGpuTogether",
+       {"plan", "--machine", "h200-125g", "--gpu", "h200"},
+       {"--machine and --gpu", "accepted: --machine PRESET, or --gpu GPU"}},
+      {"HostRamUnknownUnit",
+       {"plan", "--host-ram", "12 parsecs"},
+       {"--host-ram", "'12 parsecs'", "unknown unit 'parsecs'", "GiB"}},
+      {"HostRamBelowOsReserve",
+       {"plan", "--host-ram", "4GiB"},
+       {"--host-ram", "4.00 GiB", "8.00 GiB"}},
+      {"HostRamBelowOsReserveWithGpu",
+       {"plan", "--gpu", "h200", "--host-ram", "4GiB"},
+       {"--host-ram", "4.00 GiB", "8.00 GiB"}},
+      {"HostRamAbsurd",
+       {"max-context", "--host-ram", "100TiB"},
+       {"--host-ram", "absurdly large", "at most"}},
+      // Sizes.
+      {"ChunkNotMultipleOfPage",
+       {"plan", "--chunk", "1000", "--page", "128"},
+       {"--chunk", "1000", "not a multiple of the page size 128", "accepted"}},
+      {"ChunkZero", {"plan", "--chunk", "0"}, {"--chunk: '0'", "accepted: a positive integer"}},
+      {"PageNegative",
+       {"max-context", "--page", "-5"},
+       {"--page: '-5'", "negative", "accepted: a positive integer"}},
+      {"ContextZero",
+       {"plan", "--context", "0"},
+       {"--context: '0'", "accepted: a positive integer"}},
+      {"ContextNegative",
+       {"plan", "--context", "-1"},
+       {"--context: '-1'", "accepted: a positive integer"}},
+      {"ContextScientific",
+       {"plan", "--context", "1e15"},
+       {"--context: '1e15'", "accepted: a positive integer"}},
+      {"ContextAbsurd",
+       {"plan", "--context", "99999999999999"},
+       {"--context", "out of range", "accepted: 1 to 2147483648"}},
+      {"ContextOverflowsInt64",
+       {"plan", "--context", "99999999999999999999999"},
+       {"--context", "too large", "accepted"}},
+      {"ContextGarbage",
+       {"plan", "--context", "garbage"},
+       {"--context: 'garbage'", "accepted: a positive integer"}},
+      {"ContextWithNewlineStaysOneLine",
+       {"plan", "--context", "12\nabc"},
+       {"--context: '12\\nabc'", "accepted"}},
+      {"BudgetZero",
+       {"plan", "--budget", "0"},
+       {"--budget: '0'", "accepted: a positive number of pages, or 'all'"}},
+      {"BudgetNotANumber",
+       {"max-context", "--budget", "x"},
+       {"--budget: 'x'", "accepted: a positive number of pages, or 'all'"}},
+      // Choices.
+      {"OffloadMaybe", {"plan", "--offload", "maybe"}, {"--offload: 'maybe'", "accepted: on, off"}},
+      {"SelectionOverlapOutOfRange",
+       {"plan", "--selection", "overlap:2"},
+       {"--selection: 'overlap:2'", "overlap:F with F in [0, 1]"}},
+      {"GradDtypeFp8",
+       {"plan", "--grad-dtype", "fp8"},
+       {"--grad-dtype: 'fp8'", "accepted: bf16, fp32"}},
+      {"OptimizerUnknown",
+       {"plan", "--optimizer", "sgd"},
+       {"--optimizer: 'sgd'", "accepted: adamw-gpu, adamw-host, none"}},
+      {"PathUnknown",
+       {"plan", "--path", "exact"},
+       {"--path: 'exact'", "accepted: event, analytic"}},
+      {"PriceOutOfRange",
+       {"plan", "--train-tokens", "1G", "--price-per-gpu-hour", "-3"},
+       {"--price-per-gpu-hour", "accepted"}},
+      // The command line itself (CLI11's parse errors).
+      {"UnknownFlag", {"plan", "--frobnicate", "3"}, {"--frobnicate", "ctxplan --help"}},
+      {"MissingFlagValue",
+       {"plan", "--context"},
+       {"--context", "ctxplan --help"},
+       /*add_output=*/false},
+      {"NoSubcommand", {}, {"subcommand", "ctxplan --help"}, /*add_output=*/false},
+      // Sweeps: one bad value anywhere in a list fails the whole sweep before any output.
+      {"SweepOneBadChunk",
+       {"sweep", "--context", "32K", "--chunk", "4096,1000"},
+       {"--chunk", "1000", "not a multiple of the page size 128"}},
+      {"SweepEmptyListItem",
+       {"sweep", "--context", "32K,,64K"},
+       {"--context: ''", "accepted: a positive integer"}},
+      {"SweepBadOffloadLast",
+       {"sweep", "--context", "32K", "--offload", "on,off,maybe"},
+       {"--offload: 'maybe'", "accepted: on, off"}},
+      {"SweepFormatXml",
+       {"sweep", "--context", "32K", "--format", "xml"},
+       {"--format: 'xml'", "accepted: csv, json"}},
+      // Outputs that cannot be written.
+      {"TimelineUnwritableProcPath",
+       {"timeline", "--context", "16K", "-o", "/proc/forbidden/x.json"},
+       {"--output", "/proc/forbidden/x.json", "accepted: a file in an existing, writable"},
+       /*add_output=*/false},
+      {"TimelineMissingDirectory",
+       {"timeline", "--context", "16K", "-o", "@DIR@/no/such/dir/x.json"},
+       {"--output", "no/such/dir/x.json", "accepted: a file in an existing, writable"},
+       /*add_output=*/false},
+      {"PlanOutputIsDirectory",
+       {"plan", "--context", "16K", "--output", "@DIR@"},
+       {"--output", "accepted: a file in an existing, writable"},
+       /*add_output=*/false},
+  };
+  return cases;
+}
+
+class BadInputTest : public ::testing::TestWithParam<BadInputCase> {
+ protected:
+  void SetUp() override { WriteFixtures(dir_); }
+  std::string Expand(const std::string& arg) const {
+    std::string s = arg;
+    for (size_t at; (at = s.find("@DIR@")) != std::string::npos;)
+      s.replace(at, 5, dir_.path().string());
+    return s;
+  }
+  ScratchDir dir_;
+};
+
+TEST_P(BadInputTest, OneLineExitTwoNoOutput) {
+  const BadInputCase& c = GetParam();
+  std::vector<std::string> args;
+  for (const std::string& a : c.args) args.push_back(Expand(a));
+  const fs::path out = dir_.path() / "out.json";
+  if (c.add_output) {
+    args.push_back("--output");
+    args.push_back(out.string());
+  }
+  const RunResult r = RunCtxplan(args, dir_.path());
+  std::vector<std::string> expected;
+  for (const std::string& e : c.expected) expected.push_back(Expand(e));
+  ExpectBadInput(args, r, expected);
+  if (c.add_output) ExpectNoOutputFile(out);
+  // Explicit bad paths: nothing may appear there either (a directory named as the output stays).
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (c.add_output || (args[i] != "-o" && args[i] != "--output")) continue;
+    const fs::path bad = fs::path(args[i + 1]).lexically_normal();
+    if (fs::is_directory(bad)) {
+      ExpectNoTempFile(bad);
+    } else {
+      ExpectNoOutputFile(bad);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cli, BadInputTest, ::testing::ValuesIn(BadInputCases()),
+                         [](const ::testing::TestParamInfo<BadInputCase>& info) {
+                           return info.param.name;
+                         });
+
+// --- bad input around files that exist ----------------------------------------------------------
+
+// The fixtures are broken in one way each: the valid original must load, or the cases above would
+// prove nothing.
+TEST(CliTest, ValidFixtureModelLoads) {
+  ScratchDir dir;
+  WriteFixtures(dir);
+  const std::vector<std::string> args = {
+      "plan",   "--model", (dir.path() / "good.yaml").string(), "--context", "32K",
+      "--path", "analytic"};
+  const RunResult r = RunCtxplan(args, dir.path());
+  EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("test-model"), std::string::npos);
+}
+
+// A failed run never touches an existing output file: the reader keeps the previous result.
+TEST(CliTest, BadInputKeepsExistingOutputFile) {
+  ScratchDir dir;
+  const std::string out = dir.Write("previous.txt", "previous result\n");
+  const std::vector<std::string> args = {"sweep",     "--context", "32K,64K", "--chunk",
+                                         "4096,1000", "--output",  out};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ExpectBadInput(args, r, {"--chunk", "1000"});
+  EXPECT_EQ(ReadAll(out), "previous result\n");
+}
+
+// A write error on stdout (full disk, closed pipe) must not pass for success.
+TEST(CliTest, StdoutWriteFailureIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  ScratchDir dir;
+  const std::vector<std::string> args = {"plan", "--context", "32K", "--path", "analytic"};
+  const RunResult r = RunCtxplan(args, dir.path(), "/dev/full");
+  EXPECT_EQ(r.exit_code, 2) << Describe(args, r);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("standard output"), std::string::npos) << r.err;
+}
+
+// --- good input ----------------------------------------------------------------------------------
+
+// Runs python3 on a script with arguments; skips the test when python3 is not installed.
+#define RUN_PYTHON_OR_SKIP(result, scratch, ...)                                 \
+  do {                                                                           \
+    int spawn_errno = 0;                                                         \
+    result = RunArgv({"python3", "-c", __VA_ARGS__}, scratch, "", &spawn_errno); \
+    if (spawn_errno == ENOENT) GTEST_SKIP() << "python3 not found";              \
+  } while (false)
+
+// Validates `text` as JSON with Python's json module (an independent parser).
+#define EXPECT_VALID_JSON_OR_SKIP(text, dir)                                              \
+  do {                                                                                    \
+    const std::string json_file = (dir).Write("check.json", text);                        \
+    RunResult py;                                                                         \
+    RUN_PYTHON_OR_SKIP(py, (dir).path(), "import json,sys; json.load(open(sys.argv[1]))", \
+                       json_file);                                                        \
+    EXPECT_EQ(py.exit_code, 0) << "not valid JSON: " << py.err;                           \
+  } while (false)
+
+int64_t JsonInt(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\":(-?[0-9]+)"))) return -1;
+  return std::stoll(m[1]);
+}
+
+std::string JsonString(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return "";
+  return m[1];
+}
+
+// DESIGN.md: on the H200 test machine (125 GiB host RAM) pinned host memory, not the GPU, caps
+// Qwen2.5-7B near 1M tokens.
+TEST(CliTest, MaxContextJsonDefaults) {
+  ScratchDir dir;
+  const std::vector<std::string> args = {"max-context", "--json"};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(r.err, "");
+  const int64_t tokens = JsonInt(r.out, "max_context_tokens");
+  EXPECT_GE(tokens, 900'000) << r.out.substr(0, 300);
+  EXPECT_LE(tokens, 1'300'000);
+  EXPECT_EQ(JsonString(r.out, "limit"), "host-memory");
+  EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+}
+
+// The four-GPU host's 512 GiB hold about four times the pages.
+TEST(CliTest, MaxContextJsonLargeHost) {
+  ScratchDir dir;
+  const std::vector<std::string> args = {"max-context", "--machine", "h200-512g", "--json"};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  const int64_t tokens = JsonInt(r.out, "max_context_tokens");
+  EXPECT_GE(tokens, 3'500'000) << r.out.substr(0, 300);
+  EXPECT_LE(tokens, 5'500'000);
+  EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+}
+
+// --output writes exactly what stdout would show, through a temp file renamed into place (an
+// existing file is replaced whole, and no temp file stays).
+TEST(CliTest, PlanOutputEqualsStdout) {
+  ScratchDir dir;
+  for (const bool json : {false, true}) {
+    SCOPED_TRACE(json ? "json" : "text");
+    std::vector<std::string> args = {"plan", "--context", "128K"};
+    if (json) args.push_back("--json");
+    const RunResult to_stdout = RunCtxplan(args, dir.path());
+    ASSERT_EQ(to_stdout.exit_code, 0) << Describe(args, to_stdout);
+    ASSERT_FALSE(to_stdout.out.empty());
+
+    const std::string file = dir.Write("plan.out", "an older, longer result that must vanish\n");
+    args.insert(args.end(), {"--output", file});
+    const RunResult to_file = RunCtxplan(args, dir.path());
+    ASSERT_EQ(to_file.exit_code, 0) << Describe(args, to_file);
+    EXPECT_EQ(to_file.out, "");
+    EXPECT_EQ(to_file.err, "");
+    EXPECT_EQ(ReadAll(file), to_stdout.out);
+    for (const auto& entry : fs::directory_iterator(dir.path())) {
+      EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+    }
+    if (json) EXPECT_VALID_JSON_OR_SKIP(to_stdout.out, dir);
+  }
+}
+
+TEST(CliTest, SweepCsvHeaderAndOneRowPerConfiguration) {
+  ScratchDir dir;
+  const std::vector<std::string> args = {"sweep",  "--context", "32K,64K", "--budget",
+                                         "64,all", "--format",  "csv"};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  std::vector<std::string> lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  EXPECT_TRUE(lines[0].starts_with("model,machine,context_tokens,")) << lines[0];
+  const auto columns = std::count(lines[0].begin(), lines[0].end(), ',');
+  for (size_t i = 1; i < lines.size(); ++i) {
+    EXPECT_EQ(std::count(lines[i].begin(), lines[i].end(), ','), columns) << lines[i];
+    EXPECT_TRUE(lines[i].starts_with("qwen2.5-7b,h200-125g,")) << lines[i];
+  }
+  // Every (context, budget) pair once.
+  for (const char* pair : {",32768,4096,128,64,", ",65536,4096,128,64,", ",32768,4096,128,all,",
+                           ",65536,4096,128,all,"}) {
+    EXPECT_EQ(
+        std::count_if(lines.begin() + 1, lines.end(),
+                      [&](const std::string& l) { return l.find(pair) != std::string::npos; }),
+        1)
+        << pair;
+  }
+}
+
+// The timeline is a Chrome trace: complete events (ph X) on several streams (tids) and memory
+// counters (ph C), loadable by any JSON parser.
+TEST(CliTest, TimelineWritesChromeTrace) {
+  ScratchDir dir;
+  const std::string file = (dir.path() / "step.json").string();
+  const std::vector<std::string> args = {"timeline", "--context", "16K", "-o", file};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;  // the summary line
+  EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+  ASSERT_TRUE(fs::exists(file));
+  RunResult py;
+  RUN_PYTHON_OR_SKIP(py, dir.path(),
+                     "import json,sys\n"
+                     "d = json.load(open(sys.argv[1]))\n"
+                     "ev = d['traceEvents']\n"
+                     "x = {(e.get('pid'), e.get('tid')) for e in ev if e.get('ph') == 'X'}\n"
+                     "c = [e for e in ev if e.get('ph') == 'C']\n"
+                     "print(len(x), len(c))\n",
+                     file);
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  std::istringstream counts(py.out);
+  int tids = 0, counters = 0;
+  counts >> tids >> counters;
+  EXPECT_GE(tids, 3) << py.out;
+  EXPECT_GT(counters, 0) << py.out;
+}
+
+TEST(CliTest, ListNamesTheCatalogue) {
+  ScratchDir dir;
+  const RunResult r = RunCtxplan({"list"}, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("qwen2.5-7b"), std::string::npos);
+  EXPECT_NE(r.out.find("h200-512g"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ctxplan

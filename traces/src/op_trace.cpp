@@ -1,0 +1,279 @@
+#include "ctxplan/traces/op_trace.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string_view>
+
+#include "ctxplan/models/errors.h"
+#include "ctxplan/traces/atomic_file.h"
+#include "ctxplan/traces/chrome_trace_writer.h"
+
+namespace ctxplan {
+
+namespace {
+
+constexpr uint8_t kOpTag = 1;
+constexpr uint8_t kMemoryTag = 2;
+constexpr uint8_t kFooterTag = 0xFF;
+constexpr size_t kMagicBytes = 8;
+constexpr uint32_t kMaxMetadataBytes = 1 << 20;
+
+template <typename T>
+void Put(std::string& out, T value) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(bytes, sizeof(T));
+}
+
+std::string MetadataJson(const TraceMetadata& metadata) {
+  std::string json = "{";
+  bool first = true;
+  for (const auto& [key, value] : metadata) {
+    if (!first) json += ',';
+    first = false;
+    AppendJsonString(json, key);
+    json += ':';
+    AppendJsonString(json, value);
+  }
+  return json + "}";
+}
+
+// Reads the bytes of a trace with bounds checks that name the offset.
+class Cursor {
+ public:
+  Cursor(std::string_view bytes, std::string path) : bytes_(bytes), path_(std::move(path)) {}
+
+  size_t offset() const { return offset_; }
+  bool done() const { return offset_ == bytes_.size(); }
+
+  template <typename T>
+  T Get(const char* what) {
+    if (bytes_.size() - offset_ < sizeof(T)) Fail(std::string("truncated in ") + what);
+    T value;
+    std::memcpy(&value, bytes_.data() + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return value;
+  }
+  std::string_view Take(size_t n, const char* what) {
+    if (bytes_.size() - offset_ < n) Fail(std::string("truncated in ") + what);
+    std::string_view s = bytes_.substr(offset_, n);
+    offset_ += n;
+    return s;
+  }
+  [[noreturn]] void Fail(const std::string& problem) const {
+    throw InputError(path_ + ": byte " + std::to_string(offset_) + ": " + problem +
+                     "; accepted: a complete ctxplan op trace (" + kOpTraceMagic + ")");
+  }
+
+ private:
+  std::string_view bytes_;
+  std::string path_;
+  size_t offset_ = 0;
+};
+
+// The metadata is a flat JSON object of strings, as MetadataJson writes it.
+TraceMetadata ParseMetadata(std::string_view json, Cursor& cursor) {
+  TraceMetadata metadata;
+  size_t i = 0;
+  auto fail = [&](const std::string& what) { cursor.Fail("metadata: " + what); };
+  auto skip_space = [&] {
+    while (i < json.size() && (json[i] == ' ' || json[i] == '\n' || json[i] == '\t')) ++i;
+  };
+  auto parse_string = [&]() -> std::string {
+    if (i >= json.size() || json[i] != '"') fail("expected a string");
+    ++i;
+    std::string s;
+    while (i < json.size() && json[i] != '"') {
+      char c = json[i++];
+      if (c != '\\') {
+        s += c;
+        continue;
+      }
+      if (i >= json.size()) fail("unterminated escape");
+      const char e = json[i++];
+      switch (e) {
+        case '"': s += '"'; break;
+        case '\\': s += '\\'; break;
+        case '/': s += '/'; break;
+        case 'n': s += '\n'; break;
+        case 't': s += '\t'; break;
+        case 'r': s += '\r'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'u': {
+          if (i + 4 > json.size()) fail("short \\u escape");
+          const unsigned code = std::stoul(std::string(json.substr(i, 4)), nullptr, 16);
+          i += 4;
+          // Metadata is ASCII in practice; other code points are kept as UTF-8.
+          if (code < 0x80) {
+            s += static_cast<char>(code);
+          } else if (code < 0x800) {
+            s += static_cast<char>(0xC0 | (code >> 6));
+            s += static_cast<char>(0x80 | (code & 0x3F));
+          } else {
+            s += static_cast<char>(0xE0 | (code >> 12));
+            s += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+            s += static_cast<char>(0x80 | (code & 0x3F));
+          }
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+    if (i >= json.size()) fail("unterminated string");
+    ++i;
+    return s;
+  };
+  skip_space();
+  if (i >= json.size() || json[i++] != '{') fail("expected '{'");
+  skip_space();
+  if (i < json.size() && json[i] == '}') {
+    ++i;
+  } else {
+    while (true) {
+      skip_space();
+      std::string key = parse_string();
+      skip_space();
+      if (i >= json.size() || json[i++] != ':') fail("expected ':'");
+      skip_space();
+      metadata[key] = parse_string();
+      skip_space();
+      if (i < json.size() && json[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < json.size() && json[i] == '}') {
+        ++i;
+        break;
+      }
+      fail("expected ',' or '}'");
+    }
+  }
+  skip_space();
+  if (i != json.size()) fail("trailing bytes after the object");
+  return metadata;
+}
+
+}  // namespace
+
+class OpTraceWriter::Impl {
+ public:
+  Impl(const std::filesystem::path& path, const TraceMetadata& metadata) : file(path) {
+    const std::string json = MetadataJson(metadata);
+    buffer.append(kOpTraceMagic, kMagicBytes);
+    Put<uint32_t>(buffer, static_cast<uint32_t>(json.size()));
+    buffer += json;
+  }
+  void Flush(bool force) {
+    if (!force && buffer.size() < (1 << 20)) return;
+    file.stream().write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    buffer.clear();
+  }
+
+  AtomicFileWriter file;
+  std::string buffer;
+  uint64_t ops = 0;
+  uint64_t memory = 0;
+  bool finished = false;
+};
+
+OpTraceWriter::OpTraceWriter(const std::filesystem::path& path, const TraceMetadata& metadata)
+    : impl_(std::make_unique<Impl>(path, metadata)) {}
+
+OpTraceWriter::~OpTraceWriter() = default;
+
+void OpTraceWriter::Op(const OpRecord& r) {
+  CTXPLAN_CHECK(!impl_->finished, "op record after Finish()");
+  std::string& b = impl_->buffer;
+  Put<uint8_t>(b, kOpTag);
+  Put(b, r.op_id);
+  Put(b, r.start_ns);
+  Put(b, r.end_ns);
+  Put(b, r.kind);
+  Put(b, r.stream);
+  Put(b, r.phase);
+  Put(b, r.part);
+  Put(b, r.chunk);
+  Put(b, r.layer);
+  ++impl_->ops;
+  impl_->Flush(false);
+}
+
+void OpTraceWriter::Memory(const MemoryRecord& r) {
+  CTXPLAN_CHECK(!impl_->finished, "memory record after Finish()");
+  std::string& b = impl_->buffer;
+  Put<uint8_t>(b, kMemoryTag);
+  Put(b, r.time_ns);
+  Put(b, r.space);
+  Put(b, r.category);
+  Put(b, r.space_total_bytes);
+  ++impl_->memory;
+  impl_->Flush(false);
+}
+
+void OpTraceWriter::Finish() {
+  if (impl_->finished) return;
+  Put<uint8_t>(impl_->buffer, kFooterTag);
+  Put<uint64_t>(impl_->buffer, impl_->ops);
+  Put<uint64_t>(impl_->buffer, impl_->memory);
+  impl_->Flush(true);
+  impl_->file.Commit();
+  impl_->finished = true;
+}
+
+OpTrace ReadOpTrace(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path.string() + ": cannot read file");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Cursor cursor(bytes, path.string());
+  if (cursor.Take(std::min(bytes.size(), kMagicBytes), "the magic") !=
+      std::string_view(kOpTraceMagic, kMagicBytes))
+    throw InputError(path.string() + ": not a ctxplan op trace (no " + kOpTraceMagic +
+                     " header); accepted: a .ctxtrace file written by ctxtrain or ctxplan");
+  const uint32_t metadata_bytes = cursor.Get<uint32_t>("the metadata length");
+  if (metadata_bytes > kMaxMetadataBytes) cursor.Fail("metadata larger than 1 MiB");
+  OpTrace trace;
+  trace.metadata = ParseMetadata(cursor.Take(metadata_bytes, "the metadata"), cursor);
+  while (true) {
+    if (cursor.done()) cursor.Fail("ends without its footer (the run stopped while writing?)");
+    const uint8_t tag = cursor.Get<uint8_t>("a record tag");
+    if (tag == kOpTag) {
+      OpRecord r;
+      r.op_id = cursor.Get<uint64_t>("an op record");
+      r.start_ns = cursor.Get<int64_t>("an op record");
+      r.end_ns = cursor.Get<int64_t>("an op record");
+      r.kind = cursor.Get<uint8_t>("an op record");
+      r.stream = cursor.Get<uint8_t>("an op record");
+      r.phase = cursor.Get<uint8_t>("an op record");
+      r.part = cursor.Get<uint8_t>("an op record");
+      r.chunk = cursor.Get<int32_t>("an op record");
+      r.layer = cursor.Get<int32_t>("an op record");
+      if (r.end_ns < r.start_ns) cursor.Fail("op " + std::to_string(r.op_id) + " ends before it starts");
+      trace.ops.push_back(r);
+    } else if (tag == kMemoryTag) {
+      MemoryRecord r;
+      r.time_ns = cursor.Get<int64_t>("a memory record");
+      r.space = cursor.Get<uint8_t>("a memory record");
+      r.category = cursor.Get<uint8_t>("a memory record");
+      r.space_total_bytes = cursor.Get<int64_t>("a memory record");
+      if (r.space_total_bytes < 0) cursor.Fail("negative memory total");
+      trace.memory.push_back(r);
+    } else if (tag == kFooterTag) {
+      const uint64_t ops = cursor.Get<uint64_t>("the footer");
+      const uint64_t memory = cursor.Get<uint64_t>("the footer");
+      if (ops != trace.ops.size() || memory != trace.memory.size())
+        cursor.Fail("footer counts " + std::to_string(ops) + " ops and " +
+                    std::to_string(memory) + " memory records, the file holds " +
+                    std::to_string(trace.ops.size()) + " and " +
+                    std::to_string(trace.memory.size()));
+      if (!cursor.done()) cursor.Fail("bytes after the footer");
+      return trace;
+    } else {
+      cursor.Fail("unknown record tag " + std::to_string(tag));
+    }
+  }
+}
+
+}  // namespace ctxplan
