@@ -115,7 +115,9 @@ TEST(EventSimulator, StepIsNoShorterThanAnyStreamIsBusy) {
     for (int s = 0; s < kStreamCount; ++s)
       EXPECT_GE(both.event.step_ticks, both.event.busy_ticks[s]);
     EXPECT_GT(both.event.busy_ticks[static_cast<int>(Stream::kCompute)], 0);
-    if (offload) EXPECT_GT(both.event.busy_ticks[static_cast<int>(Stream::kH2D)], 0);
+    if (offload) {
+      EXPECT_GT(both.event.busy_ticks[static_cast<int>(Stream::kH2D)], 0);
+    }
   }
 }
 

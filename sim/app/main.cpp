@@ -3,12 +3,14 @@
 //   ctxplan max-context            the largest context that fits, and what binds
 //   ctxplan plan                   memory by category, step time, tokens/s, bottleneck, cost
 //   ctxplan sweep                  a grid of configurations to CSV or JSON
-//   ctxplan timeline               the simulated step as a Chrome trace (Perfetto)
+//   ctxplan timeline               the simulated step as a Chrome trace (Perfetto) or .ctxtrace
+//   ctxplan replay TRACE           a recorded step against the prediction, op by op
 //   ctxplan list                   the catalogue
 //
 // Exit codes: 0 success, 2 bad input (one line on stderr naming what and what is accepted),
 // 1 an internal error (a bug).
 #include <cerrno>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -26,7 +28,11 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
+#include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/timeline_writer.h"
+#include "ctxplan/sim/trace_recorder.h"
+#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/traces/op_trace.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "json_out.h"
@@ -286,12 +292,53 @@ int RunSweep(SweepFlags f) {
 struct TimelineFlags {
   RunFlags run;
   std::string output = "ctxplan-timeline.json";
+  std::string format = "chrome";
 };
+
+// The metadata a trace carries so that replay can rebuild the plan it followed.
+RunMetadata TraceMetadataFor(const ModelSpec& model, const MachineSpec& machine,
+                             const RunOptions& options, const std::string& source) {
+  RunMetadata m;
+  m["source"] = source;
+  m["model"] = model.name;
+  m["machine"] = machine.name;
+  m["gpu_name"] = machine.gpu.display_name;
+  AddRunOptions(options, m);
+  return m;
+}
+
+int RunCompactTimeline(const TimelineFlags& f, const ModelSpec& model, const MachineSpec& machine,
+                       const RunOptions& options) {
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  std::unique_ptr<OpTraceWriter> writer;
+  try {
+    writer = std::make_unique<OpTraceWriter>(
+        f.output, TraceMetadataFor(model, machine, options, "ctxplan prediction"));
+  } catch (const InputError& e) {
+    ThrowOutputError(e);
+  }
+  sim::TraceRecorder recorder(*writer);
+  const sim::StepPrediction prediction = sim::EventSimulator(time_model).Run(plan, &recorder);
+  try {
+    writer->Finish();
+  } catch (const InputError& e) {
+    ThrowOutputError(e);
+  }
+  std::fprintf(stderr, "ctxplan timeline: %llu ops, step %.3f s, written to %s\n",
+               static_cast<unsigned long long>(prediction.op_count), prediction.step_seconds(),
+               f.output.c_str());
+  return 0;
+}
 
 int RunTimeline(const TimelineFlags& f) {
   const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = ResolveOptions(f.run, model, true);
+  if (f.format == "ctxtrace") return RunCompactTimeline(f, model, machine, options);
+  if (f.format != "chrome")
+    throw InputError("--format: '" + f.format + "' is not a trace format; accepted: chrome, "
+                     "ctxtrace");
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
   const auto file = OpenOutput(f.output);
@@ -312,6 +359,104 @@ int RunTimeline(const TimelineFlags& f) {
   std::fprintf(stderr, "ctxplan timeline: %llu ops, step %.3f s, written to %s\n",
                static_cast<unsigned long long>(prediction.op_count), prediction.step_seconds(),
                f.output.c_str());
+  return 0;
+}
+
+// --- replay --------------------------------------------------------------------------------
+struct ReplayFlags {
+  std::string trace;
+  RunFlags run;
+  OutputFlags out;
+};
+
+int RunReplay(ReplayFlags f) {
+  const OpTrace trace = ReadOpTrace(f.trace);
+  const auto model_name = trace.metadata.find("model");
+  if (model_name == trace.metadata.end())
+    throw InputError(f.trace + ": metadata key 'model' is missing; accepted: a trace written by "
+                     "ctxtrain or ctxplan");
+  const ModelSpec model = LoadModel(model_name->second);
+  if (f.run.machine.empty() && f.run.gpu.empty()) {
+    const auto machine = trace.metadata.find("machine");
+    const std::vector<std::string> presets = CatalogMachineNames();
+    const bool preset = machine != trace.metadata.end() &&
+                        std::find(presets.begin(), presets.end(), machine->second) != presets.end();
+    f.run.machine = preset ? machine->second : "h200-125g";
+  }
+  const MachineSpec machine = ResolveMachine(f.run);
+  const RunOptions options = RunOptionsFromMetadata(trace.metadata, f.trace);
+  options.Validate(model);
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  const sim::ReplayResult r = sim::Replay(trace, plan, time_model, f.trace);
+  auto source = trace.metadata.find("source");
+  const std::string from = source == trace.metadata.end() ? "unknown" : source->second;
+  if (f.out.json) {
+    JsonOut j;
+    j.BeginObject().Field("trace", f.trace).Field("source", from).Field("model", model.name);
+    j.Field("machine", machine.name);
+    j.Field("measured_step_seconds", r.measured_step_seconds);
+    j.Field("predicted_step_seconds", r.predicted_step_seconds);
+    j.Field("plan_ops", static_cast<int64_t>(r.plan_ops));
+    j.Field("traced_ops", static_cast<int64_t>(r.traced_ops));
+    j.Field("measured_gpu_peak_bytes", r.measured_gpu_peak);
+    j.Field("predicted_gpu_peak_bytes", r.predicted_gpu_peak);
+    j.Field("measured_host_peak_bytes", r.measured_host_peak);
+    j.Field("predicted_host_peak_bytes", r.predicted_host_peak);
+    j.BeginArray("by_kind");
+    for (const sim::KindComparison& k : r.by_kind)
+      j.BeginObject()
+          .Field("kind", OpKindName(k.kind))
+          .Field("part", OpPartName(k.part))
+          .Field("count", k.count)
+          .Field("measured_seconds", k.measured_seconds)
+          .Field("predicted_seconds", k.predicted_seconds)
+          .EndObject();
+    j.EndArray().BeginArray("worst_ops");
+    for (const sim::OpComparison& c : r.worst)
+      j.BeginObject()
+          .Field("op_id", static_cast<int64_t>(c.measured.op_id))
+          .Field("kind", OpKindName(static_cast<OpKind>(c.measured.kind)))
+          .Field("chunk", c.measured.chunk)
+          .Field("layer", c.measured.layer)
+          .Field("measured_seconds", c.measured_seconds)
+          .Field("predicted_seconds", c.predicted_seconds)
+          .EndObject();
+    j.EndArray().EndObject();
+    Emit(j.Text(), f.out.output);
+    return 0;
+  }
+  char line[256];
+  std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
+                  machine.name + "\n";
+  std::snprintf(line, sizeof line, "step: measured %.6f s, predicted %.6f s (measured/predicted %.3f)\n",
+                r.measured_step_seconds, r.predicted_step_seconds,
+                r.predicted_step_seconds > 0 ? r.measured_step_seconds / r.predicted_step_seconds : 0.0);
+  s += line;
+  s += "ops: " + FormatCount(static_cast<int64_t>(r.traced_ops)) + " of " +
+       FormatCount(static_cast<int64_t>(r.plan_ops)) + " kernels and copies of the plan traced\n";
+  if (r.measured_gpu_peak > 0 || r.measured_host_peak > 0)
+    s += "memory peaks: GPU measured " + FormatGiB(r.measured_gpu_peak) + ", predicted " +
+         FormatGiB(r.predicted_gpu_peak) + "; host measured " + FormatGiB(r.measured_host_peak) +
+         ", predicted " + FormatGiB(r.predicted_host_peak) + "\n";
+  s += "by kind                      count    measured s   predicted s   ratio\n";
+  for (const sim::KindComparison& k : r.by_kind) {
+    std::string name(OpKindName(k.kind));
+    if (k.part != OpPart::kNone) name += "." + std::string(OpPartName(k.part));
+    std::snprintf(line, sizeof line, "  %-24s %9lld %13.6f %13.6f %7.3f\n", name.c_str(),
+                  static_cast<long long>(k.count), k.measured_seconds, k.predicted_seconds,
+                  k.predicted_seconds > 0 ? k.measured_seconds / k.predicted_seconds : 0.0);
+    s += line;
+  }
+  s += "largest differences (op id, kind, chunk, layer, measured s, predicted s)\n";
+  for (const sim::OpComparison& c : r.worst) {
+    std::snprintf(line, sizeof line, "  %10llu %-18s %5d %4d %12.6f %12.6f\n",
+                  static_cast<unsigned long long>(c.measured.op_id),
+                  std::string(OpKindName(static_cast<OpKind>(c.measured.kind))).c_str(),
+                  c.measured.chunk, c.measured.layer, c.measured_seconds, c.predicted_seconds);
+    s += line;
+  }
+  Emit(s, f.out.output);
   return 0;
 }
 
@@ -361,6 +506,20 @@ int Main(int argc, char** argv) {
       app.add_subcommand("timeline", "the simulated step as Chrome trace JSON (Perfetto)");
   AddRunFlags(*timeline_cmd, timeline.run, true);
   timeline_cmd->add_option("--output,-o", timeline.output, "trace file")->capture_default_str();
+  timeline_cmd
+      ->add_option("--format", timeline.format,
+                   "chrome (JSON for Perfetto) or ctxtrace (compact, replayable)")
+      ->capture_default_str();
+
+  ReplayFlags replay;
+  CLI::App* replay_cmd = app.add_subcommand(
+      "replay", "compare a recorded step (.ctxtrace) with the prediction, op by op");
+  replay_cmd->add_option("trace", replay.trace, "the .ctxtrace file")->required();
+  replay_cmd->add_option("--machine", replay.run.machine,
+                         "machine preset (default: the trace's, else h200-125g)");
+  replay_cmd->add_option("--gpu", replay.run.gpu, "catalogue GPU or path (instead of --machine)");
+  replay_cmd->add_option("--host-ram", replay.run.host_ram, "host RAM with --gpu");
+  AddOutputFlags(*replay_cmd, replay.out);
 
   CLI::App* list_cmd = app.add_subcommand("list", "the model, GPU and machine catalogue");
 
@@ -380,6 +539,7 @@ int Main(int argc, char** argv) {
   if (capacity_cmd->parsed()) return RunMaxContext(capacity);
   if (sweep_cmd->parsed()) return RunSweep(sweep);
   if (timeline_cmd->parsed()) return RunTimeline(timeline);
+  if (replay_cmd->parsed()) return RunReplay(replay);
   if (list_cmd->parsed()) return RunList();
   return 2;
 }

@@ -1,0 +1,47 @@
+// Replay: a recorded step (measured by ctxtrain, or predicted by ctxplan) against the planner's
+// prediction of the same plan, op by op. Both carry the plan's op ids, so every measured op has
+// exactly one predicted twin.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/sim/kernel_time_model.h"
+#include "ctxplan/traces/op_trace.h"
+
+namespace ctxplan::sim {
+
+struct KindComparison {
+  OpKind kind = OpKind::kAlloc;
+  OpPart part = OpPart::kNone;
+  int64_t count = 0;
+  double measured_seconds = 0.0;   // summed durations
+  double predicted_seconds = 0.0;
+};
+
+struct OpComparison {
+  OpRecord measured;
+  double measured_seconds = 0.0;
+  double predicted_seconds = 0.0;
+};
+
+struct ReplayResult {
+  double measured_step_seconds = 0.0;   // first start to last end in the trace
+  double predicted_step_seconds = 0.0;
+  int64_t measured_gpu_peak = 0;        // from the trace's memory records (0 if none)
+  int64_t measured_host_peak = 0;
+  int64_t predicted_gpu_peak = 0;
+  int64_t predicted_host_peak = 0;
+  uint64_t plan_ops = 0;      // kernels and copies in the plan
+  uint64_t traced_ops = 0;    // of which the trace holds this many
+  std::vector<KindComparison> by_kind;  // sorted by measured time, largest first
+  std::vector<OpComparison> worst;      // largest |measured - predicted|, at most 10
+};
+
+// Throws InputError when the trace does not follow this plan (an op id the plan lacks, or whose
+// kind or stream differ: a trace from another plan version or other options).
+ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
+                    const std::string& trace_name);
+
+}  // namespace ctxplan::sim

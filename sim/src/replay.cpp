@@ -1,0 +1,101 @@
+#include "ctxplan/sim/replay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "ctxplan/models/errors.h"
+#include "ctxplan/sim/event_simulator.h"
+
+namespace ctxplan::sim {
+
+namespace {
+
+struct Predicted {
+  Tick start = -1;  // -1: not a timed op
+  Tick end = -1;
+  OpKind kind = OpKind::kAlloc;
+  Stream stream = Stream::kCompute;
+  OpPart part = OpPart::kNone;
+};
+
+class Recorder final : public SimObserver {
+ public:
+  void OnOpComplete(const Op& op, Tick start, Tick end) override {
+    if (ops.size() <= op.id) ops.resize(op.id + 1);
+    ops[op.id] = {start, end, op.kind, op.stream, op.part};
+    ++timed;
+  }
+  std::vector<Predicted> ops;
+  uint64_t timed = 0;
+};
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+}  // namespace
+
+ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
+                    const std::string& trace_name) {
+  Recorder recorder;
+  const StepPrediction prediction = EventSimulator(time_model).Run(plan, &recorder);
+  ReplayResult r;
+  r.predicted_step_seconds = prediction.step_seconds();
+  r.predicted_gpu_peak = prediction.gpu.peak_bytes;
+  r.predicted_host_peak = prediction.host.peak_bytes;
+  r.plan_ops = recorder.timed;
+
+  std::map<std::pair<OpKind, OpPart>, KindComparison> by_kind;
+  int64_t first_start = INT64_MAX, last_end = INT64_MIN;
+  std::vector<OpComparison> all;
+  all.reserve(trace.ops.size());
+  std::vector<bool> seen(recorder.ops.size(), false);
+  for (const OpRecord& m : trace.ops) {
+    const bool known = m.op_id < recorder.ops.size() && recorder.ops[m.op_id].start >= 0;
+    if (!known)
+      throw InputError(trace_name + ": op " + std::to_string(m.op_id) +
+                       " is not a kernel or copy of the plan its metadata describes; accepted: "
+                       "a trace of this plan version and these options");
+    const Predicted& p = recorder.ops[m.op_id];
+    if (static_cast<uint8_t>(p.kind) != m.kind || static_cast<uint8_t>(p.stream) != m.stream)
+      throw InputError(trace_name + ": op " + std::to_string(m.op_id) + " is a " +
+                       (m.kind < kOpKindCount ? std::string(OpKindName(static_cast<OpKind>(m.kind)))
+                                              : "kind " + std::to_string(m.kind)) +
+                       " in the trace but a " + std::string(OpKindName(p.kind)) +
+                       " in the plan; accepted: a trace of this plan version and these options");
+    if (seen[m.op_id])
+      throw InputError(trace_name + ": op " + std::to_string(m.op_id) + " appears twice");
+    seen[m.op_id] = true;
+    ++r.traced_ops;
+    first_start = std::min(first_start, m.start_ns);
+    last_end = std::max(last_end, m.end_ns);
+    OpComparison c{m, Seconds(m.end_ns - m.start_ns), TicksToSeconds(p.end - p.start)};
+    KindComparison& k = by_kind[{p.kind, p.part}];
+    k.kind = p.kind;
+    k.part = p.part;
+    ++k.count;
+    k.measured_seconds += c.measured_seconds;
+    k.predicted_seconds += c.predicted_seconds;
+    all.push_back(c);
+  }
+  if (r.traced_ops > 0) r.measured_step_seconds = Seconds(last_end - first_start);
+  for (const MemoryRecord& m : trace.memory) {
+    int64_t& peak = m.space == static_cast<uint8_t>(MemSpace::kGpu) ? r.measured_gpu_peak
+                                                                     : r.measured_host_peak;
+    peak = std::max(peak, m.space_total_bytes);
+  }
+  for (const auto& [key, k] : by_kind) r.by_kind.push_back(k);
+  std::sort(r.by_kind.begin(), r.by_kind.end(), [](const auto& a, const auto& b) {
+    return a.measured_seconds > b.measured_seconds;
+  });
+  auto error = [](const OpComparison& c) {
+    return std::abs(c.measured_seconds - c.predicted_seconds);
+  };
+  const size_t keep = std::min<size_t>(10, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep), all.end(),
+                    [&](const auto& a, const auto& b) { return error(a) > error(b); });
+  all.resize(keep);
+  r.worst = std::move(all);
+  return r;
+}
+
+}  // namespace ctxplan::sim

@@ -1,0 +1,174 @@
+// The compact op trace: round trip, validation of damaged files, and replay of a prediction
+// against itself and against a different plan.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/sim/replay.h"
+#include "ctxplan/sim/trace_recorder.h"
+#include "ctxplan/traces/op_trace.h"
+
+namespace ctxplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+class OpTraceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ctxplan_op_trace_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Bytes(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  void Write(const fs::path& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(OpTraceTest, RoundTripsRecordsAndMetadata) {
+  const fs::path path = dir_ / "a.ctxtrace";
+  TraceMetadata metadata{{"model", "qwen2.5-7b"}, {"odd", "quote \" backslash \\ newline \n"}};
+  {
+    OpTraceWriter writer(path, metadata);
+    for (uint64_t i = 0; i < 1000; ++i)
+      writer.Op({i, static_cast<int64_t>(10 * i), static_cast<int64_t>(10 * i + 7),
+                 static_cast<uint8_t>(i % 20), static_cast<uint8_t>(i % 3), 2, 1,
+                 static_cast<int32_t>(i / 100), static_cast<int32_t>(i % 28)});
+    writer.Memory({5, 0, 3, int64_t{1} << 40});
+    writer.Finish();
+  }
+  const OpTrace trace = ReadOpTrace(path);
+  EXPECT_EQ(trace.metadata, metadata);
+  ASSERT_EQ(trace.ops.size(), 1000u);
+  EXPECT_EQ(trace.ops[999].op_id, 999u);
+  EXPECT_EQ(trace.ops[999].end_ns, 9997);
+  EXPECT_EQ(trace.ops[999].layer, 999 % 28);
+  ASSERT_EQ(trace.memory.size(), 1u);
+  EXPECT_EQ(trace.memory[0].space_total_bytes, int64_t{1} << 40);
+}
+
+TEST_F(OpTraceTest, UnfinishedWriterLeavesNoFile) {
+  const fs::path path = dir_ / "b.ctxtrace";
+  {
+    OpTraceWriter writer(path, {});
+    writer.Op({});
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(OpTraceTest, EveryTruncationIsAClearError) {
+  const fs::path path = dir_ / "c.ctxtrace";
+  {
+    OpTraceWriter writer(path, {{"k", "v"}});
+    for (uint64_t i = 0; i < 5; ++i) writer.Op({i, 0, 1, 0, 0, 0, 0, 0, 0});
+    writer.Memory({1, 0, 0, 64});
+    writer.Finish();
+  }
+  const std::string whole = Bytes(path);
+  for (size_t cut = 0; cut < whole.size(); ++cut) {
+    Write(path, whole.substr(0, cut));
+    try {
+      ReadOpTrace(path);
+      FAIL() << "a file cut at byte " << cut << " was accepted";
+    } catch (const InputError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+}
+
+TEST_F(OpTraceTest, DamagedFilesAreClearErrors) {
+  const fs::path path = dir_ / "d.ctxtrace";
+  {
+    OpTraceWriter writer(path, {{"k", "v"}});
+    writer.Op({0, 5, 9, 0, 0, 0, 0, 0, 0});
+    writer.Finish();
+  }
+  const std::string good = Bytes(path);
+  auto expect_error = [&](const std::string& bytes, const std::string& needle) {
+    Write(path, bytes);
+    try {
+      ReadOpTrace(path);
+      FAIL() << "accepted a file that should fail with '" << needle << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("not a trace at all", "not a ctxplan op trace");
+  expect_error(good + "x", "bytes after the footer");
+  std::string bad_tag = good;
+  bad_tag[8 + 4 + 9] = 7;  // the first record's tag, after magic, length and "{"k":"v"}"
+  expect_error(bad_tag, "unknown record tag 7");
+  std::string backwards = good;
+  backwards[8 + 4 + 9 + 1 + 8] = 100;  // start_ns = 100 > end_ns = 9
+  expect_error(backwards, "ends before it starts");
+  std::string bad_metadata = good;
+  bad_metadata[8 + 4] = '[';
+  expect_error(bad_metadata, "metadata");
+  std::string bad_count = good;
+  bad_count[good.size() - 16] = 3;  // footer claims 3 ops
+  expect_error(bad_count, "footer counts 3 ops");
+  EXPECT_THROW(ReadOpTrace(dir_ / "missing.ctxtrace"), InputError);
+}
+
+TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
+  const ModelSpec model = LoadModel("qwen2.5-7b");
+  const MachineSpec machine = LoadMachine("h200-125g");
+  RunOptions options;
+  options.context_tokens = 20'000;
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  RunMetadata metadata{{"model", model.name}};
+  AddRunOptions(options, metadata);
+  const fs::path path = dir_ / "prediction.ctxtrace";
+  {
+    OpTraceWriter writer(path, metadata);
+    sim::TraceRecorder recorder(writer);
+    sim::EventSimulator(time_model).Run(plan, &recorder);
+    writer.Finish();
+  }
+  const OpTrace trace = ReadOpTrace(path);
+  EXPECT_EQ(RunOptionsFromMetadata(trace.metadata, "t").context_tokens, 20'000);
+  const sim::ReplayResult r = sim::Replay(trace, plan, time_model, "t");
+  EXPECT_EQ(r.traced_ops, r.plan_ops);
+  EXPECT_GT(r.plan_ops, 1000u);
+  EXPECT_NEAR(r.measured_step_seconds, r.predicted_step_seconds, 1e-6);
+  EXPECT_EQ(r.measured_gpu_peak, r.predicted_gpu_peak);
+  EXPECT_EQ(r.measured_host_peak, r.predicted_host_peak);
+  for (const sim::KindComparison& k : r.by_kind)
+    EXPECT_NEAR(k.measured_seconds, k.predicted_seconds, 1e-9 * k.count + 1e-9);
+  // A slower machine predicts the same ops slower.
+  const sim::KernelTimeModel slower(LoadMachine("h100-125g"));
+  EXPECT_GT(sim::Replay(trace, plan, slower, "t").predicted_step_seconds, r.predicted_step_seconds);
+
+  // The same trace against other options: op ids no longer line up with the same kinds.
+  RunOptions other = options;
+  other.offload = false;
+  EXPECT_THROW(sim::Replay(trace, StepPlan(model, other), time_model, "t"), InputError);
+  // Metadata of another plan version is refused before any comparison.
+  RunMetadata old = trace.metadata;
+  old["plan_version"] = "0";
+  EXPECT_THROW(RunOptionsFromMetadata(old, "t"), InputError);
+  old = trace.metadata;
+  old.erase("chunk_tokens");
+  EXPECT_THROW(RunOptionsFromMetadata(old, "t"), InputError);
+}
+
+}  // namespace
+}  // namespace ctxplan
