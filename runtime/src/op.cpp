@@ -18,7 +18,8 @@ std::string_view PhaseName(Phase phase) {
 
 std::string_view OpPartName(OpPart part) {
   static constexpr std::array<std::string_view, static_cast<size_t>(OpPart::kCount_)> kNames = {
-      "", "qkv", "o", "gate_up", "down", "lm_head", "own", "paged"};
+      "", "qkv", "o", "gate_up", "down", "lm_head", "own", "paged", "attn_norm", "mlp_norm",
+      "final_norm"};
   return kNames.at(static_cast<size_t>(part));
 }
 

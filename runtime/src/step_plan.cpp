@@ -147,7 +147,8 @@ class PlanWriter {
     if (copy_in && !c.sparse)  // dense: the pages are known, prefetch as soon as a slot frees
       h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
                         {slot_release_[parity]});
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
+                       OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank),
                        t, q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
@@ -188,7 +189,8 @@ class PlanWriter {
     }
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, o_.lora_rank), t, d,
                        q, OpPart::kO));
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
+                       OpPart::kMlpNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward,
                        LinearForwardCost(t, 2 * m_.intermediate_size, d, o_.lora_rank), t,
                        2 * m_.intermediate_size, d, OpPart::kGateUp));
@@ -213,12 +215,14 @@ class PlanWriter {
   void Loss(const ChunkGeometry& c) {
     Where w{Phase::kLoss, c.index, -1};
     const int64_t t = c.tokens, d = m_.hidden_size;
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
+                       OpPart::kFinalNorm));
     batch_.Push(Kernel(w, OpKind::kLossForwardBackward,
                        LossForwardBackwardCost(t, d, m_.vocab_size, o_.lora_rank == 0,
                                                o_.grad_bytes()),
                        t, m_.vocab_size, d, OpPart::kLmHead));
-    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
+                       OpPart::kFinalNorm));
   }
 
   // dKV pages that come alive as chunk `c` starts its backward.
@@ -257,12 +261,14 @@ class PlanWriter {
       batch_.Push(zero);
     }
     // Recompute the layer's internals from its saved input (attention output and LSE are kept).
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
+                       OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, r), t,
                        q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, r), t, d, q, OpPart::kO));
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
+                       OpPart::kMlpNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, 2 * inter, d, r), t,
                        2 * inter, d, OpPart::kGateUp));
     batch_.Push(Kernel(w, OpKind::kSwigluForward, SwigluForwardCost(t, inter), t));
@@ -270,7 +276,8 @@ class PlanWriter {
     Linear(w, t, d, inter, OpPart::kDown);
     batch_.Push(Kernel(w, OpKind::kSwigluBackward, SwigluBackwardCost(t, inter), t));
     Linear(w, t, 2 * inter, d, OpPart::kGateUp);
-    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
+                       OpPart::kMlpNorm));
     Linear(w, t, d, q, OpPart::kO);
     batch_.Push(Kernel(w, OpKind::kAttentionBackward,
                        AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv,
@@ -293,7 +300,8 @@ class PlanWriter {
     }
     batch_.Push(Kernel(w, OpKind::kRopeBackward, RopeCost(t, q, kv), t));
     Linear(w, t, q + 2 * kv, d, OpPart::kQkv);
-    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t));
+    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
+                       OpPart::kAttnNorm));
     if (o_.offload && paged) {
       Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes());
       release = batch_.Push(d2h, {release});

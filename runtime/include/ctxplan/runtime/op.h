@@ -41,6 +41,9 @@ enum class OpPart : uint8_t {
   kLmHead,
   kOwn,     // attention among the chunk's own positions (causal)
   kPaged,   // attention over earlier positions held in KV pages
+  kAttnNorm,   // RMSNorm before attention (fused with the residual add before it)
+  kMlpNorm,    // RMSNorm before the MLP
+  kFinalNorm,  // RMSNorm before the LM head
   kCount_
 };
 

@@ -1,0 +1,325 @@
+#include "main_window.h"
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QFileDialog>
+#include <QFormLayout>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QPushButton>
+#include <QSignalBlocker>
+#include <QSlider>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QStatusBar>
+#include <QVBoxLayout>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "chart_adapter.h"
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/units.h"
+
+namespace ctxplan::gui {
+namespace {
+
+constexpr int kSliderMinLog2 = 12;  // 4K
+constexpr int kSliderMaxLog2 = 23;  // 8M
+
+// A spin box whose arrows double and halve: chunk sizes and page budgets are explored in
+// powers of two, while typing still accepts any value (and the model refuses the invalid ones).
+// `zero_is_special`: 0 is the special value ("all") just below 1.
+class DoublingSpinBox final : public QSpinBox {
+ public:
+  explicit DoublingSpinBox(bool zero_is_special) : zero_is_special_(zero_is_special) {
+    setKeyboardTracking(false);  // one change per edit, not one per keystroke
+  }
+
+  void stepBy(int steps) override {
+    int value = this->value();
+    for (; steps > 0; --steps) value = zero_is_special_ && value == 0 ? 1 : value * 2;
+    for (; steps < 0; ++steps) value = zero_is_special_ && value == 1 ? 0 : value / 2;
+    setValue(std::clamp(value, minimum(), maximum()));
+  }
+
+ protected:
+  StepEnabled stepEnabled() const override { return StepUpEnabled | StepDownEnabled; }
+
+ private:
+  bool zero_is_special_;
+};
+
+QComboBox* NewCombo(const QStringList& items) {
+  auto* box = new QComboBox;
+  box->addItems(items);
+  return box;
+}
+
+QStringList ToStringList(const std::vector<std::string>& names) {
+  QStringList list;
+  for (const std::string& name : names) list.append(QString::fromStdString(name));
+  return list;
+}
+
+// Selects `text` in `box`, adding it first if the list lacks it (a value set from the command
+// line or a test, such as overlap:0.3).
+void SelectText(QComboBox* box, const QString& text) {
+  int index = box->findText(text);
+  if (index < 0) {
+    box->addItem(text);
+    index = box->count() - 1;
+  }
+  box->setCurrentIndex(index);
+}
+
+QString Html(const std::string& text) {
+  return QString::fromStdString(text).toHtmlEscaped();
+}
+QString GiBText(int64_t bytes) {
+  return Html(FormatGiB(bytes));
+}
+QString Verdict(bool fits) {
+  return fits ? "<span style='color:#2ca02c'>&#10004; fits</span>"
+              : "<span style='color:#d62728'>&#10008; does not fit</span>";
+}
+QString Row(const QString& name, const QString& value) {
+  return "<tr><td style='padding-right:10px'><b>" + name + "</b></td><td>" + value + "</td></tr>";
+}
+
+}  // namespace
+
+int64_t MainWindow::SliderTokens(int position) {
+  const double tokens =
+      std::ldexp(1.0, kSliderMinLog2) * std::exp2(static_cast<double>(position) / kStepsPerOctave);
+  // Whole 256-token units: the labels stay readable and nothing needs finer steps.
+  return std::max<int64_t>(256, std::llround(tokens / 256.0) * 256);
+}
+
+int MainWindow::SliderPosition(int64_t tokens) {
+  const double octaves =
+      std::log2(static_cast<double>(std::max<int64_t>(tokens, 1))) - kSliderMinLog2;
+  const int position = static_cast<int>(std::lround(octaves * kStepsPerOctave));
+  return std::clamp(position, 0, (kSliderMaxLog2 - kSliderMinLog2) * kStepsPerOctave);
+}
+
+MainWindow::MainWindow(ExplorerModel& model, QWidget* parent)
+    : QMainWindow(parent), model_(model), charts_(std::make_unique<ChartAdapter>()) {
+  setWindowTitle("ctxplan explorer");
+  auto* splitter = new QSplitter(Qt::Horizontal);
+  splitter->addWidget(BuildControls());
+  splitter->addWidget(BuildResults());
+  splitter->setStretchFactor(1, 1);
+  setCentralWidget(splitter);
+  SyncControls();
+
+  connect(&model_, &ExplorerModel::resultReady, this,
+          [this](const ExplorerResult& result) { ShowResult(result); });
+  connect(&model_, &ExplorerModel::errorOccurred, this,
+          [this](const QString& message) { ShowError(message); });
+  connect(&model_, &ExplorerModel::selectionChanged, this, [this] {
+    error_label_->clear();
+    SyncControls();
+  });
+  connect(&model_, &ExplorerModel::busyChanged, this, [this](bool busy) {
+    if (busy)
+      statusBar()->showMessage("computing…");
+    else
+      statusBar()->clearMessage();
+  });
+  connect(&model_, &ExplorerModel::timelineFinished, this, [this](bool ok, const QString& text) {
+    timeline_button_->setEnabled(true);
+    if (ok)
+      statusBar()->showMessage(text, 15000);
+    else
+      ShowError(text);
+  });
+  if (model_.result().generation != 0) ShowResult(model_.result());
+}
+
+MainWindow::~MainWindow() = default;
+
+QWidget* MainWindow::BuildControls() {
+  model_box_ = NewCombo(ToStringList(CatalogModelNames()));
+  machine_box_ = NewCombo(ToStringList(CatalogMachineNames()));
+
+  context_slider_ = new QSlider(Qt::Horizontal);
+  context_slider_->setRange(0, (kSliderMaxLog2 - kSliderMinLog2) * kStepsPerOctave);
+  context_slider_->setPageStep(kStepsPerOctave);
+  context_slider_->setTickInterval(kStepsPerOctave);
+  context_slider_->setTickPosition(QSlider::TicksBelow);
+  context_label_ = new QLabel;
+  max_button_ = new QPushButton("Go to max context");
+  max_button_->setEnabled(false);
+  max_button_->setToolTip("Set the context to the largest that fits in GPU and host memory");
+
+  chunk_box_ = new DoublingSpinBox(false);
+  chunk_box_->setRange(16, 1 << 20);
+  chunk_box_->setSuffix(" tokens");
+  page_box_ = NewCombo({"16", "32", "64", "128", "256", "512", "1024"});
+  budget_box_ = new DoublingSpinBox(true);
+  budget_box_->setRange(0, 1 << 20);
+  budget_box_->setSpecialValueText("all (dense)");
+  budget_box_->setSuffix(" pages");
+  budget_box_->setToolTip("Pages each query tile attends, plus the sink page; all = dense");
+  offload_box_ = new QCheckBox("KV/dKV pages in pinned host memory");
+  grad_box_ = NewCombo({"bf16", "fp32"});
+  optimizer_box_ = NewCombo({"adamw-gpu", "adamw-host", "none"});
+  selection_box_ = NewCombo({"disjoint", "shared", "overlap:0.25", "overlap:0.5", "overlap:0.75"});
+  selection_box_->setToolTip(
+      "Union of the query tiles' page selections: disjoint is the worst case (safe), shared the "
+      "best case, overlap:F a measured overlap");
+  timeline_button_ = new QPushButton("Export timeline…");
+  timeline_button_->setToolTip(
+      "Simulate the selected step op by op and write it as Chrome trace JSON (Perfetto)");
+  error_label_ = new QLabel;
+  error_label_->setWordWrap(true);
+  error_label_->setStyleSheet("color: #d62728");
+  error_label_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+
+  // Each control forwards to one setter; a refusal comes back as errorOccurred.
+  ExplorerModel* m = &model_;
+  connect(model_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetModelName);
+  connect(machine_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetMachineName);
+  connect(context_slider_, &QSlider::valueChanged, this,
+          [this](int position) { model_.SetContextTokens(SliderTokens(position)); });
+  connect(max_button_, &QPushButton::clicked, this, [this] {
+    if (model_.result().max_context_tokens > 0)
+      model_.SetContextTokens(model_.result().max_context_tokens);
+  });
+  connect(chunk_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetChunkTokens);
+  connect(page_box_, &QComboBox::currentTextChanged, this,
+          [this](const QString& text) { model_.SetPageTokens(text.toLongLong()); });
+  connect(budget_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetPageBudget);
+  connect(offload_box_, &QCheckBox::toggled, m, &ExplorerModel::SetOffload);
+  connect(grad_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetGradDtype);
+  connect(optimizer_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetOptimizer);
+  connect(selection_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetSelectionModel);
+  connect(timeline_button_, &QPushButton::clicked, this, [this] { ExportTimeline(); });
+
+  auto* context_row = new QVBoxLayout;
+  context_row->addWidget(context_slider_);
+  context_row->addWidget(context_label_);
+  context_row->addWidget(max_button_);
+
+  auto* form = new QFormLayout;
+  form->addRow("Model", model_box_);
+  form->addRow("Machine", machine_box_);
+  form->addRow("Context", context_row);
+  form->addRow("Chunk", chunk_box_);
+  form->addRow("Page", page_box_);
+  form->addRow("Budget", budget_box_);
+  form->addRow("Offload", offload_box_);
+  form->addRow("Gradients", grad_box_);
+  form->addRow("Optimizer", optimizer_box_);
+  form->addRow("Selection", selection_box_);
+
+  auto* panel = new QWidget;
+  auto* layout = new QVBoxLayout(panel);
+  layout->addLayout(form);
+  layout->addWidget(timeline_button_);
+  layout->addWidget(error_label_);
+  layout->addStretch(1);
+  panel->setMinimumWidth(320);
+  panel->setMaximumWidth(420);
+  return panel;
+}
+
+QWidget* MainWindow::BuildResults() {
+  summary_ = new QLabel;
+  summary_->setTextFormat(Qt::RichText);
+  summary_->setWordWrap(true);
+  summary_->setAlignment(Qt::AlignTop | Qt::AlignLeft);
+  summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  summary_->setMinimumWidth(380);
+
+  auto* bottom = new QWidget;
+  auto* row = new QHBoxLayout(bottom);
+  row->setContentsMargins(0, 0, 0, 0);
+  row->addWidget(charts_->category_view(), 3);
+  row->addWidget(summary_, 2);
+
+  auto* splitter = new QSplitter(Qt::Vertical);
+  splitter->addWidget(charts_->curve_view());
+  splitter->addWidget(bottom);
+  // Stretch factors apply only to growth; give the curve, the main answer, most of the height.
+  splitter->setSizes({540, 340});
+  return splitter;
+}
+
+void MainWindow::SyncControls() {
+  const ExplorerSelection& s = model_.selection();
+  const RunOptions& o = s.options;
+  const QSignalBlocker b1(model_box_), b2(machine_box_), b3(context_slider_), b4(chunk_box_),
+      b5(page_box_), b6(budget_box_), b7(offload_box_), b8(grad_box_), b9(optimizer_box_),
+      b10(selection_box_);
+  SelectText(model_box_, QString::fromStdString(s.model_name));
+  SelectText(machine_box_, QString::fromStdString(s.machine_name));
+  context_slider_->setValue(SliderPosition(o.context_tokens));
+  context_label_->setText(QString::fromStdString(FormatTokens(o.context_tokens)) + " tokens");
+  chunk_box_->setValue(static_cast<int>(o.chunk_tokens));
+  SelectText(page_box_, QString::number(o.page_tokens));
+  budget_box_->setValue(static_cast<int>(o.page_budget));
+  offload_box_->setChecked(o.offload);
+  SelectText(grad_box_, QString::fromUtf8(GradDtypeName(o.grad_dtype)));
+  SelectText(optimizer_box_, QString::fromUtf8(OptimizerName(o.optimizer)));
+  SelectText(selection_box_, QString::fromStdString(SelectionModelName(o.selection)));
+}
+
+void MainWindow::ShowError(const QString& message) {
+  error_label_->setText(message);
+  SyncControls();  // the model kept its state: show that state again
+}
+
+void MainWindow::ShowResult(const ExplorerResult& result) {
+  if (!result.ok()) return;  // errorOccurred already showed why
+  charts_->Show(result);
+  const sim::PlanReport& r = result.report;
+  const ExplorerSelection& s = result.selection;
+  max_button_->setEnabled(result.max_context_tokens > 0);
+
+  QString html = "<p><b>" + Html(s.model_name) + "</b> on <b>" + Html(s.machine_name) + "</b> (" +
+                 Html(s.machine.gpu.display_name) + ", " + GiBText(s.machine.host_ram_bytes) +
+                 " host RAM)</p><table>";
+  html += Row("context", Html(FormatTokens(r.context_tokens)) + " tokens, " +
+                             Html(FormatCount(r.chunks)) + " chunks");
+  html += Row("GPU peak", "allocated " + GiBText(r.gpu_memory.allocated) + "<br>reserved " +
+                              GiBText(r.gpu_memory.reserved) + "<br>device " +
+                              GiBText(r.gpu_memory.device) + " of " + GiBText(r.gpu_capacity) +
+                              " " + Verdict(r.fits_gpu));
+  html += Row("host peak", GiBText(r.host_peak) + " pinned of " + GiBText(r.host_capacity) +
+                               " usable " + Verdict(r.fits_host));
+  html += Row("step", QString("%1 s, %2 tokens/s, %3 TFLOP/s")
+                          .arg(r.prediction.step_seconds(), 0, 'f', 2)
+                          .arg(Html(FormatCount(std::llround(r.tokens_per_second))))
+                          .arg(r.achieved_tflops, 0, 'f', 0));
+  html += Row("bottleneck", Html(std::string(sim::BottleneckName(r.bottleneck))) +
+                                QString(" (busy: compute %1%, H2D %2%, D2H %3%)")
+                                    .arg(std::lround(100 * r.compute_utilisation))
+                                    .arg(std::lround(100 * r.h2d_utilisation))
+                                    .arg(std::lround(100 * r.d2h_utilisation)));
+  QString max_context;
+  if (result.limit == sim::CapacityLimit::kNothingFits) {
+    max_context = "nothing fits: the fixed buffers alone exceed a capacity";
+  } else {
+    max_context = Html(FormatTokens(result.max_context_tokens)) + " tokens, bound by " +
+                  Html(std::string(sim::CapacityLimitName(result.limit))) +
+                  QString(" (%1 tokens/s there)")
+                      .arg(Html(FormatCount(std::llround(result.at_max.tokens_per_second))));
+  }
+  html += Row("max context", max_context);
+  html += "</table>";
+  summary_->setText(html);
+}
+
+void MainWindow::ExportTimeline() {
+  const QString path = QFileDialog::getSaveFileName(
+      this, "Export timeline", "ctxplan-timeline.json", "Chrome trace JSON (*.json)");
+  if (path.isEmpty()) return;
+  timeline_button_->setEnabled(false);
+  statusBar()->showMessage("simulating the step op by op for the timeline…");
+  model_.ExportTimeline(path);
+}
+
+}  // namespace ctxplan::gui

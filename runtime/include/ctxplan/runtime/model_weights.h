@@ -1,0 +1,43 @@
+// The parameters of a Qwen2 / Llama model in fp32 on the host, in Hugging Face layouts, and
+// their gradients (the same structure). The CPU backend trains these directly; the CUDA backend
+// converts them to bf16 on the device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ctxplan/models/model_spec.h"
+
+namespace ctxplan {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [d]
+  std::vector<float> qkv;        // [q_dim + 2 kv_dim][d]: Q rows, then K rows, then V rows
+  std::vector<float> qkv_bias;   // [q_dim + 2 kv_dim], empty without attention bias
+  std::vector<float> o;          // [d][q_dim]
+  std::vector<float> mlp_norm;   // [d]
+  std::vector<float> gate_up;    // [2 I][d]: gate rows, then up rows
+  std::vector<float> down;       // [d][I]
+};
+
+struct ModelWeights {
+  std::vector<float> embedding;   // [V][d]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [d]
+  std::vector<float> lm_head;     // [V][d]; empty when tied to the embedding
+
+  // Calls `visit(name, tensor)` for every parameter tensor, in a fixed order, with Hugging Face
+  // names ("model.layers.3.self_attn.q_proj.weight" for the Q rows of qkv, etc. — fused tensors
+  // are visited whole under their own name: "model.layers.3.self_attn.qkv_proj.weight").
+  void ForEach(const std::function<void(const std::string&, std::vector<float>&)>& visit);
+  int64_t ParameterCount() const;
+};
+
+// Every tensor sized for `model` and filled with zeros (gradients start so).
+ModelWeights ZeroWeights(const ModelSpec& model);
+// Random initialisation from a seed: matrices N(0, 0.02), norms 1, biases N(0, 0.02).
+ModelWeights RandomWeights(const ModelSpec& model, uint64_t seed);
+
+}  // namespace ctxplan
