@@ -1,0 +1,356 @@
+// ctxtrain: chunk-recurrent training — the real runtime the planner predicts. It executes the
+// step plan op by op (the same plan `ctxplan` simulates) on a backend, and records what it did.
+//
+//   ctxtrain --backend cpu --model tiny --context 2K --chunk 256 --page 64 --task retrieval \
+//            --steps 20 --trace step.ctxtrace --save run.ckpt
+//
+// Exit codes: 0 success, 2 bad input (one line), 3 the run failed (NaN loss, a device error),
+// 1 an internal error. A failed run never touches an existing checkpoint.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/models/units.h"
+#include "ctxplan/runtime/checkpoint.h"
+#include "ctxplan/runtime/cpu_backend.h"
+#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/wall_clock_tracer.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/plan_report.h"
+#include "ctxplan/traces/atomic_file.h"
+#include "ctxplan/traces/chrome_trace_writer.h"
+#include "ctxplan/traces/op_trace.h"
+
+namespace ctxplan::train {
+namespace {
+
+struct Flags {
+  std::string backend = "cpu";
+  std::string model = "tiny";
+  std::string machine;
+  std::string context = "1024", chunk = "256", page = "64", budget = "all", sinks = "1",
+              query_tile = "64", offload = "on", grad_dtype = "fp32", optimizer = "adamw-gpu",
+              lora_rank = "0";
+  int64_t steps = 1;
+  std::string data;
+  std::string task = "retrieval";
+  uint64_t seed = 1;
+  std::string weights;
+  double lr = 1e-3;
+  std::string trace;
+  std::string save, resume;
+  bool json = false;
+  bool force = false;
+};
+
+int64_t Count(const std::string& text, const std::string& flag) {
+  try {
+    return ParseTokens(text, flag);
+  } catch (const InputError&) {
+    if (text == "0") return 0;
+    throw;
+  }
+}
+
+RunOptions Resolve(const Flags& f, const ModelSpec& model) {
+  RunOptions o;
+  o.context_tokens = ParseTokens(f.context, "--context");
+  o.chunk_tokens = ParseTokens(f.chunk, "--chunk");
+  o.page_tokens = ParseTokens(f.page, "--page");
+  o.page_budget = ParsePageBudget(f.budget, "--budget");
+  o.sink_pages = Count(f.sinks, "--sinks");
+  o.query_tile = ParseTokens(f.query_tile, "--query-tile");
+  if (f.offload != "on" && f.offload != "off")
+    throw InputError("--offload: '" + f.offload + "' is not on or off; accepted: on, off");
+  o.offload = f.offload == "on";
+  o.grad_dtype = ParseGradDtype(f.grad_dtype, "--grad-dtype");
+  o.optimizer = ParseOptimizer(f.optimizer, "--optimizer");
+  o.lora_rank = Count(f.lora_rank, "--lora-rank");
+  o.Validate(model);
+  return o;
+}
+
+// What the step's inputs are: a window of a token file, or a synthetic task.
+class DataSource {
+ public:
+  DataSource(const Flags& f, const ModelSpec& model, int64_t n)
+      : task_(f.task), vocab_(model.vocab_size), n_(n), seed_(f.seed) {
+    if (!f.data.empty()) {
+      file_.emplace(f.data, model.vocab_size);
+    } else if (task_ != "retrieval" && task_ != "random") {
+      throw InputError("--task: '" + task_ + "' is not a task; accepted: retrieval (a key "
+                       "placed early, queried at the end), random, or --data FILE");
+    }
+  }
+  TokenSequence Step(int64_t step) const {
+    if (file_) return file_->Window(step, n_);
+    const uint64_t seed = StepSeed(seed_, step);
+    if (task_ == "retrieval") {
+      RetrievalSample s = SyntheticRetrieval(vocab_, n_, seed, /*label_filler=*/false);
+      return {std::move(s.tokens), std::move(s.labels)};
+    }
+    TokenSequence s;
+    s.tokens = RandomTokens(vocab_, n_, seed);
+    s.labels.assign(s.tokens.begin() + 1, s.tokens.end());
+    s.labels.push_back(-1);
+    return s;
+  }
+
+ private:
+  std::optional<TokenFile> file_;
+  std::string task_;
+  int64_t vocab_, n_;
+  uint64_t seed_;
+};
+
+// A progress line on stderr while a step runs: step, pass, chunk, tokens/s (when a terminal).
+class Progress final : public StepObserver {
+ public:
+  Progress(int64_t steps, int32_t chunks, int64_t tokens)
+      : steps_(steps), chunks_(chunks), tokens_(tokens), enabled_(isatty(STDERR_FILENO) == 1) {}
+  void StartStep(int64_t step) {
+    step_ = step;
+    start_ = std::chrono::steady_clock::now();
+  }
+  void BeforeOp(const Op& op) override {
+    if (!enabled_ || op.chunk < 0 || (op.chunk == chunk_ && op.phase == phase_)) return;
+    chunk_ = op.chunk;
+    phase_ = op.phase;
+    std::fprintf(stderr, "\r  step %lld/%lld  %-9s chunk %d/%d   ", static_cast<long long>(step_ + 1),
+                 static_cast<long long>(steps_), std::string(PhaseName(op.phase)).c_str(),
+                 chunk_ + 1, chunks_);
+    std::fflush(stderr);
+  }
+  void EndStep(double loss, double seconds) {
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r  step %lld/%lld  loss %.4f  %.0f tokens/s              \n",
+                 static_cast<long long>(step_ + 1), static_cast<long long>(steps_), loss,
+                 static_cast<double>(tokens_) / seconds);
+  }
+
+ private:
+  int64_t steps_;
+  int32_t chunks_;
+  int64_t tokens_;
+  bool enabled_;
+  int64_t step_ = 0;
+  int32_t chunk_ = -1;
+  Phase phase_ = Phase::kSetup;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class BothObservers final : public StepObserver {
+ public:
+  BothObservers(StepObserver* a, StepObserver* b) : a_(a), b_(b) {}
+  void BeforeOp(const Op& op) override {
+    if (a_) a_->BeforeOp(op);
+    if (b_) b_->BeforeOp(op);
+  }
+  void AfterOp(const Op& op) override {
+    if (a_) a_->AfterOp(op);
+    if (b_) b_->AfterOp(op);
+  }
+
+ private:
+  StepObserver* a_;
+  StepObserver* b_;
+};
+
+int64_t HostPhysicalBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ctxtrain: chunk-recurrent long-context training on the step plan"};
+  Flags f;
+  app.add_option("--backend", f.backend, "cpu (reference kernels) or cuda")->capture_default_str();
+  app.add_option("--model", f.model, "catalogue model or path to a YAML / HF config.json")
+      ->capture_default_str();
+  app.add_option("--machine", f.machine, "machine preset the planner checks against (cuda)");
+  app.add_option("--context", f.context, "context length in tokens")->capture_default_str();
+  app.add_option("--chunk", f.chunk, "chunk size")->capture_default_str();
+  app.add_option("--page", f.page, "page size")->capture_default_str();
+  app.add_option("--budget", f.budget, "pages per query tile, or all")->capture_default_str();
+  app.add_option("--sinks", f.sinks, "sink pages")->capture_default_str();
+  app.add_option("--query-tile", f.query_tile, "queries per page selection")->capture_default_str();
+  app.add_option("--offload", f.offload, "on|off")->capture_default_str();
+  app.add_option("--grad-dtype", f.grad_dtype, "bf16|fp32")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "adamw-gpu|adamw-host|none")->capture_default_str();
+  app.add_option("--lora-rank", f.lora_rank, "LoRA rank, 0 = full fine-tune")->capture_default_str();
+  app.add_option("--steps", f.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--data", f.data, "binary file of uint32 token ids (instead of --task)");
+  app.add_option("--task", f.task, "synthetic task: retrieval or random")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of weights and synthetic data")->capture_default_str();
+  app.add_option("--weights", f.weights, "initial weights: a safetensors file or sharded index");
+  app.add_option("--lr", f.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--trace", f.trace, "trace the first step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
+  app.add_option("--save", f.save, "write a checkpoint after the last step (atomically)");
+  app.add_option("--resume", f.resume, "resume from a checkpoint");
+  app.add_flag("--json", f.json, "print the result as JSON");
+  app.add_flag("--force", f.force, "run even if the planner predicts it will not fit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ctxtrain: " << e.what() << "; see ctxtrain --help\n";
+    return 2;
+  }
+
+  if (f.backend == "cuda")
+    throw InputError("--backend cuda: this build's runtime has no CUDA executor yet (the CUDA "
+                     "kernels are being validated); accepted: cpu");
+  if (f.backend != "cpu")
+    throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
+  const ModelSpec model = LoadModel(f.model);
+  const RunOptions options = Resolve(f, model);
+  if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
+  const StepPlan plan(model, options);
+
+  // Ask the planner first: a run that cannot fit is refused before it allocates anything.
+  const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(plan.geometry());
+  const int64_t needed = predicted.gpu.peak_bytes + predicted.host.peak_bytes;
+  const int64_t have = HostPhysicalBytes();
+  if (needed > have && !f.force)
+    throw InputError("the planner predicts " + FormatGiB(needed) + " (arena " +
+                     FormatGiB(predicted.gpu.peak_bytes) + " + pinned " +
+                     FormatGiB(predicted.host.peak_bytes) + ") but this machine has " +
+                     FormatGiB(have) + "; accepted: a smaller run, or --force");
+
+  // Weights, optimizer state, first step.
+  ModelWeights weights = f.weights.empty() ? RandomWeights(model, f.seed)
+                                           : LoadSafetensorsWeights(f.weights, model);
+  OptimizerState optimizer{ZeroWeights(model), ZeroWeights(model), {}};
+  optimizer.params.lr = static_cast<float>(f.lr);
+  int64_t first_step = 0;
+  if (!f.resume.empty()) {
+    TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
+    weights = std::move(checkpoint.weights);
+    if (checkpoint.has_optimizer_state()) {
+      optimizer.m = std::move(checkpoint.adam_m);
+      optimizer.v = std::move(checkpoint.adam_v);
+    }
+    first_step = checkpoint.step;
+    optimizer.params.step = first_step + 1;
+  }
+  const DataSource data(f, model, options.context_tokens);
+
+  ModelWeights grads = ZeroWeights(model);
+  CpuBackend backend(model, weights, grads,
+                     options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer);
+  Progress progress(f.steps, plan.geometry().num_chunks(), options.context_tokens);
+
+  double last_loss = 0.0, total_seconds = 0.0;
+  StepOutputs last;
+  for (int64_t s = first_step; s < first_step + f.steps; ++s) {
+    const TokenSequence inputs = data.Step(s);
+    grads.ForEach([](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+    progress.StartStep(s - first_step);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (s == first_step && !f.trace.empty()) {
+        RunMetadata metadata{{"source", "ctxtrain"}, {"backend", "cpu"}, {"model", model.name},
+                             {"step", std::to_string(s)}};
+        AddRunOptions(options, metadata);
+        const bool compact = f.trace.size() >= 9 && f.trace.substr(f.trace.size() - 9) == ".ctxtrace";
+        if (compact) {
+          OpTraceWriter writer(f.trace, metadata);
+          WallClockTracer tracer(&writer, nullptr);
+          BothObservers both(&tracer, &progress);
+          last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
+          writer.Finish();
+        } else {
+          AtomicFileWriter file(f.trace);
+          {
+            ChromeTraceWriter chrome(file.stream());
+            for (const auto& [key, value] : metadata) chrome.Metadata(key, value);
+            WallClockTracer tracer(nullptr, &chrome);
+            BothObservers both(&tracer, &progress);
+            last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
+            chrome.Finish();
+          }
+          file.Commit();
+        }
+      } else {
+        last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &progress);
+      }
+    } catch (const TrainingError& e) {
+      throw TrainingError("step " + std::to_string(s) + ": " + e.what());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    total_seconds += seconds;
+    last_loss = last.mean_loss();
+    progress.EndStep(last_loss, seconds);
+    if (!f.json && isatty(STDERR_FILENO) != 1)
+      std::fprintf(stderr, "step %lld: loss %.6f, %.3f s\n", static_cast<long long>(s), last_loss,
+                   seconds);
+  }
+
+  if (!f.save.empty()) {
+    TrainingCheckpoint checkpoint;
+    checkpoint.step = first_step + f.steps;
+    checkpoint.seed = f.seed;
+    checkpoint.weights = weights;
+    if (options.optimizer != OptimizerKind::kNone) {
+      checkpoint.adam_m = optimizer.m;
+      checkpoint.adam_v = optimizer.v;
+    }
+    RunMetadata metadata;
+    AddRunOptions(options, metadata);
+    checkpoint.options = metadata;
+    SaveCheckpoint(f.save, model, checkpoint);
+  }
+
+  const double tokens_per_second =
+      static_cast<double>(options.context_tokens * f.steps) / total_seconds;
+  const int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) /
+                           sim::kArenaGranularity * sim::kArenaGranularity;
+  if (f.json) {
+    std::printf("{\"backend\":\"cpu\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
+                "\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
+                "\"arena_reserved_bytes\":%lld,\"device_bytes\":null,\"pinned_host_peak_bytes\":%lld}\n",
+                model.name.c_str(), static_cast<long long>(f.steps), last_loss, tokens_per_second,
+                static_cast<long long>(last.peak_arena_bytes), static_cast<long long>(reserved),
+                static_cast<long long>(last.peak_host_bytes));
+  } else {
+    std::printf("ctxtrain (cpu): %s, %s tokens, %lld step(s)\n", model.name.c_str(),
+                FormatTokens(options.context_tokens).c_str(), static_cast<long long>(f.steps));
+    std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
+    std::printf("  arena allocated peak %s, reserved %s, device-level n/a (cpu backend)\n",
+                FormatGiB(last.peak_arena_bytes).c_str(), FormatGiB(reserved).c_str());
+    std::printf("  pinned host peak %s\n", FormatGiB(last.peak_host_bytes).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ctxplan::train
+
+int main(int argc, char** argv) {
+  try {
+    return ctxplan::train::Main(argc, argv);
+  } catch (const ctxplan::InputError& e) {
+    std::cerr << "ctxtrain: " << e.what() << "\n";
+    return 2;
+  } catch (const ctxplan::TrainingError& e) {
+    std::cerr << "ctxtrain: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "ctxtrain: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,57 @@
+// One interface for every backend that executes the step plan: the runtime pulls the plan's ops
+// in order and hands each to the backend, which does what the op says on real buffers. The CPU
+// backend (tests, CI) runs them one after another; the CUDA backend enqueues them on streams.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/step_plan.h"
+
+namespace ctxplan {
+
+// The run itself went wrong (a NaN loss, a diverging step): not the user's input, not our bug.
+// The message names the step or chunk; the caller stops and leaves any checkpoint as it was.
+class TrainingError : public std::runtime_error {
+ public:
+  explicit TrainingError(const std::string& message) : std::runtime_error(message) {}
+};
+
+struct StepInputs {
+  std::span<const int32_t> tokens;  // [n]
+  std::span<const int32_t> labels;  // [n]: target of each position, -1 = no loss there
+};
+
+struct StepOutputs {
+  double loss_sum = 0.0;       // summed cross-entropy over labelled positions
+  int64_t labelled = 0;        // positions with a label
+  uint64_t ops_executed = 0;   // kernels and copies
+  int64_t peak_arena_bytes = 0;  // GPU arena allocated at the peak (as the plan's ops say)
+  int64_t peak_host_bytes = 0;   // pinned host memory at the peak
+  double mean_loss() const { return labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0; }
+};
+
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  virtual void BeginStep(const StepPlan& plan, const StepInputs& inputs) = 0;
+  virtual void Execute(const Op& op) = 0;
+  virtual StepOutputs EndStep() = 0;
+};
+
+// Observes execution (tracing, progress). Called before and after each op the backend executes.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void BeforeOp(const Op& /*op*/) {}
+  virtual void AfterOp(const Op& /*op*/) {}
+};
+
+// Runs one step: every op of the plan, in plan order, on the backend.
+StepOutputs RunStep(const StepPlan& plan, const StepInputs& inputs, StepBackend& backend,
+                    StepObserver* observer = nullptr);
+
+}  // namespace ctxplan

@@ -1,0 +1,133 @@
+#include "ctxplan/runtime/checkpoint.h"
+
+#include <charconv>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/safetensors.h"
+
+namespace ctxplan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kFormat = "ctxplan-checkpoint";
+constexpr std::string_view kVersion = "1";
+constexpr std::string_view kParamPrefix = "param.";
+constexpr std::string_view kMomentPrefixes[] = {"adam_m.", "adam_v."};
+constexpr std::string_view kOptionPrefix = "option.";
+
+[[noreturn]] void Fail(const fs::path& file, const std::string& what) {
+  throw InputError(file.string() + ": " + what);
+}
+
+template <typename T>
+T ParseInteger(const fs::path& file, const std::map<std::string, std::string>& metadata,
+               const std::string& key) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) Fail(file, "checkpoint metadata lacks \"" + key + "\"");
+  const std::string& text = it->second;
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty() || value < T{0})
+    Fail(file, "checkpoint metadata \"" + key + "\" = " + QuoteName(text) +
+                   " is not a non-negative integer");
+  return value;
+}
+
+}  // namespace
+
+void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
+                    const TrainingCheckpoint& checkpoint) {
+  CTXPLAN_CHECK(checkpoint.step >= 0, "checkpoint step must be non-negative");
+  const bool moments = checkpoint.has_optimizer_state();
+  CTXPLAN_CHECK(moments == (!checkpoint.adam_v.layers.empty() || !checkpoint.adam_v.embedding.empty()),
+                "checkpoint has one AdamW moment without the other");
+  std::vector<SafetensorsTensor> tensors =
+      HfTensors(model, checkpoint.weights, std::string(kParamPrefix));
+  if (moments) {
+    for (const auto& [prefix, state] :
+         {std::pair{kMomentPrefixes[0], &checkpoint.adam_m},
+          std::pair{kMomentPrefixes[1], &checkpoint.adam_v}}) {
+      std::vector<SafetensorsTensor> more = HfTensors(model, *state, prefix);
+      tensors.insert(tensors.end(), std::make_move_iterator(more.begin()),
+                     std::make_move_iterator(more.end()));
+    }
+  }
+  std::map<std::string, std::string> metadata = {
+      {"format", std::string(kFormat)},
+      {"version", std::string(kVersion)},
+      {"model", model.name},
+      {"step", std::to_string(checkpoint.step)},
+      {"seed", std::to_string(checkpoint.seed)},
+      {"optimizer_state", moments ? "adamw" : "none"},
+  };
+  for (const auto& [key, value] : checkpoint.options)
+    metadata[std::string(kOptionPrefix) + key] = value;
+  // WriteSafetensors goes through AtomicFileWriter: "<path>.tmp.<pid>", fsync, rename.
+  WriteSafetensors(path, tensors, SafetensorsDtype::kF32, metadata);
+}
+
+TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) {
+  const SafetensorsFile file(path);
+  const std::map<std::string, std::string>& metadata = file.metadata();
+  auto get = [&](const std::string& key) -> const std::string& {
+    const auto it = metadata.find(key);
+    if (it == metadata.end())
+      Fail(path, "not a ctxplan checkpoint: metadata lacks \"" + key + "\"");
+    return it->second;
+  };
+  if (get("format") != kFormat)
+    Fail(path, "not a ctxplan checkpoint: metadata \"format\" is " + QuoteName(get("format")) +
+                   ", expected \"" + std::string(kFormat) + "\"");
+  if (get("version") != kVersion)
+    Fail(path, "checkpoint version " + QuoteName(get("version")) + " is not supported (accepted: " +
+                   std::string(kVersion) + ")");
+  const std::string& optimizer_state = get("optimizer_state");
+  if (optimizer_state != "adamw" && optimizer_state != "none")
+    Fail(path, "checkpoint metadata \"optimizer_state\" = " + QuoteName(optimizer_state) +
+                   " (accepted: adamw, none)");
+  get("model");  // informational: the shapes below decide whether the checkpoint fits
+
+  TrainingCheckpoint checkpoint;
+  checkpoint.step = ParseInteger<int64_t>(path, metadata, "step");
+  checkpoint.seed = ParseInteger<uint64_t>(path, metadata, "seed");
+  for (const auto& [key, value] : metadata) {
+    if (key.starts_with(kOptionPrefix)) {
+      checkpoint.options[key.substr(kOptionPrefix.size())] = value;
+    } else if (key != "format" && key != "version" && key != "model" && key != "step" &&
+               key != "seed" && key != "optimizer_state") {
+      Fail(path, "unknown checkpoint metadata key " + QuoteName(key));
+    }
+  }
+
+  const bool moments = optimizer_state == "adamw";
+  // Every tensor of the file must be one we read: anything else means a different model or a
+  // file we do not understand, and silently dropping it could lose state.
+  std::set<std::string, std::less<>> expected;
+  checkpoint.weights = ZeroWeights(model);
+  std::vector<std::pair<std::string_view, ModelWeights*>> parts = {
+      {kParamPrefix, &checkpoint.weights}};
+  if (moments) {
+    checkpoint.adam_m = ZeroWeights(model);
+    checkpoint.adam_v = ZeroWeights(model);
+    parts.emplace_back(kMomentPrefixes[0], &checkpoint.adam_m);
+    parts.emplace_back(kMomentPrefixes[1], &checkpoint.adam_v);
+  }
+  for (const auto& [prefix, weights] : parts)
+    for (const SafetensorsTensor& t : HfTensors(model, *weights, prefix)) expected.insert(t.name);
+  for (const SafetensorsTensorInfo& info : file.tensors()) {
+    if (expected.count(info.name) == 0)
+      Fail(path, "unexpected tensor " + QuoteName(info.name) + " in a checkpoint of model " + model.name +
+                     " (optimizer_state " + optimizer_state + ")");
+    if (info.dtype != "F32")
+      Fail(path, "tensor " + QuoteName(info.name) + " is " + info.dtype + "; checkpoints are F32");
+  }
+  for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights);
+  return checkpoint;
+}
+
+}  // namespace ctxplan

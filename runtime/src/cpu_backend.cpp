@@ -1,0 +1,623 @@
+#include "ctxplan/runtime/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/plan_geometry.h"
+
+namespace ctxplan {
+
+namespace cpu = kernels::cpu;
+using kernels::KvPageShape;
+using kernels::PagedKv;
+using kernels::PageSelection;
+
+class CpuBackend::Impl {
+ public:
+  Impl(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
+       OptimizerState* optimizer)
+      : m_(model), w_(weights), g_(grads), optimizer_(optimizer) {
+    d_ = m_.hidden_size;
+    q_dim_ = m_.q_dim();
+    kv_dim_ = m_.kv_dim();
+    inter_ = m_.intermediate_size;
+    vocab_ = m_.vocab_size;
+    layers_ = m_.num_hidden_layers;
+    scale_ = 1.0f / std::sqrt(static_cast<float>(m_.head_dim));
+  }
+
+  void BeginStep(const StepPlan& plan, const StepInputs& inputs) {
+    o_ = plan.options();
+    if (o_.lora_rank > 0)
+      throw InputError("--lora-rank: the CPU backend trains full parameters only; accepted: 0");
+    if (o_.optimizer == OptimizerKind::kAdamWHost || o_.optimizer == OptimizerKind::kAdamWGpu) {
+      if (optimizer_ == nullptr) throw InternalError("an optimizer step without optimizer state");
+    }
+    geometry_.emplace(m_, o_);
+    tokens_ = inputs.tokens;
+    labels_ = inputs.labels;
+    for (const int32_t t : tokens_)
+      if (t < 0 || t >= vocab_)
+        throw InputError("step inputs: token id " + std::to_string(t) + " is outside the "
+                         "vocabulary; accepted: 0 to " + std::to_string(vocab_ - 1));
+    labelled_total_ = std::count_if(labels_.begin(), labels_.end(), [](int32_t l) { return l >= 0; });
+    shape_ = KvPageShape{o_.page_tokens, m_.num_key_value_heads, m_.head_dim};
+    const int64_t total_pages = (o_.context_tokens + o_.page_tokens - 1) / o_.page_tokens;
+    const size_t store = static_cast<size_t>(total_pages * shape_.page_elements());
+    kv_store_.assign(static_cast<size_t>(layers_), std::vector<float>(store, 0.0f));
+    dkv_store_.assign(static_cast<size_t>(layers_), std::vector<float>(store, 0.0f));
+    dkv_present_.assign(static_cast<size_t>(layers_),
+                        std::vector<char>(static_cast<size_t>(total_pages), 0));
+    summaries_.assign(static_cast<size_t>(layers_),
+                      std::vector<float>(static_cast<size_t>(total_pages * kv_dim_), 0.0f));
+    slot_capacity_ = geometry_->max_union_pages();
+    const int64_t own_capacity = o_.chunk_tokens / o_.page_tokens;
+    if (o_.offload) {
+      kv_slots_.assign(static_cast<size_t>(slot_capacity_ * shape_.page_elements()), 0.0f);
+      dkv_slots_.assign(kv_slots_.size(), 0.0f);
+      own_slots_.assign(static_cast<size_t>(own_capacity * shape_.page_elements()), 0.0f);
+    }
+    saved_input_.assign(static_cast<size_t>(layers_), {});
+    saved_attn_.assign(static_cast<size_t>(layers_), {});
+    saved_lse_.assign(static_cast<size_t>(layers_), {});
+    saved_selection_.assign(static_cast<size_t>(layers_), {});
+    loss_sum_ = 0.0;
+    labelled_ = 0;
+    ops_ = 0;
+    gpu_bytes_ = host_bytes_ = peak_gpu_ = peak_host_ = 0;
+    chunk_index_ = -1;
+  }
+
+  StepOutputs EndStep() {
+    StepOutputs out;
+    out.loss_sum = loss_sum_;
+    out.labelled = labelled_;
+    out.ops_executed = ops_;
+    out.peak_arena_bytes = peak_gpu_;
+    out.peak_host_bytes = peak_host_;
+    return out;
+  }
+
+  void Execute(const Op& op) {
+    if (IsMemory(op.kind)) {
+      Account(op);
+      return;
+    }
+    ++ops_;
+    if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
+    switch (op.kind) {
+      case OpKind::kEmbeddingForward: EmbeddingForward(); break;
+      case OpKind::kEmbeddingBackward:
+        cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
+        break;
+      case OpKind::kRmsNormForward: NormForward(op); break;
+      case OpKind::kRmsNormBackward: NormBackward(op); break;
+      case OpKind::kLinearForward: LinearForward(op); break;
+      case OpKind::kLinearBackwardInput: LinearBackward(op, /*input=*/true); break;
+      case OpKind::kLinearBackwardWeight: LinearBackward(op, /*input=*/false); break;
+      case OpKind::kRopeForward:
+        cpu::RopeForward(q_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
+                         m_.rope_theta);
+        cpu::RopeForward(k_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
+                         m_.rope_theta);
+        break;
+      case OpKind::kRopeBackward:
+        cpu::RopeBackward(dq_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
+                          m_.rope_theta);
+        cpu::RopeBackward(dk_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
+                          m_.rope_theta);
+        break;
+      case OpKind::kKvWrite: KvWrite(op.layer); break;
+      case OpKind::kPageSummary: PageSummary(op.layer); break;
+      case OpKind::kPageScore:
+        scores_.resize(static_cast<size_t>(c_.tiles * c_.earlier_pages));
+        cpu::PageScore(q_.data(), T(), m_.num_attention_heads, m_.num_key_value_heads,
+                       m_.head_dim, o_.query_tile, summaries_[L(op)].data(), c_.earlier_pages,
+                       scores_.data());
+        break;
+      case OpKind::kPageTopK: {
+        selection_.resize(static_cast<size_t>(c_.tiles * (o_.page_budget + o_.sink_pages)));
+        pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages,
+                                        o_.page_budget, o_.sink_pages, selection_.data());
+        selection_.resize(static_cast<size_t>(c_.tiles * pages_per_tile_));
+        if (op.phase == Phase::kRecompute) saved_selection_[L(op)] = selection_;
+        break;
+      }
+      case OpKind::kAttentionForward: AttentionForward(op); break;
+      case OpKind::kAttentionBackward: AttentionBackward(op); break;
+      case OpKind::kDkvAccumulate: DkvAccumulate(op.layer); break;
+      case OpKind::kSwigluForward:
+        act_.resize(static_cast<size_t>(T() * inter_));
+        cpu::SwigluForward(gate_up_.data(), T(), inter_, act_.data());
+        break;
+      case OpKind::kSwigluBackward:
+        d_gate_up_.resize(gate_up_.size());
+        cpu::SwigluBackward(gate_up_.data(), d_act_.data(), T(), inter_, d_gate_up_.data());
+        break;
+      case OpKind::kLossForwardBackward: Loss(); break;
+      case OpKind::kZeroFill:
+        break;  // fresh dKV slots are zeroed when the backward's copy stages the union
+      case OpKind::kAdamW: OptimizerStep(); break;
+      case OpKind::kCopyH2D: CopyIn(op); break;
+      case OpKind::kCopyD2H: CopyOut(op); break;
+      default:
+        throw InternalError("CPU backend: unexpected op " + std::string(OpKindName(op.kind)));
+    }
+  }
+
+ private:
+  int64_t T() const { return c_.tokens; }
+  static size_t L(const Op& op) { return static_cast<size_t>(op.layer); }
+  std::span<const int32_t> ChunkTokens() const {
+    return tokens_.subspan(static_cast<size_t>(c_.start), static_cast<size_t>(c_.tokens));
+  }
+  std::span<const int32_t> ChunkLabels() const {
+    return labels_.subspan(static_cast<size_t>(c_.start), static_cast<size_t>(c_.tokens));
+  }
+  LayerWeights& W(const Op& op) { return w_.layers[L(op)]; }
+  LayerWeights& G(const Op& op) { return g_.layers[L(op)]; }
+
+  void Account(const Op& op) {
+    const int64_t delta = op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
+    int64_t& peak = op.space == MemSpace::kGpu ? peak_gpu_ : peak_host_;
+    total += delta;
+    peak = std::max(peak, total);
+  }
+
+  void StartChunk(int32_t index) {
+    chunk_index_ = index;
+    c_ = geometry_->Chunk(index);
+    const size_t t = static_cast<size_t>(c_.tokens);
+    h_.assign(t * static_cast<size_t>(d_), 0.0f);
+    pending_.assign(h_.size(), 0.0f);
+    has_pending_ = false;
+  }
+
+  // --- forward ---------------------------------------------------------------------------
+  void EmbeddingForward() {
+    cpu::EmbeddingForward(ChunkTokens(), w_.embedding.data(), vocab_, d_, h_.data());
+    has_pending_ = false;
+  }
+
+  void AddPending() {
+    if (!has_pending_) return;
+    for (size_t i = 0; i < h_.size(); ++i) h_[i] += pending_[i];
+    has_pending_ = false;
+  }
+
+  void NormForward(const Op& op) {
+    const size_t n = h_.size();
+    switch (op.part) {
+      case OpPart::kAttnNorm: {
+        if (op.phase == Phase::kBackward) {  // recompute internals from the saved input
+          x_ = saved_input_[L(op)];
+        } else {
+          AddPending();
+          x_ = h_;
+          if (op.phase == Phase::kRecompute) saved_input_[L(op)] = h_;
+        }
+        xn_.resize(n);
+        rstd1_.resize(static_cast<size_t>(T()));
+        cpu::RmsNormForward(x_.data(), W(op).attn_norm.data(), T(), d_,
+                            static_cast<float>(m_.rms_norm_eps), xn_.data(), rstd1_.data());
+        break;
+      }
+      case OpPart::kMlpNorm: {
+        // h_mid = x + attention output projected; the MLP's norm reads it.
+        hmid_.resize(n);
+        for (size_t i = 0; i < n; ++i) hmid_[i] = x_[i] + o_out_[i];
+        if (op.phase != Phase::kBackward) h_ = hmid_;
+        xn2_.resize(n);
+        rstd2_.resize(static_cast<size_t>(T()));
+        cpu::RmsNormForward(hmid_.data(), W(op).mlp_norm.data(), T(), d_,
+                            static_cast<float>(m_.rms_norm_eps), xn2_.data(), rstd2_.data());
+        break;
+      }
+      case OpPart::kFinalNorm: {
+        AddPending();
+        xnf_.resize(n);
+        rstdf_.resize(static_cast<size_t>(T()));
+        cpu::RmsNormForward(h_.data(), w_.final_norm.data(), T(), d_,
+                            static_cast<float>(m_.rms_norm_eps), xnf_.data(), rstdf_.data());
+        break;
+      }
+      default:
+        throw InternalError("CPU backend: RMSNorm without a part");
+    }
+  }
+
+  void LinearForward(const Op& op) {
+    LayerWeights& w = W(op);
+    const int64_t t = T();
+    switch (op.part) {
+      case OpPart::kQkv: {
+        qkv_.resize(static_cast<size_t>(t * (q_dim_ + 2 * kv_dim_)));
+        cpu::LinearForward(xn_.data(), w.qkv.data(), w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(),
+                           t, q_dim_ + 2 * kv_dim_, d_, qkv_.data());
+        SplitQkv();
+        break;
+      }
+      case OpPart::kO:
+        o_out_.resize(static_cast<size_t>(t * d_));
+        cpu::LinearForward(AttentionOutput(op).data(), w.o.data(), nullptr, t, d_, q_dim_,
+                           o_out_.data());
+        break;
+      case OpPart::kGateUp:
+        gate_up_.resize(static_cast<size_t>(t * 2 * inter_));
+        cpu::LinearForward(xn2_.data(), w.gate_up.data(), nullptr, t, 2 * inter_, d_,
+                           gate_up_.data());
+        break;
+      case OpPart::kDown:
+        pending_.resize(static_cast<size_t>(t * d_));
+        cpu::LinearForward(act_.data(), w.down.data(), nullptr, t, d_, inter_, pending_.data());
+        has_pending_ = true;
+        break;
+      default:
+        throw InternalError("CPU backend: linear without a part");
+    }
+  }
+
+  void SplitQkv() {
+    const int64_t t = T(), row = q_dim_ + 2 * kv_dim_;
+    q_.resize(static_cast<size_t>(t * q_dim_));
+    k_.resize(static_cast<size_t>(t * kv_dim_));
+    v_.resize(static_cast<size_t>(t * kv_dim_));
+    for (int64_t i = 0; i < t; ++i) {
+      const float* r = qkv_.data() + i * row;
+      std::copy_n(r, q_dim_, q_.data() + i * q_dim_);
+      std::copy_n(r + q_dim_, kv_dim_, k_.data() + i * kv_dim_);
+      std::copy_n(r + q_dim_ + kv_dim_, kv_dim_, v_.data() + i * kv_dim_);
+    }
+  }
+
+  // In the backward the attention output is the one the recompute saved.
+  const std::vector<float>& AttentionOutput(const Op& op) const {
+    return op.phase == Phase::kBackward ? saved_attn_[L(op)] : attn_;
+  }
+
+  // --- pages -----------------------------------------------------------------------------
+  float* StorePage(std::vector<float>& store, int64_t page) {
+    return store.data() + page * shape_.page_elements();
+  }
+
+  // Own pages of the chunk: in the own-slot pool (offload) or straight in the device store.
+  PagedKv<float> OwnPages(int32_t layer, bool dkv) {
+    own_table_.resize(static_cast<size_t>(c_.own_pages));
+    PagedKv<float> pages;
+    pages.shape = shape_;
+    pages.num_pages = c_.own_pages;
+    if (o_.offload) {
+      for (int64_t j = 0; j < c_.own_pages; ++j) own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+      pages.pool = own_slots_.data();
+    } else {
+      for (int64_t j = 0; j < c_.own_pages; ++j)
+        own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(c_.earlier_pages + j);
+      pages.pool = (dkv ? dkv_store_ : kv_store_)[static_cast<size_t>(layer)].data();
+    }
+    pages.page_slot = own_table_.data();
+    return pages;
+  }
+
+  void KvWrite(int32_t layer) { cpu::KvWrite(k_.data(), v_.data(), T(), OwnPages(layer, false)); }
+
+  void PageSummary(int32_t layer) {
+    PagedKv<float> own = OwnPages(layer, false);
+    PagedKv<const float> view{own.shape, own.pool, own.page_slot, own.num_pages};
+    cpu::PageSummary(view, summaries_[static_cast<size_t>(layer)].data() +
+                               c_.earlier_pages * kv_dim_);
+  }
+
+  // The earlier pages this layer of this chunk attends: the union of its tiles' selections.
+  std::vector<int32_t> UnionPages(const Op& op) const {
+    if (!c_.sparse) {
+      std::vector<int32_t> all(static_cast<size_t>(c_.earlier_pages));
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+      return all;
+    }
+    std::vector<int32_t> u = op.phase == Phase::kBackward ? saved_selection_[L(op)] : selection_;
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    return u;
+  }
+
+  void CopyIn(const Op& op) {
+    if (op.phase == Phase::kOptimizer) return;  // host optimizer: weights are shared on the CPU
+    const size_t l = L(op);
+    union_ = UnionPages(op);
+    if (static_cast<int64_t>(union_.size()) > slot_capacity_)
+      throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
+                       std::to_string(l) + " need " + std::to_string(union_.size()) +
+                       " page slots but the plan provisioned " + std::to_string(slot_capacity_) +
+                       "; accepted: a selection model that bounds the union (--selection disjoint)");
+    slot_table_.assign(static_cast<size_t>(c_.earlier_pages), -1);
+    const size_t pe = static_cast<size_t>(shape_.page_elements());
+    for (size_t j = 0; j < union_.size(); ++j) {
+      const int64_t page = union_[j];
+      slot_table_[static_cast<size_t>(page)] = static_cast<int32_t>(j);
+      std::copy_n(StorePage(kv_store_[l], page), pe, kv_slots_.data() + j * pe);
+      if (op.phase == Phase::kBackward) {
+        float* slot = dkv_slots_.data() + j * pe;
+        if (dkv_present_[l][static_cast<size_t>(page)])
+          std::copy_n(StorePage(dkv_store_[l], page), pe, slot);
+        else
+          std::fill_n(slot, pe, 0.0f);
+      }
+    }
+    if (op.phase == Phase::kBackward) {  // the chunk's own dKV, left by later chunks
+      for (int64_t j = 0; j < c_.own_pages; ++j) {
+        const int64_t page = c_.earlier_pages + j;
+        float* slot = own_slots_.data() + static_cast<size_t>(j) * pe;
+        if (dkv_present_[l][static_cast<size_t>(page)])
+          std::copy_n(StorePage(dkv_store_[l], page), pe, slot);
+        else
+          std::fill_n(slot, pe, 0.0f);
+      }
+    }
+  }
+
+  void CopyOut(const Op& op) {
+    if (op.phase == Phase::kOptimizer) return;
+    const size_t l = L(op);
+    const size_t pe = static_cast<size_t>(shape_.page_elements());
+    if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
+      for (int64_t j = 0; j < c_.own_pages; ++j)
+        std::copy_n(own_slots_.data() + static_cast<size_t>(j) * pe, pe,
+                    StorePage(kv_store_[l], c_.earlier_pages + j));
+      return;
+    }
+    for (size_t j = 0; j < union_.size(); ++j) {  // accumulated dKV goes home
+      const int64_t page = union_[j];
+      std::copy_n(dkv_slots_.data() + j * pe, pe, StorePage(dkv_store_[l], page));
+      dkv_present_[l][static_cast<size_t>(page)] = 1;
+    }
+  }
+
+  // The earlier pages as the attention kernels see them: slots (offload) or the device store.
+  PagedKv<float> Earlier(const Op& op, bool dkv) {
+    const size_t l = L(op);
+    PagedKv<float> pages;
+    pages.shape = shape_;
+    pages.num_pages = c_.earlier_pages;
+    if (o_.offload) {
+      pages.pool = dkv ? dkv_slots_.data() : kv_slots_.data();
+      pages.page_slot = slot_table_.data();
+    } else {
+      identity_.resize(static_cast<size_t>(c_.earlier_pages));
+      for (size_t i = 0; i < identity_.size(); ++i) identity_[i] = static_cast<int32_t>(i);
+      pages.pool = (dkv ? dkv_store_ : kv_store_)[l].data();
+      pages.page_slot = identity_.data();
+    }
+    return pages;
+  }
+
+  PageSelection Selection(const Op& op) const {
+    PageSelection s;
+    s.query_tile = o_.query_tile;
+    if (c_.sparse) {
+      const std::vector<int32_t>& sel =
+          op.phase == Phase::kBackward ? saved_selection_[L(op)] : selection_;
+      s.pages_per_tile = static_cast<int64_t>(sel.size()) / c_.tiles;
+      s.pages = sel.data();
+    }
+    return s;
+  }
+
+  cpu::AttentionShape Shape() const {
+    return {T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim, scale_};
+  }
+
+  // The CPU reference computes the chunk's own part and its earlier pages in one call: it runs
+  // at the last attention op of the layer (the paged one, or the own one of the first chunk).
+  bool LastAttentionOp(const Op& op) const {
+    return op.part == OpPart::kPaged || c_.earlier_pages == 0;
+  }
+
+  void AttentionForward(const Op& op) {
+    if (!LastAttentionOp(op)) return;
+    attn_.resize(static_cast<size_t>(T() * q_dim_));
+    lse_.resize(static_cast<size_t>(T() * m_.num_attention_heads));
+    PagedKv<float> e = Earlier(op, false);
+    cpu::AttentionForward(Shape(), q_.data(), k_.data(), v_.data(),
+                          PagedKv<const float>{e.shape, e.pool, e.page_slot, e.num_pages},
+                          Selection(op), attn_.data(), lse_.data());
+    if (op.phase == Phase::kRecompute) {
+      saved_attn_[L(op)] = attn_;
+      saved_lse_[L(op)] = lse_;
+    }
+  }
+
+  void AttentionBackward(const Op& op) {
+    if (!LastAttentionOp(op)) return;
+    const size_t l = L(op);
+    dq_.resize(static_cast<size_t>(T() * q_dim_));
+    dk_.resize(static_cast<size_t>(T() * kv_dim_));
+    dv_.resize(static_cast<size_t>(T() * kv_dim_));
+    PagedKv<float> e = Earlier(op, false);
+    PagedKv<float> de = Earlier(op, true);
+    cpu::AttentionBackward(Shape(), q_.data(), k_.data(), v_.data(),
+                           PagedKv<const float>{e.shape, e.pool, e.page_slot, e.num_pages},
+                           Selection(op), saved_attn_[l].data(), saved_lse_[l].data(),
+                           d_attn_.data(), dq_.data(), dk_.data(), dv_.data(), de);
+    if (!o_.offload)
+      for (const int32_t page : UnionPages(op)) dkv_present_[l][static_cast<size_t>(page)] = 1;
+  }
+
+  void DkvAccumulate(int32_t layer) {
+    PagedKv<float> own = OwnPages(layer, true);
+    cpu::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages},
+                       T(), dk_.data(), dv_.data());
+  }
+
+  // --- loss and backward -------------------------------------------------------------------
+  void Loss() {
+    const bool tied = w_.lm_head.empty();
+    const float* head = tied ? w_.embedding.data() : w_.lm_head.data();
+    float* d_head = tied ? g_.embedding.data() : g_.lm_head.data();
+    d_xnf_.resize(xnf_.size());
+    const float scale = labelled_total_ > 0 ? 1.0f / static_cast<float>(labelled_total_) : 0.0f;
+    const std::span<const int32_t> labels = ChunkLabels();
+    const double loss = cpu::LinearCrossEntropy(xnf_.data(), head, labels, d_, vocab_, T(),
+                                                std::min(PlanGeometry::kLossVocabTile, vocab_),
+                                                scale, d_xnf_.data(), d_head);
+    if (!std::isfinite(loss))
+      throw TrainingError("the loss of chunk " + std::to_string(c_.index) + " is " +
+                          std::to_string(loss) + ": the run diverged");
+    loss_sum_ += loss;
+    labelled_ += std::count_if(labels.begin(), labels.end(), [](int32_t v) { return v >= 0; });
+  }
+
+  void NormBackward(const Op& op) {
+    const size_t n = static_cast<size_t>(T() * d_);
+    tmp_.resize(n);
+    switch (op.part) {
+      case OpPart::kFinalNorm:
+        dh_.resize(n);
+        cpu::RmsNormBackward(h_.data(), w_.final_norm.data(), rstdf_.data(), d_xnf_.data(), T(),
+                             d_, dh_.data(), g_.final_norm.data());
+        break;
+      case OpPart::kMlpNorm:  // d h_mid = dh (residual) + the norm's share
+        cpu::RmsNormBackward(hmid_.data(), W(op).mlp_norm.data(), rstd2_.data(), d_xn2_.data(),
+                             T(), d_, tmp_.data(), G(op).mlp_norm.data());
+        d_hmid_.resize(n);
+        for (size_t i = 0; i < n; ++i) d_hmid_[i] = dh_[i] + tmp_[i];
+        break;
+      case OpPart::kAttnNorm:  // d x = d h_mid (residual) + the norm's share: the layer below's dh
+        cpu::RmsNormBackward(x_.data(), W(op).attn_norm.data(), rstd1_.data(), d_xn_.data(), T(),
+                             d_, tmp_.data(), G(op).attn_norm.data());
+        for (size_t i = 0; i < n; ++i) dh_[i] = d_hmid_[i] + tmp_[i];
+        break;
+      default:
+        throw InternalError("CPU backend: RMSNorm backward without a part");
+    }
+  }
+
+  void LinearBackward(const Op& op, bool input) {
+    LayerWeights& w = W(op);
+    LayerWeights& g = G(op);
+    const int64_t t = T();
+    // (x, W, dY) of each projection; dX overwritten by the input op, dW accumulated by the
+    // weight op.
+    switch (op.part) {
+      case OpPart::kDown:
+        if (input) d_act_.resize(static_cast<size_t>(t * inter_));
+        cpu::LinearBackward(act_.data(), w.down.data(), dh_.data(), t, d_, inter_,
+                            input ? d_act_.data() : nullptr, input ? nullptr : g.down.data(),
+                            nullptr);
+        break;
+      case OpPart::kGateUp:
+        if (input) d_xn2_.resize(static_cast<size_t>(t * d_));
+        cpu::LinearBackward(xn2_.data(), w.gate_up.data(), d_gate_up_.data(), t, 2 * inter_, d_,
+                            input ? d_xn2_.data() : nullptr, input ? nullptr : g.gate_up.data(),
+                            nullptr);
+        break;
+      case OpPart::kO:
+        if (input) d_attn_.resize(static_cast<size_t>(t * q_dim_));
+        cpu::LinearBackward(saved_attn_[L(op)].data(), w.o.data(), d_hmid_.data(), t, d_, q_dim_,
+                            input ? d_attn_.data() : nullptr, input ? nullptr : g.o.data(),
+                            nullptr);
+        break;
+      case OpPart::kQkv: {
+        if (input) {
+          JoinQkvGradient();
+          d_xn_.resize(static_cast<size_t>(t * d_));
+        }
+        cpu::LinearBackward(xn_.data(), w.qkv.data(), dqkv_.data(), t, q_dim_ + 2 * kv_dim_, d_,
+                            input ? d_xn_.data() : nullptr, input ? nullptr : g.qkv.data(),
+                            input || g.qkv_bias.empty() ? nullptr : g.qkv_bias.data());
+        break;
+      }
+      default:
+        throw InternalError("CPU backend: linear backward without a part");
+    }
+  }
+
+  void JoinQkvGradient() {
+    const int64_t t = T(), row = q_dim_ + 2 * kv_dim_;
+    dqkv_.resize(static_cast<size_t>(t * row));
+    for (int64_t i = 0; i < t; ++i) {
+      float* r = dqkv_.data() + i * row;
+      std::copy_n(dq_.data() + i * q_dim_, q_dim_, r);
+      std::copy_n(dk_.data() + i * kv_dim_, kv_dim_, r + q_dim_);
+      std::copy_n(dv_.data() + i * kv_dim_, kv_dim_, r + q_dim_ + kv_dim_);
+    }
+  }
+
+  void OptimizerStep() {
+    std::vector<std::vector<float>*> w, g, m, v;
+    w_.ForEach([&](const std::string&, std::vector<float>& t) { w.push_back(&t); });
+    g_.ForEach([&](const std::string&, std::vector<float>& t) { g.push_back(&t); });
+    optimizer_->m.ForEach([&](const std::string&, std::vector<float>& t) { m.push_back(&t); });
+    optimizer_->v.ForEach([&](const std::string&, std::vector<float>& t) { v.push_back(&t); });
+    CTXPLAN_CHECK(w.size() == g.size() && w.size() == m.size() && w.size() == v.size(),
+                  "optimizer state does not match the weights");
+    for (size_t i = 0; i < w.size(); ++i)
+      cpu::AdamW(w[i]->data(), g[i]->data(), m[i]->data(), v[i]->data(),
+                 static_cast<int64_t>(w[i]->size()), optimizer_->params);
+    ++optimizer_->params.step;
+  }
+
+  // --- state -------------------------------------------------------------------------------
+  const ModelSpec& m_;
+  ModelWeights& w_;
+  ModelWeights& g_;
+  OptimizerState* optimizer_;
+  int64_t d_ = 0, q_dim_ = 0, kv_dim_ = 0, inter_ = 0, vocab_ = 0, layers_ = 0;
+  float scale_ = 1.0f;
+
+  RunOptions o_;
+  std::optional<PlanGeometry> geometry_;
+  std::span<const int32_t> tokens_, labels_;
+  int64_t labelled_total_ = 0;
+  KvPageShape shape_;
+
+  // Page stores, per layer: [pages][2][p][H_kv][d_h]. The host's when offload is on (staged into
+  // the slot pools), the device's when it is off.
+  std::vector<std::vector<float>> kv_store_, dkv_store_;
+  std::vector<std::vector<char>> dkv_present_;  // [layer][page]: dKV written at least once
+  std::vector<std::vector<float>> summaries_;   // [layer][pages][kv_dim]
+  int64_t slot_capacity_ = 0;
+  std::vector<float> kv_slots_, dkv_slots_;  // [slots][page elements]
+  std::vector<float> own_slots_;             // [own pages][page elements]
+  std::vector<int32_t> union_;               // the pages staged for the current layer, slot order
+  std::vector<int32_t> slot_table_;          // [earlier pages] -> slot or -1
+  std::vector<int32_t> own_table_, identity_;
+
+  // The current chunk.
+  int32_t chunk_index_ = -1;
+  ChunkGeometry c_;
+  std::vector<float> h_;        // [t][d] residual stream
+  std::vector<float> pending_;  // [t][d] the MLP output still to be added to h_
+  bool has_pending_ = false;
+  std::vector<float> x_, xn_, rstd1_, qkv_, q_, k_, v_, attn_, lse_, o_out_, hmid_, xn2_, rstd2_,
+      gate_up_, act_, xnf_, rstdf_;
+  std::vector<float> scores_;
+  std::vector<int32_t> selection_;  // [tiles][pages_per_tile]
+  int64_t pages_per_tile_ = 0;
+  std::vector<std::vector<float>> saved_input_, saved_attn_, saved_lse_;  // [layer][...]
+  std::vector<std::vector<int32_t>> saved_selection_;                     // [layer][...]
+  // Gradients of the current chunk.
+  std::vector<float> dh_, d_act_, d_gate_up_, d_xn2_, d_hmid_, d_attn_, dq_, dk_, dv_, dqkv_,
+      d_xn_, d_xnf_, tmp_;
+
+  double loss_sum_ = 0.0;
+  int64_t labelled_ = 0;
+  uint64_t ops_ = 0;
+  int64_t gpu_bytes_ = 0, host_bytes_ = 0, peak_gpu_ = 0, peak_host_ = 0;
+};
+
+CpuBackend::CpuBackend(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
+                       OptimizerState* optimizer)
+    : impl_(std::make_unique<Impl>(model, weights, grads, optimizer)) {}
+CpuBackend::~CpuBackend() = default;
+void CpuBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
+  impl_->BeginStep(plan, inputs);
+}
+void CpuBackend::Execute(const Op& op) { impl_->Execute(op); }
+StepOutputs CpuBackend::EndStep() { return impl_->EndStep(); }
+
+}  // namespace ctxplan

@@ -1,0 +1,26 @@
+#include "ctxplan/runtime/step_backend.h"
+
+#include "ctxplan/models/errors.h"
+
+namespace ctxplan {
+
+StepOutputs RunStep(const StepPlan& plan, const StepInputs& inputs, StepBackend& backend,
+                    StepObserver* observer) {
+  const int64_t n = plan.options().context_tokens;
+  if (static_cast<int64_t>(inputs.tokens.size()) != n ||
+      static_cast<int64_t>(inputs.labels.size()) != n)
+    throw InputError("step inputs: " + std::to_string(inputs.tokens.size()) + " tokens and " +
+                     std::to_string(inputs.labels.size()) + " labels for a context of " +
+                     std::to_string(n) + "; accepted: exactly one token and one label per position");
+  backend.BeginStep(plan, inputs);
+  Generator<Op> ops = plan.Ops();
+  while (ops.Next()) {
+    const Op& op = ops.Current();
+    if (observer) observer->BeforeOp(op);
+    backend.Execute(op);
+    if (observer) observer->AfterOp(op);
+  }
+  return backend.EndStep();
+}
+
+}  // namespace ctxplan

@@ -1,0 +1,63 @@
+#include "ctxplan/runtime/wall_clock_tracer.h"
+
+namespace ctxplan {
+
+WallClockTracer::WallClockTracer(OpTraceWriter* compact, ChromeTraceWriter* chrome)
+    : compact_(compact), chrome_(chrome), origin_(std::chrono::steady_clock::now()) {
+  if (chrome_) {
+    chrome_->SetProcessName(1, "ctxtrain step");
+    for (int s = 0; s < kStreamCount; ++s)
+      chrome_->SetThreadName(1, s, StreamName(static_cast<Stream>(s)), s);
+  }
+}
+
+int64_t WallClockTracer::Now() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              origin_)
+      .count();
+}
+
+void WallClockTracer::BeforeOp(const Op& /*op*/) { started_ns_ = Now(); }
+
+void WallClockTracer::AfterOp(const Op& op) {
+  const int64_t end = Now();
+  if (IsMemory(op.kind)) {
+    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
+    total += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+    if (compact_)
+      compact_->Memory({end, static_cast<uint8_t>(op.space), static_cast<uint8_t>(op.category),
+                        total});
+    if (chrome_)
+      chrome_->Counter(1, op.space == MemSpace::kGpu ? "arena (GiB)" : "pinned host (GiB)",
+                       static_cast<double>(end) / 1e3,
+                       {{"allocated", static_cast<double>(total) / 1073741824.0}});
+    return;
+  }
+  if (compact_) {
+    OpRecord r;
+    r.op_id = op.id;
+    r.start_ns = started_ns_;
+    r.end_ns = end;
+    r.kind = static_cast<uint8_t>(op.kind);
+    r.stream = static_cast<uint8_t>(op.stream);
+    r.phase = static_cast<uint8_t>(op.phase);
+    r.part = static_cast<uint8_t>(op.part);
+    r.chunk = op.chunk;
+    r.layer = op.layer;
+    compact_->Op(r);
+  }
+  if (chrome_) {
+    name_.assign(OpKindName(op.kind));
+    if (op.part != OpPart::kNone) {
+      name_ += '.';
+      name_ += OpPartName(op.part);
+    }
+    chrome_->Complete(1, static_cast<int64_t>(op.stream), name_, PhaseName(op.phase),
+                      static_cast<double>(started_ns_) / 1e3,
+                      static_cast<double>(end - started_ns_) / 1e3,
+                      {{"op_id", static_cast<int64_t>(op.id)}, {"chunk", op.chunk},
+                       {"layer", op.layer}});
+  }
+}
+
+}  // namespace ctxplan
