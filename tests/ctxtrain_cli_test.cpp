@@ -1,0 +1,114 @@
+// The ctxtrain program end to end on the CPU backend: bad weights, data and checkpoints give one
+// clear line and exit code 2; a diverging run stops with exit code 3 naming the step and chunk
+// and leaves the checkpoint it was given intact; save and resume continue a run exactly; a trace
+// it records replays against the plan.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/runtime/checkpoint.h"
+#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/token_data.h"
+#include "support/process.h"
+
+namespace ctxplan {
+namespace {
+
+using test::ReadAll;
+using test::RunArgv;
+using test::RunResult;
+using test::ScratchDir;
+
+const std::vector<std::string> kSmallRun = {"--model", "tiny",  "--context", "96", "--chunk", "32",
+                                            "--page",  "8",     "--query-tile", "8"};
+
+RunResult Ctxtrain(std::vector<std::string> args, const ScratchDir& dir) {
+  std::vector<std::string> argv = {CTXTRAIN_EXE};
+  argv.insert(argv.end(), kSmallRun.begin(), kSmallRun.end());
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunArgv(argv, dir.path());
+}
+
+void ExpectOneLine(const RunResult& r, int code, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("ctxtrain: ", 0), 0u) << r.err;
+  for (const std::string& needle : needles)
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "missing '" << needle << "' in " << r.err;
+}
+
+TEST(CtxtrainCli, BadWeightsDataAndCheckpointsAreOneLineErrors) {
+  ScratchDir dir;
+  ExpectOneLine(Ctxtrain({"--weights", (dir.path() / "none.safetensors").string()}, dir), 2,
+                {"none.safetensors"});
+  const std::string garbage = dir.Write("garbage.safetensors", "this is not a safetensors file");
+  ExpectOneLine(Ctxtrain({"--weights", garbage}, dir), 2, {"garbage.safetensors"});
+  // Weights of another shape: the vocabulary differs.
+  ModelSpec other = LoadModel("tiny");
+  other.vocab_size = 32;
+  const std::string wrong = (dir.path() / "wrong.safetensors").string();
+  WriteSafetensorsWeights(wrong, other, RandomWeights(other, 1), SafetensorsDtype::kF32);
+  ExpectOneLine(Ctxtrain({"--weights", wrong}, dir), 2, {"wrong.safetensors", "embed_tokens"});
+  // A data file shorter than the context.
+  const std::string data = (dir.path() / "short.bin").string();
+  WriteTokenFile(data, std::vector<int32_t>(50, 7));
+  ExpectOneLine(Ctxtrain({"--data", data}, dir), 2, {"short.bin"});
+  ExpectOneLine(Ctxtrain({"--resume", garbage}, dir), 2, {"garbage.safetensors"});
+  ExpectOneLine(Ctxtrain({"--chunk", "30"}, dir), 2, {"--chunk"});
+  ExpectOneLine(Ctxtrain({"--backend", "tpu"}, dir), 2, {"--backend", "cpu"});
+  ExpectOneLine(Ctxtrain({"--task", "poetry"}, dir), 2, {"--task", "retrieval"});
+}
+
+TEST(CtxtrainCli, DivergingRunStopsAndLeavesTheCheckpointIntact) {
+  ScratchDir dir;
+  const ModelSpec tiny = LoadModel("tiny");
+  ModelWeights weights = RandomWeights(tiny, 2);
+  weights.final_norm[0] = NAN;
+  const std::string bad = (dir.path() / "nan.safetensors").string();
+  WriteSafetensorsWeights(bad, tiny, weights, SafetensorsDtype::kF32);
+  const std::string checkpoint = dir.Write("run.ckpt", "the previous checkpoint");
+  const RunResult r = Ctxtrain({"--weights", bad, "--save", checkpoint, "--task", "random"}, dir);
+  ExpectOneLine(r, 3, {"step 0", "chunk 2"});
+  EXPECT_EQ(ReadAll(checkpoint), "the previous checkpoint");
+}
+
+TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {
+  ScratchDir dir;
+  const std::string a = (dir.path() / "a.ckpt").string(), b = (dir.path() / "b.ckpt").string(),
+                    c = (dir.path() / "c.ckpt").string();
+  ASSERT_EQ(Ctxtrain({"--steps", "2", "--save", a}, dir).exit_code, 0);
+  ASSERT_EQ(Ctxtrain({"--steps", "2", "--resume", a, "--save", b}, dir).exit_code, 0);
+  ASSERT_EQ(Ctxtrain({"--steps", "4", "--save", c}, dir).exit_code, 0);
+  const ModelSpec tiny = LoadModel("tiny");
+  TrainingCheckpoint resumed = LoadCheckpoint(b, tiny), straight = LoadCheckpoint(c, tiny);
+  EXPECT_EQ(resumed.step, 4);
+  EXPECT_EQ(straight.step, 4);
+  std::vector<float> x, y;
+  resumed.weights.ForEach([&](const std::string&, std::vector<float>& t) { x.insert(x.end(), t.begin(), t.end()); });
+  straight.weights.ForEach([&](const std::string&, std::vector<float>& t) { y.insert(y.end(), t.begin(), t.end()); });
+  EXPECT_EQ(x, y);
+}
+
+TEST(CtxtrainCli, TraceReplaysAgainstThePlan) {
+  ScratchDir dir;
+  const std::string trace = (dir.path() / "step.ctxtrace").string();
+  const RunResult train = Ctxtrain({"--trace", trace, "--json"}, dir);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_NE(train.out.find("\"tokens_per_second\""), std::string::npos);
+  const RunResult replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--json"}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  EXPECT_NE(replay.out.find("\"source\":\"ctxtrain\""), std::string::npos) << replay.out;
+  // Every kernel and copy of the plan was traced, and the arena the plan predicts is the one the
+  // runtime accounted.
+  const auto number = [&](const std::string& key) {
+    const size_t at = replay.out.find("\"" + key + "\":");
+    return std::stod(replay.out.substr(at + key.size() + 3));
+  };
+  EXPECT_EQ(number("plan_ops"), number("traced_ops"));
+  EXPECT_EQ(number("measured_gpu_peak_bytes"), number("predicted_gpu_peak_bytes"));
+}
+
+}  // namespace
+}  // namespace ctxplan
