@@ -35,7 +35,8 @@ Data RandomData(int64_t n, uint64_t seed, int64_t vocab) {
   return d;
 }
 
-RunOptions Options(int64_t n, int64_t chunk, int64_t page, int64_t budget, bool offload) {
+RunOptions Options(int64_t n, int64_t chunk, int64_t page, int64_t budget, bool offload,
+                   bool keep = false) {
   RunOptions o;
   o.context_tokens = n;
   o.chunk_tokens = chunk;
@@ -45,6 +46,7 @@ RunOptions Options(int64_t n, int64_t chunk, int64_t page, int64_t budget, bool 
   o.query_tile = std::min<int64_t>(4, chunk);
   o.offload = offload;
   o.optimizer = OptimizerKind::kNone;
+  o.keep_layer_inputs = keep;
   return o;
 }
 
@@ -100,12 +102,13 @@ TEST(CpuRuntime, ChunkedDenseGradientsEqualFullSequenceBackprop) {
     for (int32_t l : data.labels) labelled += l >= 0;
     LossAndGrads full = FullSequenceBackprop(Tiny(), weights, data.tokens, data.labels,
                                              1.0f / static_cast<float>(labelled));
-    for (bool offload : {true, false}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool offload = variant != 1, keep = variant == 2;  // on, off, on + kept inputs
       Result chunked = Chunked(weights, data, Options(c.n, c.chunk, c.page, RunOptions::kAllPages,
-                                                      offload));
+                                                      offload, keep));
       const std::string where = "n=" + std::to_string(c.n) + " c=" + std::to_string(c.chunk) +
                                 " p=" + std::to_string(c.page) + " offload=" +
-                                std::to_string(offload);
+                                std::to_string(offload) + " keep=" + std::to_string(keep);
       EXPECT_EQ(chunked.out.labelled, full.labelled) << where;
       EXPECT_NEAR(chunked.out.loss_sum, full.loss_sum, 1e-5 * std::abs(full.loss_sum)) << where;
       ExpectGradsClose(chunked.grads, full.grads, 1e-5, where);
@@ -124,6 +127,18 @@ TEST(CpuRuntime, OffloadOnEqualsOffExactly) {
     // Offload moves the pages to pinned host memory; without it the host holds none.
     EXPECT_GT(on.out.peak_host_bytes, 0);
     EXPECT_EQ(off.out.peak_host_bytes, 0);
+  }
+}
+
+TEST(CpuRuntime, KeptLayerInputsEqualRecomputedOnesExactly) {
+  const ModelWeights weights = RandomWeights(Tiny(), 19);
+  const Data data = RandomData(88, 23, Tiny().vocab_size);
+  for (int64_t budget : {int64_t{2}, RunOptions::kAllPages}) {
+    Result recompute = Chunked(weights, data, Options(88, 16, 4, budget, true, false));
+    Result keep = Chunked(weights, data, Options(88, 16, 4, budget, true, true));
+    EXPECT_EQ(recompute.out.loss_sum, keep.out.loss_sum);
+    EXPECT_EQ(Flatten(recompute.grads), Flatten(keep.grads)) << "budget " << budget;
+    EXPECT_LT(keep.out.ops_executed, recompute.out.ops_executed);
   }
 }
 

@@ -60,6 +60,7 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     std::string optimizer;
     std::string grad;
     int64_t lora;
+    bool keep = false;
   };
   std::vector<Case> grid;
   for (const std::string model : {"qwen2.5-7b", "qwen2.5-0.5b", "llama-3.1-8b"})
@@ -78,6 +79,12 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
           for (int64_t page : {int64_t{64}, int64_t{256}})
             grid.push_back({"qwen2.5-7b", 50'000, 2048, page, 16, true, selection, optimizer, grad,
                             lora});
+  // Layer inputs kept from the fill (no recompute), dense and sparse, offload on and off.
+  for (int64_t context : {int64_t{3000}, int64_t{20'000}, int64_t{70'001}})
+    for (int64_t budget : {int64_t{8}, RunOptions::kAllPages})
+      for (bool offload : {true, false})
+        grid.push_back({"qwen2.5-7b", context, 4096, 128, budget, offload, "disjoint",
+                        "adamw-gpu", "bf16", 0, true});
   ASSERT_GE(grid.size(), 200u);
 
   const KernelTimeModel time_model(H200());
@@ -90,12 +97,14 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     o.optimizer = ParseOptimizer(c.optimizer, "test");
     o.grad_dtype = ParseGradDtype(c.grad, "test");
     o.lora_rank = c.lora;
+    o.keep_layer_inputs = c.keep;
     const Both both = PredictBoth(Model(c.model), H200(), o);
     const std::string where = c.model + " n=" + std::to_string(c.context) + " c=" +
                               std::to_string(c.chunk) + " p=" + std::to_string(c.page) +
                               " k=" + std::to_string(c.budget) + " offload=" +
                               std::to_string(c.offload) + " " + c.selection + " " + c.optimizer +
-                              " " + c.grad + " lora=" + std::to_string(c.lora);
+                              " " + c.grad + " lora=" + std::to_string(c.lora) +
+                              (c.keep ? " keep" : "");
     EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;
@@ -107,6 +116,24 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     ++compared;
   }
   EXPECT_EQ(compared, static_cast<int>(grid.size()));
+}
+
+TEST(EventSimulator, KeepingLayerInputsTradesMemoryForAForward) {
+  for (bool offload : {true, false}) {
+    RunOptions o = Options(32 * 1024, RunOptions::kAllPages, offload);
+    const Both recompute = PredictBoth(Model("qwen2.5-7b"), H200(), o);
+    o.keep_layer_inputs = true;
+    const Both keep = PredictBoth(Model("qwen2.5-7b"), H200(), o);
+    EXPECT_LT(keep.event.step_ticks, recompute.event.step_ticks);
+    EXPECT_LT(keep.event.flops, 0.85 * recompute.event.flops);
+    EXPECT_GT(keep.event.gpu.peak_bytes, recompute.event.gpu.peak_bytes);
+    // All eight chunks' layer inputs at once, against one chunk's.
+    const PlanGeometry g(Model("qwen2.5-7b"), o);
+    int64_t all_chunks = 0;
+    for (int32_t i = 0; i < g.num_chunks(); ++i) all_chunks += g.layer_inputs_bytes(g.Chunk(i));
+    EXPECT_EQ(g.num_chunks(), 8);
+    EXPECT_EQ(keep.event.gpu.at_peak[static_cast<int>(MemCategory::kLayerInputs)], all_chunks);
+  }
 }
 
 TEST(EventSimulator, StepIsNoShorterThanAnyStreamIsBusy) {

@@ -43,7 +43,7 @@ struct Flags {
   std::string machine;
   std::string context = "1024", chunk = "256", page = "64", budget = "all", sinks = "1",
               query_tile = "64", offload = "on", grad_dtype = "fp32", optimizer = "adamw-gpu",
-              lora_rank = "0";
+              lora_rank = "0", keep_layer_inputs = "off";
   int64_t steps = 1;
   std::string data;
   std::string task = "retrieval";
@@ -79,6 +79,9 @@ RunOptions Resolve(const Flags& f, const ModelSpec& model) {
   o.grad_dtype = ParseGradDtype(f.grad_dtype, "--grad-dtype");
   o.optimizer = ParseOptimizer(f.optimizer, "--optimizer");
   o.lora_rank = Count(f.lora_rank, "--lora-rank");
+  if (f.keep_layer_inputs != "on" && f.keep_layer_inputs != "off")
+    throw InputError("--keep-layer-inputs: '" + f.keep_layer_inputs + "'; accepted: on, off");
+  o.keep_layer_inputs = f.keep_layer_inputs == "on";
   o.Validate(model);
   return o;
 }
@@ -190,6 +193,9 @@ int Main(int argc, char** argv) {
   app.add_option("--grad-dtype", f.grad_dtype, "bf16|fp32")->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "adamw-gpu|adamw-host|none")->capture_default_str();
   app.add_option("--lora-rank", f.lora_rank, "LoRA rank, 0 = full fine-tune")->capture_default_str();
+  app.add_option("--keep-layer-inputs", f.keep_layer_inputs,
+                 "keep layer inputs from the fill instead of recomputing: on|off")
+      ->capture_default_str();
   app.add_option("--steps", f.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--data", f.data, "binary file of uint32 token ids (instead of --task)");
   app.add_option("--task", f.task, "synthetic task: retrieval or random")->capture_default_str();

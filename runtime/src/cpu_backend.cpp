@@ -61,10 +61,15 @@ class CpuBackend::Impl {
       dkv_slots_.assign(kv_slots_.size(), 0.0f);
       own_slots_.assign(static_cast<size_t>(own_capacity * shape_.page_elements()), 0.0f);
     }
-    saved_input_.assign(static_cast<size_t>(layers_), {});
-    saved_attn_.assign(static_cast<size_t>(layers_), {});
-    saved_lse_.assign(static_cast<size_t>(layers_), {});
-    saved_selection_.assign(static_cast<size_t>(layers_), {});
+    // What pass 2 reads back: per layer of the current chunk, or per chunk and layer when the
+    // fill keeps them.
+    const size_t saved = static_cast<size_t>(
+        layers_ * (o_.keep_layer_inputs ? geometry_->num_chunks() : 1));
+    saved_input_.assign(saved, {});
+    saved_attn_.assign(saved, {});
+    saved_lse_.assign(saved, {});
+    saved_selection_.assign(saved, {});
+    saved_top_.assign(static_cast<size_t>(geometry_->num_chunks()), {});
     loss_sum_ = 0.0;
     labelled_ = 0;
     ops_ = 0;
@@ -124,7 +129,7 @@ class CpuBackend::Impl {
         pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages,
                                         o_.page_budget, o_.sink_pages, selection_.data());
         selection_.resize(static_cast<size_t>(c_.tiles * pages_per_tile_));
-        if (op.phase == Phase::kRecompute) saved_selection_[L(op)] = selection_;
+        if (Saves(op)) saved_selection_[S(op)] = selection_;
         break;
       }
       case OpKind::kAttentionForward: AttentionForward(op); break;
@@ -152,6 +157,13 @@ class CpuBackend::Impl {
  private:
   int64_t T() const { return c_.tokens; }
   static size_t L(const Op& op) { return static_cast<size_t>(op.layer); }
+  // Where the state pass 2 reads back lives: per layer, or per chunk and layer when kept.
+  size_t S(const Op& op) const {
+    return static_cast<size_t>(o_.keep_layer_inputs ? op.chunk * layers_ + op.layer : op.layer);
+  }
+  bool Saves(const Op& op) const {
+    return op.phase == Phase::kRecompute || (op.phase == Phase::kFill && o_.keep_layer_inputs);
+  }
   std::span<const int32_t> ChunkTokens() const {
     return tokens_.subspan(static_cast<size_t>(c_.start), static_cast<size_t>(c_.tokens));
   }
@@ -195,11 +207,11 @@ class CpuBackend::Impl {
     switch (op.part) {
       case OpPart::kAttnNorm: {
         if (op.phase == Phase::kBackward) {  // recompute internals from the saved input
-          x_ = saved_input_[L(op)];
+          x_ = saved_input_[S(op)];
         } else {
           AddPending();
           x_ = h_;
-          if (op.phase == Phase::kRecompute) saved_input_[L(op)] = h_;
+          if (Saves(op)) saved_input_[S(op)] = h_;
         }
         xn_.resize(n);
         rstd1_.resize(static_cast<size_t>(T()));
@@ -219,6 +231,10 @@ class CpuBackend::Impl {
         break;
       }
       case OpPart::kFinalNorm: {
+        if (o_.keep_layer_inputs) {  // the fill kept the top layer's output
+          h_ = saved_top_[static_cast<size_t>(c_.index)];
+          has_pending_ = false;
+        }
         AddPending();
         xnf_.resize(n);
         rstdf_.resize(static_cast<size_t>(T()));
@@ -256,6 +272,11 @@ class CpuBackend::Impl {
         pending_.resize(static_cast<size_t>(t * d_));
         cpu::LinearForward(act_.data(), w.down.data(), nullptr, t, d_, inter_, pending_.data());
         has_pending_ = true;
+        if (op.phase == Phase::kFill && o_.keep_layer_inputs && op.layer == layers_ - 1) {
+          std::vector<float>& top = saved_top_[static_cast<size_t>(c_.index)];
+          top = h_;
+          for (size_t i = 0; i < top.size(); ++i) top[i] += pending_[i];
+        }
         break;
       default:
         throw InternalError("CPU backend: linear without a part");
@@ -277,7 +298,7 @@ class CpuBackend::Impl {
 
   // In the backward the attention output is the one the recompute saved.
   const std::vector<float>& AttentionOutput(const Op& op) const {
-    return op.phase == Phase::kBackward ? saved_attn_[L(op)] : attn_;
+    return op.phase == Phase::kBackward ? saved_attn_[S(op)] : attn_;
   }
 
   // --- pages -----------------------------------------------------------------------------
@@ -319,7 +340,7 @@ class CpuBackend::Impl {
       for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
       return all;
     }
-    std::vector<int32_t> u = op.phase == Phase::kBackward ? saved_selection_[L(op)] : selection_;
+    std::vector<int32_t> u = op.phase == Phase::kBackward ? saved_selection_[S(op)] : selection_;
     std::sort(u.begin(), u.end());
     u.erase(std::unique(u.begin(), u.end()), u.end());
     return u;
@@ -400,7 +421,7 @@ class CpuBackend::Impl {
     s.query_tile = o_.query_tile;
     if (c_.sparse) {
       const std::vector<int32_t>& sel =
-          op.phase == Phase::kBackward ? saved_selection_[L(op)] : selection_;
+          op.phase == Phase::kBackward ? saved_selection_[S(op)] : selection_;
       s.pages_per_tile = static_cast<int64_t>(sel.size()) / c_.tiles;
       s.pages = sel.data();
     }
@@ -425,15 +446,15 @@ class CpuBackend::Impl {
     cpu::AttentionForward(Shape(), q_.data(), k_.data(), v_.data(),
                           PagedKv<const float>{e.shape, e.pool, e.page_slot, e.num_pages},
                           Selection(op), attn_.data(), lse_.data());
-    if (op.phase == Phase::kRecompute) {
-      saved_attn_[L(op)] = attn_;
-      saved_lse_[L(op)] = lse_;
+    if (Saves(op)) {
+      saved_attn_[S(op)] = attn_;
+      saved_lse_[S(op)] = lse_;
     }
   }
 
   void AttentionBackward(const Op& op) {
     if (!LastAttentionOp(op)) return;
-    const size_t l = L(op);
+    const size_t l = L(op), saved = S(op);
     dq_.resize(static_cast<size_t>(T() * q_dim_));
     dk_.resize(static_cast<size_t>(T() * kv_dim_));
     dv_.resize(static_cast<size_t>(T() * kv_dim_));
@@ -441,7 +462,7 @@ class CpuBackend::Impl {
     PagedKv<float> de = Earlier(op, true);
     cpu::AttentionBackward(Shape(), q_.data(), k_.data(), v_.data(),
                            PagedKv<const float>{e.shape, e.pool, e.page_slot, e.num_pages},
-                           Selection(op), saved_attn_[l].data(), saved_lse_[l].data(),
+                           Selection(op), saved_attn_[saved].data(), saved_lse_[saved].data(),
                            d_attn_.data(), dq_.data(), dk_.data(), dv_.data(), de);
     if (!o_.offload)
       for (const int32_t page : UnionPages(op)) dkv_present_[l][static_cast<size_t>(page)] = 1;
@@ -517,7 +538,7 @@ class CpuBackend::Impl {
         break;
       case OpPart::kO:
         if (input) d_attn_.resize(static_cast<size_t>(t * q_dim_));
-        cpu::LinearBackward(saved_attn_[L(op)].data(), w.o.data(), d_hmid_.data(), t, d_, q_dim_,
+        cpu::LinearBackward(saved_attn_[S(op)].data(), w.o.data(), d_hmid_.data(), t, d_, q_dim_,
                             input ? d_attn_.data() : nullptr, input ? nullptr : g.o.data(),
                             nullptr);
         break;
@@ -600,6 +621,7 @@ class CpuBackend::Impl {
   int64_t pages_per_tile_ = 0;
   std::vector<std::vector<float>> saved_input_, saved_attn_, saved_lse_;  // [layer][...]
   std::vector<std::vector<int32_t>> saved_selection_;                     // [layer][...]
+  std::vector<std::vector<float>> saved_top_;  // [chunk][t][d]: top layer output, when kept
   // Gradients of the current chunk.
   std::vector<float> dh_, d_act_, d_gate_up_, d_xn2_, d_hmid_, d_attn_, dq_, dk_, dv_, dqkv_,
       d_xn_, d_xnf_, tmp_;

@@ -102,7 +102,9 @@ int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
   // selected. One paged-attention kernel serves dense and sparse runs, so a dense tile lists
   // every earlier page.
   const int64_t page_lists = chunk.tiles * chunk.pages_per_tile * 4;
-  return (per_layer + page_lists) * m.num_hidden_layers;
+  // Kept from the fill, the top layer's output too: the loss reads it in pass 2.
+  const int64_t top = options_.keep_layer_inputs ? chunk.tokens * m.hidden_size * kBf16Bytes : 0;
+  return (per_layer + page_lists) * m.num_hidden_layers + top;
 }
 
 int64_t PlanGeometry::activation_bytes() const {

@@ -20,6 +20,7 @@ void AddRunOptions(const RunOptions& o, RunMetadata& m) {
   m["optimizer"] = std::string(OptimizerName(o.optimizer));
   m["lora_rank"] = std::to_string(o.lora_rank);
   m["selection"] = SelectionModelName(o.selection);
+  m["keep_layer_inputs"] = o.keep_layer_inputs ? "on" : "off";
 }
 
 RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& source) {
@@ -60,6 +61,10 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
   o.optimizer = ParseOptimizer(get("optimizer"), where + "'optimizer'");
   o.lora_rank = integer("lora_rank");
   o.selection = ParseSelectionModel(get("selection"), where + "'selection'");
+  const std::string& keep = get("keep_layer_inputs");
+  if (keep != "on" && keep != "off")
+    throw InputError(where + "'keep_layer_inputs': '" + keep + "'; accepted: on, off");
+  o.keep_layer_inputs = keep == "on";
   return o;
 }
 

@@ -123,13 +123,18 @@ class PlanWriter {
   void FillChunkStart(const ChunkGeometry& c) {
     Where w{Phase::kFill, c.index, -1};
     const int64_t layers = m_.num_hidden_layers;
-    batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kPageSummaries,
-                       c.own_pages * layers * g_.summary_page_bytes()));
-    const int64_t kv_bytes = c.own_pages * layers * g_.kv_page_bytes();
-    if (o_.offload)
-      batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages, kv_bytes));
-    else
-      batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
+    if (o_.keep_layer_inputs)
+      batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kLayerInputs,
+                         g_.layer_inputs_bytes(c)));
+    if (g_.writes_pages(c.index)) {
+      batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kPageSummaries,
+                         c.own_pages * layers * g_.summary_page_bytes()));
+      const int64_t kv_bytes = c.own_pages * layers * g_.kv_page_bytes();
+      if (o_.offload)
+        batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages, kv_bytes));
+      else
+        batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
+    }
     batch_.Push(Kernel(w, OpKind::kEmbeddingForward, EmbeddingForwardCost(c.tokens, m_.hidden_size),
                        c.tokens));
   }
@@ -138,7 +143,7 @@ class PlanWriter {
   void LayerForward(const ChunkGeometry& c, Phase phase, int32_t layer) {
     const Where w{phase, c.index, layer};
     const int64_t t = c.tokens, d = m_.hidden_size, q = m_.q_dim(), kv = m_.kv_dim();
-    const bool fill = phase == Phase::kFill;
+    const bool fill = phase == Phase::kFill && g_.writes_pages(c.index);
     const bool paged = c.earlier_pages > 0;
     const bool copy_in = o_.offload && paged;
     const int parity = NextSlotParity();
@@ -317,7 +322,7 @@ class PlanWriter {
                        EmbeddingBackwardCost(c.tokens, m_.hidden_size, o_.grad_bytes()), c.tokens));
     batch_.Push(Memory(w, false, Stream::kCompute, MemSpace::kGpu, MemCategory::kLayerInputs,
                        g_.layer_inputs_bytes(c)));
-    const bool filled = c.index < g_.num_chunks() - 1;
+    const bool filled = g_.writes_pages(c.index);
     if (filled)
       batch_.Push(Memory(w, false, Stream::kCompute, MemSpace::kGpu, MemCategory::kPageSummaries,
                          c.own_pages * layers * g_.summary_page_bytes()));
@@ -397,7 +402,7 @@ Generator<Op> StepPlan::Ops() const {
   writer.Setup();
   for (const Op& op : batch.ops()) co_yield op;
 
-  for (int32_t i = 0; i + 1 < chunks; ++i) {  // pass 1: the last chunk needs no fill
+  for (int32_t i = 0; i < geometry_.fill_chunks(); ++i) {  // pass 1
     const ChunkGeometry chunk = geometry_.Chunk(i);
     batch.Clear();
     writer.FillChunkStart(chunk);
@@ -413,13 +418,15 @@ Generator<Op> StepPlan::Ops() const {
   for (int32_t i = chunks - 1; i >= 0; --i) {  // pass 2, in reverse chunk order
     const ChunkGeometry chunk = geometry_.Chunk(i);
     const DkvState dkv = geometry_.Dkv(chunk, selected_by_later_chunks);
-    batch.Clear();
-    writer.RecomputeStart(chunk);
-    for (const Op& op : batch.ops()) co_yield op;
-    for (int32_t l = 0; l < layers; ++l) {
+    if (!options().keep_layer_inputs) {
       batch.Clear();
-      writer.LayerForward(chunk, Phase::kRecompute, l);
+      writer.RecomputeStart(chunk);
       for (const Op& op : batch.ops()) co_yield op;
+      for (int32_t l = 0; l < layers; ++l) {
+        batch.Clear();
+        writer.LayerForward(chunk, Phase::kRecompute, l);
+        for (const Op& op : batch.ops()) co_yield op;
+      }
     }
     batch.Clear();
     writer.Loss(chunk);

@@ -42,6 +42,10 @@ void AddRunFlags(CLI::App& app, RunFlags& f, bool with_context, bool lists) {
                  "union of the tiles' page selections: shared (best case), disjoint (worst "
                  "case), overlap:F (measured fraction)")
       ->capture_default_str();
+  app.add_option("--keep-layer-inputs", f.keep_layer_inputs,
+                 "keep every chunk's layer inputs from the fill instead of recomputing them: "
+                 "on|off (one forward less, O(n) GPU memory)")
+      ->capture_default_str();
 }
 
 int64_t ParseNonNegative(const std::string& text, const std::string& flag) {
@@ -157,6 +161,7 @@ RunOptions ResolveOptions(const RunFlags& f, const ModelSpec& model, bool with_c
   o.optimizer = ParseOptimizer(f.optimizer, "--optimizer");
   o.lora_rank = ParseNonNegative(f.lora_rank, "--lora-rank");
   o.selection = ParseSelectionModel(f.selection, "--selection");
+  o.keep_layer_inputs = ParseOnOff(f.keep_layer_inputs, "--keep-layer-inputs");
   o.Validate(model);
   return o;
 }
@@ -171,6 +176,7 @@ std::string DescribeOptions(const RunOptions& o) {
   s += ", grads " + std::string(GradDtypeName(o.grad_dtype));
   s += ", optimizer " + std::string(OptimizerName(o.optimizer));
   s += o.lora_rank > 0 ? ", LoRA rank " + std::to_string(o.lora_rank) : ", full fine-tune";
+  if (o.keep_layer_inputs) s += ", layer inputs kept";
   return s;
 }
 

@@ -29,6 +29,7 @@ struct RunFlags {
   std::string optimizer = "adamw-gpu";
   std::string lora_rank = "0";
   std::string selection = "disjoint";
+  std::string keep_layer_inputs = "off";
 };
 
 // `with_context`: max-context searches the context itself. `lists`: sweep takes comma lists.

@@ -95,7 +95,7 @@ class TimeRecurrence {
     const int64_t inter = m_.intermediate_size, r = o_.lora_rank;
     SegmentBuilder add(model_, phase);
     ForwardLayer f;
-    f.fill = phase == Phase::kFill;
+    f.fill = phase == Phase::kFill && g_.writes_pages(c.index);
     f.paged = c.earlier_pages > 0;
     f.copy_in = o_.offload && f.paged;
     f.sparse = c.sparse;
@@ -385,12 +385,14 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   Observe(p.host, host);
   const MemoryState gpu_fixed = gpu, host_fixed = host;
 
-  // Pass 1: summaries (and KV pages) of chunks 0..N-2 accumulate. Chunks hold equal page counts
-  // except the last, which is never filled, so the end of the pass is the total.
+  // Pass 1: summaries (and KV pages) of chunks 0..N-2 accumulate, and every chunk's layer inputs
+  // when they are kept. Chunks that write pages are full, so the end of the pass is the total.
   const ChunkGeometry first = g.Chunk(0);
-  const int64_t filled = chunks - 1;
-  gpu[MemCategory::kPageSummaries] = filled * first.own_pages * layers * g.summary_page_bytes();
-  kv_space[MemCategory::kKvPages] = filled * first.own_pages * layers * g.kv_page_bytes();
+  const int64_t writers = chunks - 1;
+  gpu[MemCategory::kPageSummaries] = writers * first.own_pages * layers * g.summary_page_bytes();
+  kv_space[MemCategory::kKvPages] = writers * first.own_pages * layers * g.kv_page_bytes();
+  if (o.keep_layer_inputs)
+    for (int32_t i = 0; i < chunks; ++i) gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i));
   Observe(p.gpu, gpu);
   Observe(p.host, host);
 
@@ -401,13 +403,15 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   for (int32_t i = chunks - 1; i >= 0; --i) {
     const ChunkGeometry c = g.Chunk(i);
     const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
-    gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c);
-    Observe(p.gpu, gpu);
+    if (!o.keep_layer_inputs) {
+      gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c);
+      Observe(p.gpu, gpu);
+    }
     kv_space[MemCategory::kDkvPages] = dkv.live_pages * dkv_layer_bytes;
     Observe(p.gpu, gpu);
     Observe(p.host, host);
-    gpu[MemCategory::kLayerInputs] = 0;
-    if (i < chunks - 1) {
+    gpu[MemCategory::kLayerInputs] -= g.layer_inputs_bytes(c);
+    if (g.writes_pages(i)) {
       gpu[MemCategory::kPageSummaries] -= c.own_pages * layers * g.summary_page_bytes();
       kv_space[MemCategory::kKvPages] -= c.own_pages * layers * g.kv_page_bytes();
     }
@@ -432,7 +436,7 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   const int32_t chunks = g.num_chunks();
   TimeRecurrence time(g, time_model_, result);
 
-  for (int32_t i = 0; i + 1 < chunks; ++i) {
+  for (int32_t i = 0; i < g.fill_chunks(); ++i) {
     const ChunkGeometry c = g.Chunk(i);
     time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kFill);
     time.RunForward(time.Forward(c, Phase::kFill));
@@ -441,8 +445,10 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   for (int32_t i = chunks - 1; i >= 0; --i) {
     const ChunkGeometry c = g.Chunk(i);
     const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
-    time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kRecompute);
-    time.RunForward(time.Forward(c, Phase::kRecompute));
+    if (!o.keep_layer_inputs) {
+      time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kRecompute);
+      time.RunForward(time.Forward(c, Phase::kRecompute));
+    }
     time.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
     time.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
                                         o.grad_bytes()),

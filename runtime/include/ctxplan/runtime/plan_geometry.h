@@ -47,6 +47,10 @@ class PlanGeometry {
   const RunOptions& options() const { return options_; }
 
   int32_t num_chunks() const { return num_chunks_; }
+  // Chunks pass 1 runs: all but the last, or all of them when layer inputs are kept.
+  int32_t fill_chunks() const { return options_.keep_layer_inputs ? num_chunks_ : num_chunks_ - 1; }
+  // Whether pass 1 writes this chunk's KV pages: a later chunk reads them (never the last's).
+  bool writes_pages(int32_t chunk) const { return chunk < num_chunks_ - 1; }
   int32_t num_layers() const { return static_cast<int32_t>(model_.num_hidden_layers); }
   ChunkGeometry Chunk(int32_t index) const;
   // Reverse-pass dKV bookkeeping for chunk i, given T_{i+1} (pages selected by later chunks).
