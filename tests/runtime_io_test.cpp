@@ -111,8 +111,9 @@ std::string AsBytes(const std::vector<T>& values) {
 }
 
 // The model's tensors as hand-built raw tensors, each converted to `dtype_of(name)`.
-std::vector<RawTensor> RawModelTensors(const ModelSpec& model, const ModelWeights& weights,
-                                       const std::function<std::string(const std::string&)>& dtype_of) {
+std::vector<RawTensor> RawModelTensors(
+    const ModelSpec& model, const ModelWeights& weights,
+    const std::function<std::string(const std::string&)>& dtype_of) {
   std::vector<RawTensor> out;
   for (const SafetensorsTensor& t : HfTensors(model, weights)) {
     const std::string dtype = dtype_of(t.name);
@@ -182,9 +183,9 @@ TEST(DtypeTest, Fp16Conversion) {
   EXPECT_EQ(Fp16ToFp32(0x3c00), 1.0f);
   EXPECT_EQ(Fp16ToFp32(0xc000), -2.0f);
   EXPECT_EQ(Fp16ToFp32(0x7bff), 65504.0f);
-  EXPECT_EQ(Fp16ToFp32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(Fp16ToFp32(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(Fp16ToFp32(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
-  EXPECT_EQ(Fp16ToFp32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(Fp16ToFp32(0x0400), std::ldexp(1.0f, -14));     // smallest normal
   EXPECT_EQ(Fp16ToFp32(0x3555), 0.333251953125f);
   EXPECT_EQ(Fp16ToFp32(0x7c00), std::numeric_limits<float>::infinity());
   EXPECT_EQ(Fp16ToFp32(0xfc00), -std::numeric_limits<float>::infinity());
@@ -280,10 +281,11 @@ TEST_F(SafetensorsTest, TiedAndBiasFreeModels) {
 
 TEST_F(SafetensorsTest, KnownExtrasAreIgnored) {
   const ModelWeights weights = RandomWeights(model_, 12);
-  std::vector<RawTensor> raw = RawModelTensors(model_, weights, [](const std::string&) {
-    return "F32";
-  });
-  raw.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {8},
+  std::vector<RawTensor> raw =
+      RawModelTensors(model_, weights, [](const std::string&) { return "F32"; });
+  raw.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                 "F32",
+                 {8},
                  AsBytes(std::vector<float>(8, 0.5f))});
   raw.push_back({"model.rotary_emb.inv_freq", "F64", {8}, AsBytes(std::vector<double>(8, 0.5))});
   const fs::path file = dir_ / "model.safetensors";
@@ -319,8 +321,7 @@ TEST_F(SafetensorsTest, ShardedWithIndex) {
   CompareWeights(weights, loaded, [](const std::string& name, float x, float y) {
     ASSERT_LE(std::fabs(x - y), std::fabs(x) * std::ldexp(1.0f, -8)) << name;
   });
-  ExpectExactlyEqual(loaded,
-                     LoadSafetensorsWeights(dir_ / "model.safetensors.index.json", model_));
+  ExpectExactlyEqual(loaded, LoadSafetensorsWeights(dir_ / "model.safetensors.index.json", model_));
   // The index wins over a model.safetensors beside it.
   WriteSafetensorsWeights(dir_ / "model.safetensors", model_, RandomWeights(model_, 99),
                           SafetensorsDtype::kF32);
@@ -331,9 +332,9 @@ TEST_F(SafetensorsTest, ShardedWithIndex) {
   const std::string last = tensors.back().name;  // lm_head.weight, in shard 2
   auto with_index = [&](const std::string& text) { Write(index_path, text); };
   with_index("{\"weight_map\": {}}");
-  ExpectInputError([&] { LoadSafetensorsWeights(dir_, model_); },
-                   {index_path.string(), "required tensor 'model.embed_tokens.weight'",
-                    "weight_map"});
+  ExpectInputError(
+      [&] { LoadSafetensorsWeights(dir_, model_); },
+      {index_path.string(), "required tensor 'model.embed_tokens.weight'", "weight_map"});
   with_index("{\"metadata\": {}}");
   ExpectInputError([&] { LoadSafetensorsWeights(dir_, model_); },
                    {index_path.string(), "missing key \"weight_map\""});
@@ -388,15 +389,15 @@ TEST_F(SafetensorsTest, MissingAndTruncatedFiles) {
   // A valid file cut anywhere is an error naming the file, never a crash.
   WriteSafetensorsWeights(file, model_, RandomWeights(model_, 1), SafetensorsDtype::kBF16);
   const std::string whole = Bytes(file);
-  for (const size_t cut : {size_t{0}, size_t{7}, size_t{8}, size_t{100}, whole.size() / 2,
-                           whole.size() - 1}) {
+  for (const size_t cut :
+       {size_t{0}, size_t{7}, size_t{8}, size_t{100}, whole.size() / 2, whole.size() - 1}) {
     Write(file, whole.substr(0, cut));
     ExpectInputError([&] { LoadSafetensorsWeights(file, model_); }, {file.string()});
   }
   Write(file, whole.substr(0, whole.size() - 1));
-  ExpectInputError([&] { LoadSafetensorsWeights(file, model_); },
-                   {file.string(), "tensor 'lm_head.weight'", "run past the end of the data",
-                    "truncated"});
+  ExpectInputError(
+      [&] { LoadSafetensorsWeights(file, model_); },
+      {file.string(), "tensor 'lm_head.weight'", "run past the end of the data", "truncated"});
 }
 
 TEST_F(SafetensorsTest, MalformedHeaders) {
@@ -408,7 +409,8 @@ TEST_F(SafetensorsTest, MalformedHeaders) {
   const std::vector<Case> cases = {
       {"", "malformed safetensors header JSON at byte 8: expected a value"},
       {"{", "at byte 9"},
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", "expected a string key"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}",
+       "expected a string key"},
       {"{\"a\" {}}", "expected ':'"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", "unexpected 'x'"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{}}",
@@ -421,11 +423,13 @@ TEST_F(SafetensorsTest, MalformedHeaders) {
       {"[1, 2]", "must be a JSON object, found an array"},
       {std::string(1000, '[') + std::string(1000, ']'), "nesting deeper than"},
       {"{\"a\":tru}", "expected a value"},
-      {"{\"a\":[" + [] {
-         std::string zeros;
-         for (int i = 0; i < 3000000; ++i) zeros += "0,";
-         return zeros;
-       }() + "0]}",
+      {"{\"a\":[" +
+           [] {
+             std::string zeros;
+             for (int i = 0; i < 3000000; ++i) zeros += "0,";
+             return zeros;
+           }() +
+           "0]}",
        "more than 2097152 JSON values"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", "tensor 'a': missing data_offsets"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}",
@@ -496,8 +500,9 @@ TEST_F(SafetensorsTest, ModelLevelErrors) {
   bigger.vocab_size = 512;
   WriteSafetensorsWeights(file, model_, weights, SafetensorsDtype::kF32);
   ExpectInputError([&] { LoadSafetensorsWeights(file, bigger); },
-                   {file.string(), "tensor 'model.embed_tokens.weight' has shape [256, 64], "
-                                   "expected [512, 64]"});
+                   {file.string(),
+                    "tensor 'model.embed_tokens.weight' has shape [256, 64], "
+                    "expected [512, 64]"});
   ModelSpec shallower = model_;
   shallower.num_hidden_layers = 1;
   ExpectInputError([&] { LoadSafetensorsWeights(file, shallower); },
@@ -512,9 +517,8 @@ TEST_F(SafetensorsTest, ModelLevelErrors) {
                    {file.string(), "unexpected tensor 'model.layers.0.mlp.gate_proj.lora_A\\x0a"});
 
   // A known dtype we cannot convert, on a required tensor.
-  std::vector<RawTensor> raw = RawModelTensors(model_, weights, [](const std::string&) {
-    return "F32";
-  });
+  std::vector<RawTensor> raw =
+      RawModelTensors(model_, weights, [](const std::string&) { return "F32"; });
   raw[0].dtype = "I32";
   Write(file, BuildSafetensors(raw));
   ExpectInputError([&] { LoadSafetensorsWeights(file, model_); },
@@ -687,7 +691,9 @@ class CheckpointTest : public IoTest {
     c.weights = RandomWeights(model_, seed);
     c.adam_m = RandomWeights(model_, seed + 1);
     c.adam_v = RandomWeights(model_, seed + 2);
-    c.options = {{"context", "4096"}, {"chunk", "512"}, {"data", "/tmp/a \"b\".bin"},
+    c.options = {{"context", "4096"},
+                 {"chunk", "512"},
+                 {"data", "/tmp/a \"b\".bin"},
                  {"note", "line1\nline2"}};
     return c;
   }
@@ -778,8 +784,9 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreClearErrors) {
   ModelSpec other = model_;
   other.intermediate_size = 96;
   ExpectInputError([&] { LoadCheckpoint(path, other); },
-                   {path.string(), "tensor 'param.model.layers.0.mlp.gate_proj.weight' has shape "
-                                   "[128, 64], expected [96, 64]"});
+                   {path.string(),
+                    "tensor 'param.model.layers.0.mlp.gate_proj.weight' has shape "
+                    "[128, 64], expected [96, 64]"});
 
   // Edited metadata: bad step, unknown key, unknown optimizer state, moments missing.
   auto with_metadata = [&](std::map<std::string, std::string> metadata, bool moments) {
@@ -790,9 +797,12 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreClearErrors) {
     }
     WriteSafetensors(path, tensors, SafetensorsDtype::kF32, metadata);
   };
-  const std::map<std::string, std::string> good = {
-      {"format", "ctxplan-checkpoint"}, {"version", "1"},    {"model", "tiny"},
-      {"step", "6"},                    {"seed", "42"},      {"optimizer_state", "none"}};
+  const std::map<std::string, std::string> good = {{"format", "ctxplan-checkpoint"},
+                                                   {"version", "1"},
+                                                   {"model", "tiny"},
+                                                   {"step", "6"},
+                                                   {"seed", "42"},
+                                                   {"optimizer_state", "none"}};
   with_metadata(good, false);
   EXPECT_EQ(LoadCheckpoint(path, model_).step, 6);
   auto edited = [&](const std::string& key, const std::string& value) {
@@ -819,8 +829,9 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreClearErrors) {
                    {path.string(), "unexpected tensor 'adam_m.model.embed_tokens.weight'"});
   with_metadata(edited("optimizer_state", "adamw"), true);  // adam_v missing
   ExpectInputError([&] { LoadCheckpoint(path, model_); },
-                   {path.string(), "required tensor 'adam_v.model.embed_tokens.weight' is "
-                                   "missing"});
+                   {path.string(),
+                    "required tensor 'adam_v.model.embed_tokens.weight' is "
+                    "missing"});
 }
 
 }  // namespace

@@ -44,14 +44,14 @@ void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
                     const TrainingCheckpoint& checkpoint) {
   CTXPLAN_CHECK(checkpoint.step >= 0, "checkpoint step must be non-negative");
   const bool moments = checkpoint.has_optimizer_state();
-  CTXPLAN_CHECK(moments == (!checkpoint.adam_v.layers.empty() || !checkpoint.adam_v.embedding.empty()),
-                "checkpoint has one AdamW moment without the other");
+  CTXPLAN_CHECK(
+      moments == (!checkpoint.adam_v.layers.empty() || !checkpoint.adam_v.embedding.empty()),
+      "checkpoint has one AdamW moment without the other");
   std::vector<SafetensorsTensor> tensors =
       HfTensors(model, checkpoint.weights, std::string(kParamPrefix));
   if (moments) {
-    for (const auto& [prefix, state] :
-         {std::pair{kMomentPrefixes[0], &checkpoint.adam_m},
-          std::pair{kMomentPrefixes[1], &checkpoint.adam_v}}) {
+    for (const auto& [prefix, state] : {std::pair{kMomentPrefixes[0], &checkpoint.adam_m},
+                                        std::pair{kMomentPrefixes[1], &checkpoint.adam_v}}) {
       std::vector<SafetensorsTensor> more = HfTensors(model, *state, prefix);
       tensors.insert(tensors.end(), std::make_move_iterator(more.begin()),
                      std::make_move_iterator(more.end()));
@@ -84,8 +84,8 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     Fail(path, "not a ctxplan checkpoint: metadata \"format\" is " + QuoteName(get("format")) +
                    ", expected \"" + std::string(kFormat) + "\"");
   if (get("version") != kVersion)
-    Fail(path, "checkpoint version " + QuoteName(get("version")) + " is not supported (accepted: " +
-                   std::string(kVersion) + ")");
+    Fail(path, "checkpoint version " + QuoteName(get("version")) +
+                   " is not supported (accepted: " + std::string(kVersion) + ")");
   const std::string& optimizer_state = get("optimizer_state");
   if (optimizer_state != "adamw" && optimizer_state != "none")
     Fail(path, "checkpoint metadata \"optimizer_state\" = " + QuoteName(optimizer_state) +
@@ -121,8 +121,8 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     for (const SafetensorsTensor& t : HfTensors(model, *weights, prefix)) expected.insert(t.name);
   for (const SafetensorsTensorInfo& info : file.tensors()) {
     if (expected.count(info.name) == 0)
-      Fail(path, "unexpected tensor " + QuoteName(info.name) + " in a checkpoint of model " + model.name +
-                     " (optimizer_state " + optimizer_state + ")");
+      Fail(path, "unexpected tensor " + QuoteName(info.name) + " in a checkpoint of model " +
+                     model.name + " (optimizer_state " + optimizer_state + ")");
     if (info.dtype != "F32")
       Fail(path, "tensor " + QuoteName(info.name) + " is " + info.dtype + "; checkpoints are F32");
   }

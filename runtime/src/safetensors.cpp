@@ -61,7 +61,9 @@ std::string QuoteName(std::string_view text) {
 
 namespace {
 
-std::string Quote(std::string_view text) { return QuoteName(text); }
+std::string Quote(std::string_view text) {
+  return QuoteName(text);
+}
 
 std::string ShapeString(std::span<const int64_t> shape) {
   std::string out = "[";
@@ -83,12 +85,18 @@ struct JsonValue {
 
 const char* KindName(JsonValue::Kind kind) {
   switch (kind) {
-    case JsonValue::Kind::kNull: return "null";
-    case JsonValue::Kind::kBool: return "a boolean";
-    case JsonValue::Kind::kNumber: return "a number";
-    case JsonValue::Kind::kString: return "a string";
-    case JsonValue::Kind::kArray: return "an array";
-    case JsonValue::Kind::kObject: return "an object";
+    case JsonValue::Kind::kNull:
+      return "null";
+    case JsonValue::Kind::kBool:
+      return "a boolean";
+    case JsonValue::Kind::kNumber:
+      return "a number";
+    case JsonValue::Kind::kString:
+      return "a string";
+    case JsonValue::Kind::kArray:
+      return "an array";
+    case JsonValue::Kind::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -121,8 +129,8 @@ class JsonParser {
   }
 
   void SkipSpace() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r'))
       ++pos_;
   }
 
@@ -209,10 +217,9 @@ class JsonParser {
       value.text = ParseNumber();
       return value;
     }
-    for (const auto& [word, kind, boolean] :
-         {std::tuple{"true", JsonValue::Kind::kBool, true},
-          std::tuple{"false", JsonValue::Kind::kBool, false},
-          std::tuple{"null", JsonValue::Kind::kNull, false}}) {
+    for (const auto& [word, kind, boolean] : {std::tuple{"true", JsonValue::Kind::kBool, true},
+                                              std::tuple{"false", JsonValue::Kind::kBool, false},
+                                              std::tuple{"null", JsonValue::Kind::kNull, false}}) {
       const std::string_view w(word);
       if (text_.substr(pos_, w.size()) == w) {
         pos_ += w.size();
@@ -275,10 +282,14 @@ class JsonParser {
       if (pos_ >= text_.size()) Error("unterminated \\u escape");
       const char h = text_[pos_];
       code <<= 4;
-      if (h >= '0' && h <= '9') code |= static_cast<uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') code |= static_cast<uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') code |= static_cast<uint32_t>(h - 'A' + 10);
-      else Error("expected a hex digit in a \\u escape, found " + Describe());
+      if (h >= '0' && h <= '9')
+        code |= static_cast<uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        code |= static_cast<uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        code |= static_cast<uint32_t>(h - 'A' + 10);
+      else
+        Error("expected a hex digit in a \\u escape, found " + Describe());
     }
     return code;
   }
@@ -289,10 +300,14 @@ class JsonParser {
     size_t length = 0;
     uint32_t code = 0;
     uint32_t min = 0;
-    if (lead >= 0xc2 && lead <= 0xdf) length = 2, code = lead & 0x1f, min = 0x80;
-    else if (lead >= 0xe0 && lead <= 0xef) length = 3, code = lead & 0x0f, min = 0x800;
-    else if (lead >= 0xf0 && lead <= 0xf4) length = 4, code = lead & 0x07, min = 0x10000;
-    else Error("invalid UTF-8 in a string");
+    if (lead >= 0xc2 && lead <= 0xdf)
+      length = 2, code = lead & 0x1f, min = 0x80;
+    else if (lead >= 0xe0 && lead <= 0xef)
+      length = 3, code = lead & 0x0f, min = 0x800;
+    else if (lead >= 0xf0 && lead <= 0xf4)
+      length = 4, code = lead & 0x07, min = 0x10000;
+    else
+      Error("invalid UTF-8 in a string");
     if (pos_ + length > text_.size()) Error("invalid UTF-8 in a string");
     for (size_t i = 1; i < length; ++i) {
       const unsigned char c = static_cast<unsigned char>(text_[pos_ + i]);
@@ -329,14 +344,30 @@ class JsonParser {
       if (pos_ >= text_.size()) Error("unterminated string");
       const char e = text_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t code = ParseHex4();
           if (code >= 0xdc00 && code <= 0xdfff) Error("unpaired low surrogate in a \\u escape");
@@ -383,11 +414,16 @@ std::string JsonQuote(std::string_view text) {
   std::string out = "\"";
   for (const char ch : text) {
     const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       static constexpr char kHex[] = "0123456789abcdef";
       out += "\\u00";
@@ -406,7 +442,8 @@ std::string JsonQuote(std::string_view text) {
 bool ReadAt(int fd, const fs::path& file, void* data, size_t size, uint64_t offset) {
   char* out = static_cast<char*>(data);
   while (size > 0) {
-    const ssize_t got = ::pread(fd, out, std::min(size, kReadBlockBytes), static_cast<off_t>(offset));
+    const ssize_t got =
+        ::pread(fd, out, std::min(size, kReadBlockBytes), static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
       Fail(file, "read failed at offset " + std::to_string(offset) + ": " + std::strerror(errno));
@@ -438,8 +475,8 @@ std::pair<int, uint64_t> OpenRegular(const fs::path& file, std::string_view what
 
 int64_t DtypeBytes(std::string_view dtype) {
   static constexpr std::pair<std::string_view, int64_t> kDtypes[] = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},     {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U64", 8}, {"U32", 4},  {"U16", 2},     {"U8", 1},
+      {"F64", 8},  {"F32", 4},     {"F16", 2},     {"BF16", 2},   {"I64", 8}, {"I32", 4},
+      {"I16", 2},  {"I8", 1},      {"U64", 8},     {"U32", 4},    {"U16", 2}, {"U8", 1},
       {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
   for (const auto& [name, bytes] : kDtypes)
     if (name == dtype) return bytes;
@@ -570,7 +607,8 @@ ModelWeights LoadSharded(const fs::path& index, const ModelSpec& model) {
                     std::string(KindName(root.kind)));
   const JsonValue* weight_map = nullptr;
   for (const auto& [key, value] : root.members) {
-    if (key == "weight_map") weight_map = &value;
+    if (key == "weight_map")
+      weight_map = &value;
     else if (key != "metadata")
       Fail(index, "unknown key " + Quote(key) + " (accepted: \"metadata\", \"weight_map\")");
   }
@@ -585,7 +623,7 @@ ModelWeights LoadSharded(const fs::path& index, const ModelSpec& model) {
   for (const HfSlot& slot : slots) required.insert(slot.name);
 
   std::map<std::string, std::string, std::less<>> shard_of;  // tensor -> shard
-  std::map<std::string, fs::path> shards;                     // shard name -> path, sorted
+  std::map<std::string, fs::path> shards;                    // shard name -> path, sorted
   for (const auto& [tensor, shard] : weight_map->members) {
     if (shard.kind != JsonValue::Kind::kString)
       Fail(index, "weight_map[" + Quote(tensor) + "] must be a shard file name, found " +
@@ -639,9 +677,12 @@ void WriteData(std::ostream& out, std::span<const float> data, SafetensorsDtype 
 
 std::string_view SafetensorsDtypeName(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kF32: return "F32";
-    case SafetensorsDtype::kF16: return "F16";
-    case SafetensorsDtype::kBF16: return "BF16";
+    case SafetensorsDtype::kF32:
+      return "F32";
+    case SafetensorsDtype::kF16:
+      return "F16";
+    case SafetensorsDtype::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -653,7 +694,9 @@ uint16_t Fp32ToBf16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-float Bf16ToFp32(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float Bf16ToFp32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 float Fp16ToFp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -748,9 +791,11 @@ void SafetensorsFile::ParseHeader(std::string_view header) {
   const JsonValue root =
       JsonParser(header, path_, "malformed safetensors header JSON", 8).ParseDocument();
   if (root.kind != JsonValue::Kind::kObject)
-    Fail(path_, "the safetensors header must be a JSON object, found " +
-                    std::string(KindName(root.kind)));
-  auto at = [&](const JsonValue& v) { return " (header byte " + std::to_string(8 + v.offset) + ")"; };
+    Fail(path_,
+         "the safetensors header must be a JSON object, found " + std::string(KindName(root.kind)));
+  auto at = [&](const JsonValue& v) {
+    return " (header byte " + std::to_string(8 + v.offset) + ")";
+  };
   for (const auto& [name, entry] : root.members) {
     if (name == "__metadata__") {
       if (entry.kind != JsonValue::Kind::kObject)
@@ -770,16 +815,21 @@ void SafetensorsFile::ParseHeader(std::string_view header) {
     const JsonValue* shape = nullptr;
     const JsonValue* offsets = nullptr;
     for (const auto& [key, value] : entry.members) {
-      if (key == "dtype") dtype = &value;
-      else if (key == "shape") shape = &value;
-      else if (key == "data_offsets") offsets = &value;
+      if (key == "dtype")
+        dtype = &value;
+      else if (key == "shape")
+        shape = &value;
+      else if (key == "data_offsets")
+        offsets = &value;
       else
         Fail(path_, where + ": unknown key " + Quote(key) +
                         " (accepted: dtype, shape, data_offsets)" + at(value));
     }
     if (dtype == nullptr || shape == nullptr || offsets == nullptr)
       Fail(path_, where + ": missing " +
-                      (dtype == nullptr ? "dtype" : shape == nullptr ? "shape" : "data_offsets") +
+                      (dtype == nullptr   ? "dtype"
+                       : shape == nullptr ? "shape"
+                                          : "data_offsets") +
                       at(entry));
     SafetensorsTensorInfo info;
     info.name = name;
@@ -790,7 +840,8 @@ void SafetensorsFile::ParseHeader(std::string_view header) {
     if (info.element_bytes == 0)
       Fail(path_, where + ": unknown dtype " + Quote(info.dtype) +
                       " (accepted: F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, "
-                      "BOOL, F8_E4M3, F8_E5M2, F8_E8M0)" + at(*dtype));
+                      "BOOL, F8_E4M3, F8_E5M2, F8_E8M0)" +
+                      at(*dtype));
     if (shape->kind != JsonValue::Kind::kArray)
       Fail(path_, where + ": shape must be an array of non-negative integers" + at(*shape));
     // Elements times element size must fit in 64 bits, so every product is checked.
@@ -807,8 +858,8 @@ void SafetensorsFile::ParseHeader(std::string_view header) {
       Fail(path_, where + ": shape " + ShapeString(info.shape) + " is too large" + at(*shape));
     if (offsets->kind != JsonValue::Kind::kArray || offsets->items.size() != 2 ||
         !ParseUint64(offsets->items[0], info.begin) || !ParseUint64(offsets->items[1], info.end))
-      Fail(path_, where + ": data_offsets must be [begin, end], two non-negative integers" +
-                      at(*offsets));
+      Fail(path_,
+           where + ": data_offsets must be [begin, end], two non-negative integers" + at(*offsets));
     const std::string range =
         "data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) + "]";
     if (info.begin > info.end) Fail(path_, where + ": " + range + " end before they begin");
@@ -834,8 +885,8 @@ void SafetensorsFile::ParseHeader(std::string_view header) {
     const SafetensorsTensorInfo& a = *by_offset[i - 1];
     const SafetensorsTensorInfo& b = *by_offset[i];
     if (b.begin < a.end)
-      Fail(path_, "tensor " + Quote(b.name) + ": data_offsets [" + std::to_string(b.begin) +
-                      ", " + std::to_string(b.end) + "] overlap tensor " + Quote(a.name) + " [" +
+      Fail(path_, "tensor " + Quote(b.name) + ": data_offsets [" + std::to_string(b.begin) + ", " +
+                      std::to_string(b.end) + "] overlap tensor " + Quote(a.name) + " [" +
                       std::to_string(a.begin) + ", " + std::to_string(a.end) + "]");
   }
 }
@@ -944,9 +995,9 @@ std::vector<SafetensorsTensor> HfTensors(const ModelSpec& model, const ModelWeig
   std::vector<SafetensorsTensor> tensors;
   tensors.reserve(slots.size());
   for (const HfSlot& slot : slots)
-    tensors.push_back({slot.name, slot.shape,
-                       std::span<const float>(slot.tensor->data() + slot.offset,
-                                              Product(slot.shape))});
+    tensors.push_back(
+        {slot.name, slot.shape,
+         std::span<const float>(slot.tensor->data() + slot.offset, Product(slot.shape))});
   return tensors;
 }
 
@@ -954,8 +1005,8 @@ void ReadHfTensors(const SafetensorsFile& file, const ModelSpec& model, std::str
                    ModelWeights& weights) {
   for (const HfSlot& slot : HfSlots(model, weights, prefix)) {
     if (file.Find(slot.name) == nullptr)
-      Fail(file.path(), "required tensor " + Quote(slot.name) + " is missing (model " +
-                            model.name + ")");
+      Fail(file.path(),
+           "required tensor " + Quote(slot.name) + " is missing (model " + model.name + ")");
     file.ReadF32(slot.name, slot.shape,
                  std::span<float>(slot.tensor->data() + slot.offset, Product(slot.shape)));
   }

@@ -37,8 +37,8 @@ bool ReadAt(int fd, const fs::path& file, void* data, size_t size, uint64_t offs
     const ssize_t got = ::pread(fd, out, size, static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      Fail(file, "read failed at byte offset " + std::to_string(offset) + ": " +
-                     std::strerror(errno));
+      Fail(file,
+           "read failed at byte offset " + std::to_string(offset) + ": " + std::strerror(errno));
     }
     if (got == 0) return false;
     out += got;
@@ -185,9 +185,10 @@ uint64_t StepSeed(uint64_t run_seed, int64_t step) {
 
 RetrievalSample SyntheticRetrieval(int64_t vocab, int64_t n, uint64_t seed, bool label_filler) {
   if (vocab < 4 || vocab > INT32_MAX || n < 4)
-    throw InputError("synthetic retrieval task needs a vocabulary of at least 4 ids and a context "
-                     "of at least 4 tokens; got vocab " + std::to_string(vocab) + ", context " +
-                     std::to_string(n));
+    throw InputError(
+        "synthetic retrieval task needs a vocabulary of at least 4 ids and a context "
+        "of at least 4 tokens; got vocab " +
+        std::to_string(vocab) + ", context " + std::to_string(n));
   const int64_t fillers = vocab / 2;
   const int64_t keys = (vocab - fillers) / 2;
   const int64_t values = vocab - fillers - keys;
