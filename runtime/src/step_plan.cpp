@@ -93,7 +93,9 @@ Op Memory(const Where& w, bool alloc, Stream stream, MemSpace space, MemCategory
 class PlanWriter {
  public:
   explicit PlanWriter(const PlanGeometry& geometry)
-      : g_(geometry), m_(geometry.model()), o_(geometry.options()), batch_(&next_id_) {}
+      : g_(geometry), m_(geometry.model()), o_(geometry.options()), batch_(&next_id_),
+        kv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp),
+        dkv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp) {}
 
   OpBatch& batch() { return batch_; }
 
@@ -151,7 +153,7 @@ class PlanWriter {
     OpId h2d = kNoOp;
     if (copy_in && !c.sparse)  // dense: the pages are known, prefetch as soon as a slot frees
       h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
-                        {slot_release_[parity]});
+                        {slot_release_[parity], KvHome(layer)});
     batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
                        OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank),
@@ -177,7 +179,7 @@ class PlanWriter {
       OpId selected = batch_.Push(topk);
       if (copy_in)
         h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
-                          {selected, slot_release_[parity]});
+                          {selected, slot_release_[parity], KvHome(layer)});
     }
     batch_.Push(Kernel(w, OpKind::kAttentionForward,
                        AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv,
@@ -206,6 +208,7 @@ class PlanWriter {
     if (fill && o_.offload) {
       Op d2h = Copy(w, false, c.own_pages, c.own_pages * g_.kv_page_bytes());
       own_release_[own_parity] = batch_.Push(d2h, {kv_write});
+      kv_home_[static_cast<size_t>(layer)] = own_release_[own_parity];
     }
   }
 
@@ -257,7 +260,8 @@ class PlanWriter {
       const int64_t pages = c.union_pages + dkv.pretouched_union + dkv.own_touched;
       const int64_t bytes = c.union_pages * g_.kv_page_bytes() +
                             (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes();
-      h2d = batch_.Push(Copy(w, true, pages, bytes), {slot_release_[parity]});
+      h2d = batch_.Push(Copy(w, true, pages, bytes),
+                        {slot_release_[parity], KvHome(layer), DkvHome(layer)});
     }
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (paged && fresh_pages > 0) {
@@ -310,6 +314,7 @@ class PlanWriter {
     if (o_.offload && paged) {
       Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes());
       release = batch_.Push(d2h, {release});
+      dkv_home_[static_cast<size_t>(layer)] = release;
     }
     if (o_.offload && release != kNoOp) slot_release_[parity] = release;
   }
@@ -372,6 +377,15 @@ class PlanWriter {
   }
   int64_t PagedTokensRead(const ChunkGeometry& c) const { return g_.paged_tokens_read(c); }
   int64_t LayerDkvBytes() const { return m_.num_hidden_layers * g_.dkv_page_bytes(); }
+  // The last copy that brought this layer's KV (dKV) pages home: a later copy back to the GPU
+  // reads what it wrote. Never binding when a chunk of compute separates the two, but the data
+  // dependency is real and the CUDA backend must order it.
+  OpId KvHome(int32_t layer) const { return Recent(kv_home_[static_cast<size_t>(layer)]); }
+  OpId DkvHome(int32_t layer) const { return Recent(dkv_home_[static_cast<size_t>(layer)]); }
+  // Beyond the dependency window the copy finished long ago: in-order streams already order it.
+  OpId Recent(OpId op) const {
+    return op != kNoOp && next_id_ - op <= StepPlan::kMaxDependencyDistance / 2 ? op : kNoOp;
+  }
   int NextSlotParity() { return static_cast<int>(slot_uses_++ & 1); }
   int NextOwnParity() { return static_cast<int>(own_uses_++ & 1); }
 
@@ -383,6 +397,7 @@ class PlanWriter {
   // The op that must finish before slot buffer 0 / 1 may be refilled.
   std::array<OpId, 2> slot_release_{kNoOp, kNoOp};
   std::array<OpId, 2> own_release_{kNoOp, kNoOp};
+  std::vector<OpId> kv_home_, dkv_home_;  // [layer]
   uint64_t slot_uses_ = 0;
   uint64_t own_uses_ = 0;
   int64_t dkv_live_pages_ = 0;

@@ -30,10 +30,10 @@ class StepPlan {
  public:
   // Bumped whenever the op stream of a given (model, options) changes: traces record it, and
   // replay refuses to compare op ids across versions.
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   // No op depends on one more than this many ops before it, so a consumer can keep a bounded
   // window of completion times.
-  static constexpr OpId kMaxDependencyDistance = 4096;
+  static constexpr OpId kMaxDependencyDistance = 16384;
 
   // Throws InputError if the options are invalid for the model.
   StepPlan(const ModelSpec& model, const RunOptions& options);
