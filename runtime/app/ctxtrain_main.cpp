@@ -23,6 +23,11 @@
 #include "ctxplan/models/units.h"
 #include "ctxplan/runtime/checkpoint.h"
 #include "ctxplan/runtime/cpu_backend.h"
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+#include <cuda_runtime_api.h>
+
+#include "ctxplan/runtime/cuda/cuda_backend.h"
+#endif
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
 #include "ctxplan/runtime/step_backend.h"
@@ -216,11 +221,14 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
+#ifndef CTXPLAN_HAVE_CUDA_BACKEND
   if (f.backend == "cuda")
-    throw InputError("--backend cuda: this build's runtime has no CUDA executor yet (the CUDA "
-                     "kernels are being validated); accepted: cpu");
-  if (f.backend != "cpu")
+    throw InputError("--backend cuda: this ctxtrain was built without CUDA (configure with "
+                     "-DCTXPLAN_CUDA=ON); accepted: cpu");
+#endif
+  if (f.backend != "cpu" && f.backend != "cuda")
     throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
+  const bool cuda = f.backend == "cuda";
   const ModelSpec model = LoadModel(f.model);
   const RunOptions options = Resolve(f, model);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
@@ -228,7 +236,8 @@ int Main(int argc, char** argv) {
 
   // Ask the planner first: a run that cannot fit is refused before it allocates anything.
   const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(plan.geometry());
-  const int64_t needed = predicted.gpu.peak_bytes + predicted.host.peak_bytes;
+  // The CPU backend holds the "GPU" arena in host memory too.
+  const int64_t needed = (cuda ? 0 : predicted.gpu.peak_bytes) + predicted.host.peak_bytes;
   const int64_t have = HostPhysicalBytes();
   if (needed > have && !f.force)
     throw InputError("the planner predicts " + FormatGiB(needed) + " (arena " +
@@ -254,16 +263,38 @@ int Main(int argc, char** argv) {
   }
   const DataSource data(f, model, options.context_tokens);
 
-  ModelWeights grads = ZeroWeights(model);
-  CpuBackend backend(model, weights, grads,
-                     options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer);
+  ModelWeights grads = cuda ? ModelWeights{} : ZeroWeights(model);
+  std::unique_ptr<StepBackend> owned;
+  CpuBackend* cpu_backend = nullptr;
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  CudaBackend* cuda_backend = nullptr;
+  if (cuda) {
+    CudaAdamW adamw;
+    adamw.lr = static_cast<float>(f.lr);
+    auto b = std::make_unique<CudaBackend>(plan, weights, adamw);
+    cuda_backend = b.get();
+    owned = std::move(b);
+  }
+#endif
+  if (!cuda) {
+    auto b = std::make_unique<CpuBackend>(
+        model, weights, grads, options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer);
+    cpu_backend = b.get();
+    owned = std::move(b);
+  }
+  (void)cpu_backend;
+  StepBackend& backend = *owned;
   Progress progress(f.steps, plan.geometry().num_chunks(), options.context_tokens);
 
   double last_loss = 0.0, total_seconds = 0.0;
   StepOutputs last;
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
-    grads.ForEach([](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+    if (!cuda)
+      grads.ForEach([](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (cuda_backend) cuda_backend->ZeroGrads();
+#endif
     progress.StartStep(s - first_step);
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -311,7 +342,10 @@ int Main(int argc, char** argv) {
     checkpoint.step = first_step + f.steps;
     checkpoint.seed = f.seed;
     checkpoint.weights = weights;
-    if (options.optimizer != OptimizerKind::kNone) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
+#endif
+    if (!cuda && options.optimizer != OptimizerKind::kNone) {
       checkpoint.adam_m = optimizer.m;
       checkpoint.adam_v = optimizer.v;
     }
@@ -326,18 +360,28 @@ int Main(int argc, char** argv) {
   const int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) /
                            sim::kArenaGranularity * sim::kArenaGranularity;
   if (f.json) {
-    std::printf("{\"backend\":\"cpu\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
+    std::printf("{\"backend\":\"%s\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
                 "\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
                 "\"arena_reserved_bytes\":%lld,\"device_bytes\":null,\"pinned_host_peak_bytes\":%lld}\n",
-                model.name.c_str(), static_cast<long long>(f.steps), last_loss, tokens_per_second,
+                f.backend.c_str(), model.name.c_str(), static_cast<long long>(f.steps), last_loss,
+                tokens_per_second,
                 static_cast<long long>(last.peak_arena_bytes), static_cast<long long>(reserved),
                 static_cast<long long>(last.peak_host_bytes));
   } else {
-    std::printf("ctxtrain (cpu): %s, %s tokens, %lld step(s)\n", model.name.c_str(),
+    std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(), model.name.c_str(),
                 FormatTokens(options.context_tokens).c_str(), static_cast<long long>(f.steps));
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
-    std::printf("  arena allocated peak %s, reserved %s, device-level n/a (cpu backend)\n",
+    std::printf("  arena allocated peak %s (as the plan accounts it), reserved %s\n",
                 FormatGiB(last.peak_arena_bytes).c_str(), FormatGiB(reserved).c_str());
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (cuda) {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+        std::printf("  device-level used %s of %s (as nvidia-smi counts it)\n",
+                    FormatGiB(static_cast<int64_t>(total_bytes - free_bytes)).c_str(),
+                    FormatGiB(static_cast<int64_t>(total_bytes)).c_str());
+    }
+#endif
     std::printf("  pinned host peak %s\n", FormatGiB(last.peak_host_bytes).c_str());
   }
   return 0;

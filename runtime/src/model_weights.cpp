@@ -1,6 +1,9 @@
 #include "ctxplan/runtime/model_weights.h"
 
-#include <random>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
 
 namespace ctxplan {
 
@@ -51,14 +54,60 @@ ModelWeights ZeroWeights(const ModelSpec& m) {
   return w;
 }
 
+namespace {
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// N(0, std) by Box-Muller from a counter-based stream: every block of a tensor has its own seed,
+// so blocks fill in parallel and the result does not depend on the number of threads.
+void FillNormal(float* out, size_t n, uint64_t seed, float std) {
+  uint64_t state = seed;
+  constexpr double kTwoPi = 6.283185307179586;
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = (static_cast<double>(SplitMix64(state) >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)) * std;
+    out[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+  }
+}
+
+}  // namespace
+
 ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
   ModelWeights w = ZeroWeights(m);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
+  constexpr size_t kBlock = size_t{1} << 20;
+  struct Job {
+    float* data;
+    size_t n;
+    uint64_t seed;
+  };
+  std::vector<Job> jobs;
+  uint64_t tensor = 0;
   w.ForEach([&](const std::string& name, std::vector<float>& t) {
-    const bool norm = name.find("norm") != std::string::npos;
-    for (float& x : t) x = norm ? 1.0f : normal(rng);
+    ++tensor;
+    if (name.find("norm") != std::string::npos) {
+      std::fill(t.begin(), t.end(), 1.0f);
+      return;
+    }
+    for (size_t begin = 0; begin < t.size(); begin += kBlock)
+      jobs.push_back({t.data() + begin, std::min(kBlock, t.size() - begin),
+                      seed * 0x100000001B3ull + tensor * 0x9E3779B97F4A7C15ull + begin});
   });
+  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; i < threads; ++i)
+    pool.emplace_back([&] {
+      for (size_t j; (j = next.fetch_add(1)) < jobs.size();)
+        FillNormal(jobs[j].data, jobs[j].n, jobs[j].seed, 0.02f);
+    });
+  for (std::thread& t : pool) t.join();
   return w;
 }
 

@@ -1,0 +1,140 @@
+// The CUPTI activity tracer of the CUDA runtime: what each plan op really did on the GPU, on one
+// clock with the CPU side and the runtime's memory events.
+//
+// How it works (the design of pytorch/kineto's libkineto, reduced to what ctxtrain needs):
+// - Activity kinds enabled: CONCURRENT_KERNEL (kernels, without serialising them), MEMCPY, MEMSET,
+//   RUNTIME (CPU-side runtime API calls), EXTERNAL_CORRELATION, MEMORY2 (driver-level
+//   allocations), plus driver API records for the launch, memcpy and memset entry points only,
+//   so kernels that libraries such as cuBLASLt launch through the driver API are correlated too.
+//   Noisy runtime calls (cudaGetLastError, cudaPeekAtLastError, cudaGetDevice) are not recorded.
+// - Buffers: CUPTI asks for activity buffers through a request callback and hands them back full
+//   through a completion callback (cuptiActivityRegisterCallbacks). They come from a process-wide
+//   pool of 8-byte-aligned 4 MiB buffers, reused; at most max_buffers_in_flight are outstanding at
+//   once (beyond that CUPTI drops records, which are counted and reported). Each completed buffer
+//   is parsed at once into compact records and returned to the pool.
+// - External correlation: PushOp(id) / PopOp() around an op's launches push the plan op id with
+//   cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0); CUPTI then
+//   emits, for every API call made in between, a record mapping the call's correlation id to the op
+//   id, and the kernel / memcpy / memset the call started carries that correlation id. So every
+//   GPU activity maps to the plan op that launched it.
+// - One clock: CUPTI's timestamps (cuptiGetTimestamp for the CPU side: the clock of the activity
+//   records). Times are written in ns from the trace origin, the first BeginStep(): in a one-step
+//   trace that is the step's start; later steps follow on the same timeline.
+// - EndStep() synchronises the device, flushes CUPTI (cuptiActivityFlushAll, forced), and resolves:
+//   per plan op, start = min start and end = max end of its GPU activities; an op that launched
+//   nothing (an alloc, a host-side op) gets the CPU span of its PushOp..PopOp. The op records go,
+//   sorted by op id, to the OpTraceWriter (compact trace), and with the memory events to the
+//   ChromeTraceWriter: one track per plan stream (pid 1, as WallClockTracer writes it), one per
+//   CUDA stream (pid 2: kernels, copies, memsets), one per CPU thread (pid 3: runtime and driver
+//   API calls), counters of arena and pinned bytes (pid 1) and driver allocations (pid 2).
+//
+// Tracing off costs nothing: a disabled tracer makes no CUPTI (or CUDA) call at all, and PushOp,
+// PopOp and OnMemoryEvent are inline tests of one bool.
+//
+// Only one tracer may be enabled at a time in a process (CUPTI's callbacks are process-wide).
+// PushOp/PopOp/BeginStep/EndStep are for the runtime's one host thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ctxplan/runtime/cuda/memory_events.h"
+#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/traces/chrome_trace_writer.h"
+#include "ctxplan/traces/op_trace.h"
+
+namespace ctxplan::gpu {
+
+struct CuptiTracerOptions {
+  bool enabled = false;
+  // Activity buffers CUPTI may hold at once (4 MiB each). Records are parsed as each buffer
+  // completes, so a handful suffices; more only absorb bursts.
+  int max_buffers_in_flight = 64;
+  // Driver API records for launch/memcpy/memset entry points: needed to correlate work that
+  // libraries launch through the driver API (cuBLASLt), at one extra record per launch.
+  bool correlate_driver_api = true;
+};
+
+struct TraceStepSummary {
+  std::vector<OpRecord> ops;  // one per op pushed in the step, sorted by op id
+  uint64_t kernels = 0, memcpys = 0, memsets = 0;  // GPU activities received
+  uint64_t api_calls = 0;                          // runtime + driver API records
+  uint64_t external_correlations = 0;
+  uint64_t driver_memory_events = 0;  // MEMORY2 records
+  uint64_t memory_events = 0;         // the runtime's own (OnMemoryEvent)
+  uint64_t unattributed = 0;  // GPU activities launched outside any PushOp..PopOp
+  uint64_t untimed = 0;       // GPU activities CUPTI could not time (start = end = 0)
+  uint64_t dropped_records = 0;
+  bool driver_memory_traced = false;  // MEMORY2 could be enabled (not on every virtualised GPU)
+  int64_t step_start_ns = 0, step_end_ns = 0;  // from the trace origin
+};
+
+class CuptiTracer final : public MemoryEventListener {
+ public:
+  // Enabled: registers the buffer callbacks and enables the activity kinds (CuptiError if CUPTI
+  // refuses, InternalError if another tracer is enabled). Disabled: does nothing at all.
+  explicit CuptiTracer(const CuptiTracerOptions& options);
+  ~CuptiTracer() override;
+  CuptiTracer(const CuptiTracer&) = delete;
+  CuptiTracer& operator=(const CuptiTracer&) = delete;
+
+  bool enabled() const { return enabled_; }
+
+  // Where EndStep writes (not owned; either may be null; they must outlive the tracer's use).
+  // The caller writes the metadata and calls Finish().
+  void SetOutputs(OpTraceWriter* compact, ChromeTraceWriter* chrome);
+
+  void BeginStep() {
+    if (enabled_) BeginStepImpl();
+  }
+  // Around the launches of one plan op. Nesting is allowed (the innermost op wins).
+  void PushOp(OpId id) {
+    if (enabled_) PushOpImpl(id, nullptr);
+  }
+  void PushOp(const Op& op) {
+    if (enabled_) PushOpImpl(op.id, &op);
+  }
+  void PopOp() {
+    if (enabled_) PopOpImpl();
+  }
+  // The runtime's own allocators report here (DeviceArena / PinnedPageStore SetListener).
+  void OnMemoryEvent(MemSpace space, MemCategory category, int64_t space_total_bytes) override {
+    if (enabled_) MemoryEventImpl(space, category, space_total_bytes);
+  }
+  // Synchronises the device, flushes CUPTI, writes the step's records to the outputs and
+  // returns them. Disabled: returns an empty summary without any CUDA or CUPTI call.
+  TraceStepSummary EndStep();
+
+  // CUPTI's clock now, in ns from the trace origin (0 before the first BeginStep; enabled only).
+  int64_t NowNs() const;
+
+  // Trace metadata of this machine: GPU name, driver, CUDA runtime and CUPTI versions (a few CUDA
+  // and CUPTI queries: call it only when tracing).
+  static TraceMetadata DeviceMetadata();
+
+  class Impl;  // opaque: keeps cupti.h out of this header
+
+ private:
+  void BeginStepImpl();
+  void PushOpImpl(OpId id, const Op* op);
+  void PopOpImpl();
+  void MemoryEventImpl(MemSpace space, MemCategory category, int64_t total);
+
+  bool enabled_ = false;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Brackets each op the backend executes with PushOp/PopOp (for RunStep's observer argument).
+class CuptiOpObserver final : public StepObserver {
+ public:
+  explicit CuptiOpObserver(CuptiTracer& tracer) : tracer_(tracer) {}
+  void BeforeOp(const Op& op) override { tracer_.PushOp(op); }
+  void AfterOp(const Op& /*op*/) override { tracer_.PopOp(); }
+
+ private:
+  CuptiTracer& tracer_;
+};
+
+}  // namespace ctxplan::gpu
