@@ -199,7 +199,7 @@ class CudaBackend::Impl {
     // Per-chunk buffers (c tokens).
     const size_t c = static_cast<size_t>(o_.chunk_tokens);
     for (DeviceArray<bf16>* b : {&h_, &h_alt_, &pending_, &xn_, &o_out_, &hmid_, &xn2_, &xnf_, &hf_,
-                                 &dh_, &d_hmid_, &d_xn2_, &d_xn_, &d_xnf_, &x_bwd_})
+                                 &dh_, &d_hmid_, &d_xn2_, &d_xn_, &d_xnf_})
       b->Resize(c * static_cast<size_t>(d_));
     qkv_.Resize(c * static_cast<size_t>(qkv_dim_));
     dqkv_.Resize(qkv_.size());
@@ -927,7 +927,7 @@ class CudaBackend::Impl {
 
   DeviceArray<int32_t> tokens_, labels_;
   DeviceArray<bf16> h_, h_alt_, pending_, xn_, qkv_, q_, k_, v_, attn_, o_out_, hmid_, xn2_,
-      gate_up_, act_, xnf_, hf_, x_bwd_;
+      gate_up_, act_, xnf_, hf_;
   DeviceArray<bf16> dh_, d_act_, d_gate_up_, d_xn2_, d_hmid_, d_attn_, dq_, dk_, dv_, dqkv_, d_xn_,
       d_xnf_;
   DeviceArray<float> lse_, rstd1_, rstd2_, rstdf_, scores_, loss_;
