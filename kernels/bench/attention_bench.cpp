@@ -1,0 +1,386 @@
+// Benchmark of the CUDA paged attention (kernels/src/cuda/attention_*.cu) at Qwen2.5-7B's
+// attention shape: bf16, head_dim 128, 28 query / 4 KV heads, causal, 64K tokens.
+//
+//   full      one chunk of 64K own tokens, no earlier pages
+//   chunked   16 chunks of 4096 queries, chunk c over c*4096 earlier tokens in pages of p
+//             (identity page table = contiguous K/V; shuffled = paging cost), timed as the sum
+//   last      the last chunk alone (4096 queries over 61440 earlier tokens): dense vs page-sparse
+//             with 64 pages per tile (1 sink + 63 top pages), time ratio vs attended-pair ratio
+//   select    page summaries, scores and top-k of that last chunk
+// FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
+// Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
+// (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
+//
+// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ctxplan/kernels/cuda/attention.h"
+#include "ctxplan/kernels/cuda/check.h"
+
+namespace {
+
+using ctxplan::kernels::KvPageShape;
+using ctxplan::kernels::PagedKv;
+using ctxplan::kernels::PageSelection;
+using ctxplan::kernels::cuda::AttentionShape;
+using ctxplan::kernels::cuda::bf16;
+namespace kc = ctxplan::kernels::cuda;
+
+constexpr int64_t kHq = 28, kHkv = 4, kHd = 128;
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count = 0) : n(count) {
+    if (n) CTXPLAN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
+  }
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+// Random bf16 in [-1, 1) (xorshift; timing does not need normal data, but never zeros).
+void FillRandom(bf16* dst, size_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<uint16_t> h(std::min<size_t>(n, size_t{1} << 24));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t done = 0; done < n;) {
+    const size_t m = std::min(h.size(), n - done);
+    for (size_t i = 0; i < m; ++i) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      const float f = (static_cast<float>(s >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      h[i] = static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(dst + done, h.data(), m * 2, cudaMemcpyHostToDevice));
+    done += m;
+  }
+}
+
+// Median time (ms) of fn over reps after warm-up; fn enqueues work on the default stream.
+double TimeMs(const std::function<void()>& fn, int reps, int warmup = 1) {
+  for (int i = 0; i < warmup; ++i) fn();
+  CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CTXPLAN_CUDA_CHECK(cudaEventCreate(&a));
+  CTXPLAN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(b));
+    CTXPLAN_CUDA_CHECK(cudaEventSynchronize(b));
+    float x = 0.0f;
+    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&x, a, b));
+    ms.push_back(x);
+  }
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(a));
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct Row {
+  std::string shape;
+  double pairs = 0, fwd_ms = 0, bwd_ms = 0;
+  double FwdTflops() const { return 4.0 * pairs * kHq * kHd / (fwd_ms * 1e-3) / 1e12; }
+  double BwdTflops() const { return 10.0 * pairs * kHq * kHd / (bwd_ms * 1e-3) / 1e12; }
+};
+
+std::vector<Row> g_rows;
+FILE* g_csv = nullptr;
+
+void Report(const Row& r) {
+  g_rows.push_back(r);
+  std::printf("RESULT,%s,%.3f,%.1f,%.3f,%.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(), r.bwd_ms,
+              r.BwdTflops());
+  if (g_csv) {
+    std::fprintf(g_csv, "%s,%.4f,%.2f,%.4f,%.2f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(),
+                 r.bwd_ms, r.BwdTflops());
+    std::fflush(g_csv);
+  }
+  std::fflush(stdout);
+}
+
+float Scale() {
+  return 1.0f / std::sqrt(static_cast<float>(kHd));
+}
+
+// One chunk of n own tokens, no earlier pages.
+void BenchFull(int64_t n, int reps) {
+  const size_t qn = n * kHq * kHd, kn = n * kHkv * kHd;
+  Dev<bf16> q(qn), k(kn), v(kn), out(qn), dout(qn), dq(qn), dk(kn), dv(kn);
+  Dev<float> lse(n * kHq);
+  FillRandom(q.p, qn, 1);
+  FillRandom(k.p, kn, 2);
+  FillRandom(v.p, kn, 3);
+  FillRandom(dout.p, qn, 4);
+  const AttentionShape shape{n, kHq, kHkv, kHd, Scale()};
+  const PagedKv<const bf16> none{};
+  const PagedKv<float> no_dkv{};
+  const PageSelection dense{};
+  const size_t ws_bytes = kc::AttentionBackwardWorkspaceBytes(shape);
+  Dev<uint8_t> ws(ws_bytes);
+  Row r;
+  r.shape = "full_" + std::to_string(n / 1024) + "k";
+  r.pairs = static_cast<double>(n) * (n + 1) / 2.0;
+  auto fwd = [&] {
+    kc::AttentionForward(shape, q.p, k.p, v.p, none, dense, out.p, lse.p, nullptr);
+  };
+  r.fwd_ms = TimeMs(fwd, reps);
+  fwd();
+  r.bwd_ms = TimeMs(
+      [&] {
+        kc::AttentionBackward(shape, q.p, k.p, v.p, none, dense, out.p, lse.p, dout.p, dq.p, dk.p,
+                              dv.p, no_dkv, ws.p, ws_bytes, nullptr);
+      },
+      reps);
+  Report(r);
+}
+
+// The whole n-token sequence as chunks of c queries over earlier pages of p tokens.
+// K/V of every position live in a pool of pages (identity or shuffled table); each chunk's own
+// K/V are also given contiguously (as the runtime's projections produce them).
+struct Chunked {
+  int64_t n, c, p;
+  bool shuffled;
+  int64_t pages;
+  Dev<bf16> q, k, v, out, dout, dq, dk, dv, pool;
+  Dev<float> lse, dkv;
+  Dev<int32_t> slots, dkv_slots;
+  Dev<uint8_t> ws;
+  size_t ws_bytes;
+
+  Chunked(int64_t n_, int64_t c_, int64_t p_, bool shuffled_)
+      : n(n_),
+        c(c_),
+        p(p_),
+        shuffled(shuffled_),
+        pages(n_ / p_),
+        q(n_ * kHq * kHd),
+        k(n_ * kHkv * kHd),
+        v(n_ * kHkv * kHd),
+        out(n_ * kHq * kHd),
+        dout(n_ * kHq * kHd),
+        dq(c_ * kHq * kHd),
+        dk(c_ * kHkv * kHd),
+        dv(c_ * kHkv * kHd),
+        pool(static_cast<size_t>(n_ / p_) * 2 * p_ * kHkv * kHd),
+        lse(n_ * kHq),
+        dkv(static_cast<size_t>(n_ / p_) * 2 * p_ * kHkv * kHd),
+        slots(n_ / p_),
+        dkv_slots(n_ / p_),
+        ws(kc::AttentionBackwardWorkspaceBytes({c_, kHq, kHkv, kHd, Scale()})),
+        ws_bytes(kc::AttentionBackwardWorkspaceBytes({c_, kHq, kHkv, kHd, Scale()})) {
+    FillRandom(q.p, q.n, 11);
+    FillRandom(k.p, k.n, 12);
+    FillRandom(v.p, v.n, 13);
+    FillRandom(dout.p, dout.n, 14);
+    CTXPLAN_CUDA_CHECK(cudaMemset(dkv.p, 0, dkv.n * sizeof(float)));
+    std::vector<int32_t> perm(pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    if (shuffled) {
+      std::mt19937 rng(7);
+      std::shuffle(perm.begin(), perm.end(), rng);
+    }
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(slots.p, perm.data(), pages * 4, cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(dkv_slots.p, perm.data(), pages * 4, cudaMemcpyHostToDevice));
+    // Page pg (tokens pg*p..) into slot perm[pg]: K rows then V rows, [p][H_kv][d_h] each.
+    const size_t rows = static_cast<size_t>(p) * kHkv * kHd;
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      bf16* dst = pool.p + static_cast<size_t>(perm[pg]) * 2 * rows;
+      CTXPLAN_CUDA_CHECK(cudaMemcpy(dst, k.p + pg * rows, rows * 2, cudaMemcpyDeviceToDevice));
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpy(dst + rows, v.p + pg * rows, rows * 2, cudaMemcpyDeviceToDevice));
+    }
+  }
+  AttentionShape Shape() const { return {c, kHq, kHkv, kHd, Scale()}; }
+  PagedKv<const bf16> Earlier(int64_t chunk) const {
+    return {KvPageShape{p, kHkv, kHd}, pool.p, slots.p, chunk * c / p};
+  }
+  PagedKv<float> Dkv(int64_t chunk) const {
+    return {KvPageShape{p, kHkv, kHd}, dkv.p, dkv_slots.p, chunk * c / p};
+  }
+  void Forward(int64_t chunk, const PageSelection& sel) {
+    const int64_t o = chunk * c;
+    kc::AttentionForward(Shape(), q.p + o * kHq * kHd, k.p + o * kHkv * kHd, v.p + o * kHkv * kHd,
+                         Earlier(chunk), sel, out.p + o * kHq * kHd, lse.p + o * kHq, nullptr);
+  }
+  void Backward(int64_t chunk, const PageSelection& sel) {
+    const int64_t o = chunk * c;
+    kc::AttentionBackward(Shape(), q.p + o * kHq * kHd, k.p + o * kHkv * kHd, v.p + o * kHkv * kHd,
+                          Earlier(chunk), sel, out.p + o * kHq * kHd, lse.p + o * kHq,
+                          dout.p + o * kHq * kHd, dq.p, dk.p, dv.p, Dkv(chunk), ws.p, ws_bytes,
+                          nullptr);
+  }
+};
+
+void BenchChunked(Chunked& ch, int reps) {
+  const int64_t chunks = ch.n / ch.c;
+  const PageSelection dense{};
+  Row r;
+  r.shape = "chunked_" + std::to_string(ch.n / 1024) + "k_c" + std::to_string(ch.c) + "_p" +
+            std::to_string(ch.p) + (ch.shuffled ? "_shuffled" : "_identity");
+  r.pairs = static_cast<double>(ch.n) * (ch.n + 1) / 2.0;
+  r.fwd_ms = TimeMs(
+      [&] {
+        for (int64_t i = 0; i < chunks; ++i) ch.Forward(i, dense);
+      },
+      reps);
+  r.bwd_ms = TimeMs(
+      [&] {
+        for (int64_t i = 0; i < chunks; ++i) ch.Backward(i, dense);
+      },
+      reps);
+  Report(r);
+}
+
+// The last chunk alone: dense vs 64 pages per tile.
+void BenchSparse(Chunked& ch, int reps) {
+  const int64_t last = ch.n / ch.c - 1;
+  const int64_t earlier_pages = last * ch.c / ch.p;
+  const int64_t tile = 128, tiles = ch.c / tile;
+  const double own_pairs = static_cast<double>(ch.c) * (ch.c + 1) / 2.0;
+  const PageSelection dense{};
+  Row d;
+  d.shape = "last_chunk_dense_p" + std::to_string(ch.p);
+  d.pairs = own_pairs + static_cast<double>(ch.c) * earlier_pages * ch.p;
+  d.fwd_ms = TimeMs([&] { ch.Forward(last, dense); }, reps, 2);
+  d.bwd_ms = TimeMs([&] { ch.Backward(last, dense); }, reps, 2);
+  Report(d);
+
+  const int64_t per_tile = std::min<int64_t>(64, earlier_pages);
+  std::vector<int32_t> sel;
+  std::mt19937 rng(3);
+  for (int64_t t = 0; t < tiles; ++t) {
+    std::vector<int32_t> cand(earlier_pages - 1);
+    std::iota(cand.begin(), cand.end(), 1);
+    std::shuffle(cand.begin(), cand.end(), rng);
+    std::vector<int32_t> pick(cand.begin(), cand.begin() + (per_tile - 1));
+    pick.push_back(0);  // sink
+    std::sort(pick.begin(), pick.end());
+    sel.insert(sel.end(), pick.begin(), pick.end());
+  }
+  Dev<int32_t> sel_d(sel.size());
+  CTXPLAN_CUDA_CHECK(cudaMemcpy(sel_d.p, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+  PageSelection sparse;
+  sparse.query_tile = tile;
+  sparse.pages_per_tile = per_tile;
+  sparse.pages = sel_d.p;
+  Row s;
+  s.shape = "last_chunk_sparse64_p" + std::to_string(ch.p);
+  s.pairs = own_pairs + static_cast<double>(ch.c) * per_tile * ch.p;
+  s.fwd_ms = TimeMs([&] { ch.Forward(last, sparse); }, reps, 2);
+  s.bwd_ms = TimeMs([&] { ch.Backward(last, sparse); }, reps, 2);
+  Report(s);
+  std::printf(
+      "SPARSE p=%lld: attended pairs ratio %.3f; time ratio fwd %.3f, bwd %.3f "
+      "(sparse/dense)\n",
+      static_cast<long long>(ch.p), s.pairs / d.pairs, s.fwd_ms / d.fwd_ms, s.bwd_ms / d.bwd_ms);
+
+  // Page selection for this chunk: summaries of the earlier pages, scores, top-k.
+  Dev<bf16> sums(earlier_pages * kHkv * kHd);
+  Dev<float> scores(tiles * earlier_pages);
+  Dev<int32_t> picked(tiles * per_tile);
+  const size_t sws = kc::PageScoreWorkspaceBytes(ch.c, kHkv, kHd, tile);
+  Dev<uint8_t> sw(sws);
+  const bf16* qlast = ch.q.p + last * ch.c * kHq * kHd;
+  const double t_sum = TimeMs([&] { kc::PageSummary(ch.Earlier(last), sums.p, nullptr); }, reps, 2);
+  const double t_score = TimeMs(
+      [&] {
+        kc::PageScore(qlast, ch.c, kHq, kHkv, kHd, tile, sums.p, earlier_pages, scores.p, sw.p, sws,
+                      nullptr);
+      },
+      reps, 2);
+  const double t_topk = TimeMs(
+      [&] { kc::PageTopK(scores.p, tiles, earlier_pages, per_tile - 1, 1, picked.p, nullptr); },
+      reps, 2);
+  const double sum_bytes = static_cast<double>(earlier_pages) * ch.p * kHkv * kHd * 2;
+  std::printf(
+      "SELECT p=%lld pages=%lld: summary %.3f ms (%.0f GB/s of K read), score %.3f ms, "
+      "top-k %.3f ms\n",
+      static_cast<long long>(ch.p), static_cast<long long>(earlier_pages), t_sum,
+      sum_bytes / (t_sum * 1e-3) / 1e9, t_score, t_topk);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 5;
+  int64_t n = 65536, c = 4096;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--tokens" && i + 1 < argc) {
+      n = std::atoll(argv[++i]);
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--csv" && i + 1 < argc) {
+      g_csv = std::fopen(argv[++i], "w");
+    } else {
+      std::fprintf(stderr,
+                   "usage: attention_bench [--reps N] [--tokens N] [--csv FILE] "
+                   "[--only full|chunked]\n");
+      return 2;
+    }
+  }
+  try {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    CTXPLAN_CUDA_CHECK(cudaGetDevice(&dev));
+    CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    std::printf("device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld, n=%lld\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+                static_cast<long long>(kHq), static_cast<long long>(kHkv),
+                static_cast<long long>(kHd), static_cast<long long>(n));
+    if (g_csv) std::fprintf(g_csv, "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n");
+    if (only.empty() || only == "full") BenchFull(n, reps);
+    for (const int64_t p : {int64_t{64}, int64_t{128}}) {
+      if (only == "full") break;
+      for (const bool shuffled : {false, true}) {
+        Chunked ch(n, c, p, shuffled);
+        BenchChunked(ch, reps);
+        if (shuffled && p == 64) BenchSparse(ch, reps);
+      }
+    }
+    std::printf("\n%-34s %10s %10s %10s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms",
+                "bwd TF/s");
+    for (const Row& r : g_rows)
+      std::printf("%-34s %10.2f %10.1f %10.2f %10.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(),
+                  r.bwd_ms, r.BwdTflops());
+    // Paging cost: shuffled vs identity page table.
+    for (size_t i = 0; i + 1 < g_rows.size(); ++i) {
+      const Row& a = g_rows[i];
+      const Row& b = g_rows[i + 1];
+      if (a.shape.find("_identity") != std::string::npos &&
+          b.shape.find("_shuffled") != std::string::npos)
+        std::printf("PAGING %s: shuffled/identity time fwd %.3f bwd %.3f\n", a.shape.c_str(),
+                    b.fwd_ms / a.fwd_ms, b.bwd_ms / a.bwd_ms);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+  if (g_csv) std::fclose(g_csv);
+  return 0;
+}

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA peers for kernels/bench/attention_bench: the flash and cuDNN backends on the same
+shapes (bf16, head_dim 128, 28 query / 4 KV heads, causal, 64K tokens), and the comparison table.
+
+    attention_bench --csv ours.csv && python3 sdpa_peer.py --ours ours.csv
+
+Shapes (FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *):
+  full_64k      one causal 64K x 64K attention
+  chunked_64k   16 chunks of 4096 queries, chunk c over (c + 1) * 4096 keys, causal aligned to the
+                bottom right (the chunk's last query sees every key); the sum of the 16 calls.
+                Compared with every chunked_* row of ours (identity and shuffled page tables).
+  last_chunk    the last chunk alone: 4096 queries over 65536 keys (ours: last_chunk_dense_*).
+Inputs are laid out as ours, [tokens][heads][d_h], viewed as (1, heads, tokens, d_h). GQA: K/V
+with 4 heads through enable_gqa=True where the backend takes it, else expanded to 28 heads
+(the arithmetic is the same). Timing: CUDA events, warm-up, median.
+"""
+import argparse
+import csv
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HKV, D = 28, 4, 128
+
+
+def time_ms(fn, reps, warmup=2):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def make(tokens, heads, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(1, tokens, heads, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    return x.transpose(1, 2)  # (1, heads, tokens, D), strides of [tokens][heads][D]
+
+
+class Attn:
+    """One attention call of q_len queries over kv_len keys (bottom-right causal)."""
+
+    def __init__(self, backend, q_len, kv_len):
+        self.backend = backend
+        self.q = make(q_len, HQ, 1).requires_grad_()
+        self.k4 = make(kv_len, HKV, 2).requires_grad_()
+        self.v4 = make(kv_len, HKV, 3).requires_grad_()
+        self.do = make(q_len, HQ, 4)
+        self.q_len, self.kv_len = q_len, kv_len
+        self.mask = None
+        if q_len != kv_len:
+            from torch.nn.attention.bias import causal_lower_right
+            self.mask = causal_lower_right(q_len, kv_len)
+        self.gqa = True
+        self.out = None
+
+    def _call(self, k, v, gqa):
+        kw = {"enable_gqa": True} if gqa else {}
+        if self.mask is None:
+            return F.scaled_dot_product_attention(self.q, k, v, is_causal=True, **kw)
+        return F.scaled_dot_product_attention(self.q, k, v, attn_mask=self.mask, **kw)
+
+    def forward(self):
+        with sdpa_kernel([self.backend]):
+            if self.gqa:
+                try:
+                    return self._call(self.k4, self.v4, True)
+                except (RuntimeError, TypeError):
+                    self.gqa = False
+            rep = HQ // HKV
+            k = self.k4.repeat_interleave(rep, dim=1)
+            v = self.v4.repeat_interleave(rep, dim=1)
+            return self._call(k, v, False)
+
+    def prepare_backward(self):
+        self.out = self.forward()
+
+    def backward(self):
+        torch.autograd.grad(self.out, (self.q, self.k4, self.v4), self.do, retain_graph=True)
+
+
+def causal_pairs(q_len, kv_len):
+    # bottom-right causal: query i (0-based) sees kv_len - q_len + i + 1 keys
+    return q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
+
+
+def measure(backend, shapes, reps):
+    """Sum of fwd and bwd medians over the calls of a shape; None where the backend refuses."""
+    fwd = bwd = 0.0
+    pairs = 0.0
+    for q_len, kv_len in shapes:
+        a = Attn(backend, q_len, kv_len)
+        with torch.no_grad():
+            fwd += time_ms(a.forward, reps)
+        a.prepare_backward()
+        bwd += time_ms(a.backward, reps)
+        pairs += causal_pairs(q_len, kv_len)
+        mode = "gqa" if a.gqa else "expanded"
+        del a
+        torch.cuda.empty_cache()
+    return fwd, bwd, pairs, mode
+
+
+def tflops(pairs, ms, factor):
+    return factor * pairs * HQ * D / (ms * 1e-3) / 1e12
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", help="CSV written by attention_bench --csv")
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    n, c = args.tokens, args.chunk
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cuDNN "
+          f"{torch.backends.cudnn.version()}", flush=True)
+    peer_shapes = {
+        "full": [(n, n)],
+        "chunked": [(c, (i + 1) * c) for i in range(n // c)],
+        "last_chunk": [(c, n)],
+    }
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    peers = {}  # (shape, backend) -> (fwd_tflops, bwd_tflops, fwd_ms, bwd_ms)
+    for shape, calls in peer_shapes.items():
+        for name, be in backends.items():
+            try:
+                fwd, bwd, pairs, mode = measure(be, calls, args.reps)
+                r = (tflops(pairs, fwd, 4), tflops(pairs, bwd, 10), fwd, bwd)
+                peers[(shape, name)] = r
+                print(f"PEER,{shape},{name},{mode},{fwd:.3f},{r[0]:.1f},{bwd:.3f},{r[1]:.1f}",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print(f"PEER,{shape},{name},unavailable: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:160]}", flush=True)
+                torch.cuda.empty_cache()
+
+    if not args.ours:
+        return 0
+    ours = []
+    with open(args.ours) as f:
+        for row in csv.DictReader(f):
+            ours.append(row)
+
+    def peer_key(shape):
+        if shape.startswith("full_"):
+            return "full"
+        if shape.startswith("chunked_"):
+            return "chunked"
+        if shape.startswith("last_chunk_dense"):
+            return "last_chunk"
+        return None
+
+    def fmt(x):
+        return "   n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:6.1f}"
+
+    def ratio(a, b):
+        return "   n/a" if b is None else f"{a / b:6.2f}"
+
+    print("\nTFLOP/s (fwd 4*pairs*H*d, bwd 10*pairs*H*d); ratio = ours / peer")
+    hdr = (f"{'shape':34s} | {'ours':>6s} {'flash':>6s} {'cudnn':>6s} {'/fl':>6s} {'/cu':>6s} |"
+           f" {'ours':>6s} {'flash':>6s} {'cudnn':>6s} {'/fl':>6s} {'/cu':>6s}")
+    print(f"{'':34s} | {'forward':^34s} | {'backward':^34s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for row in ours:
+        shape = row["shape"]
+        key = peer_key(shape)
+        of, ob = float(row["fwd_tflops"]), float(row["bwd_tflops"])
+        fl = peers.get((key, "flash")) if key else None
+        cu = peers.get((key, "cudnn")) if key else None
+        print(f"{shape:34s} | {of:6.1f} {fmt(fl and fl[0])} {fmt(cu and cu[0])} "
+              f"{ratio(of, fl and fl[0])} {ratio(of, cu and cu[0])} | {ob:6.1f} "
+              f"{fmt(fl and fl[1])} {fmt(cu and cu[1])} {ratio(ob, fl and fl[1])} "
+              f"{ratio(ob, cu and cu[1])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1054 @@
+// Paged attention backward for sm_90a: bf16 operands, fp32 accumulation.
+//
+// Three kernels:
+//  1. preprocess: D = rowsum(dO * O) and the LSE in log2 units, both transposed to [H_q][t_pad]
+//     (contiguous per head, so the main kernel copies them in 16-byte chunks); dQ's fp32
+//     accumulator is zeroed with a memset.
+//  2. main, KV-major: one block = 128 keys of one KV head, keys taken from the chunk's own
+//     positions (the first blocks: own block 0 sees every query, so the heaviest go first) or from
+//     the earlier pages. K and V stay in shared memory; the block loops over every query head of
+//     the GQA group and every 64-query tile that sees its keys (causal for own keys; for
+//     page-sparse attention only the tiles that selected one of its pages, and only pages some tile
+//     selected are read or written), double-buffering Q, dO, LSE and D with cp.async. Per tile:
+//         S^T = K Q^T,  P^T = exp2(S^T scale log2e - LSE),  dV += P^T dO,
+//         dP^T = V dO^T,  dS^T = P^T (dP^T - D),  dK += dS^T Q,  dQ += dS K (fp32 atomics).
+//     Computing the transposed products keeps P^T and dS^T in the registers of the threads that
+//     own the keys, so dV and dK take them as A operands directly; only dS goes through shared
+//     memory (for dQ, whose rows are queries).
+//     Two implementations: head_dim 128 runs on wgmma (two warpgroups of 64 keys,
+//     AttnBwdWgmmaKernel), head_dim 64 (and CTXPLAN_ATTN_BWD=mma) on mma.sync m16n8k16 (8 warps x
+//     16 keys, AttnBwdKernel, FlashAttention-2 style). dK and dV of a key are complete in one
+//     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
+//     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
+//     two pages share a slot). Only dQ, summed over key blocks, uses fp32 atomics
+//     (red.global.add.v2.f32) into an fp32 workspace.
+//  3. postprocess: dQ = bf16(scale * accumulator).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "attention_common.cuh"
+#include "attention_wgmma.cuh"
+#include "ctxplan/kernels/cuda/attention.h"
+#include "ctxplan/kernels/cuda/check.h"
+
+namespace ctxplan::kernels::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kBwdBN = 128;  // keys per block
+constexpr int kBwdBM = 64;   // queries per inner tile
+constexpr int kBwdThreads = 256;
+
+int64_t PadTokens(int64_t t) {
+  return (t + kBwdBM - 1) / kBwdBM * kBwdBM;
+}
+size_t Align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
+
+struct BwdParams {
+  const bf16* q;
+  const bf16* k_own;
+  const bf16* v_own;
+  const bf16* pool;
+  const int32_t* page_slot;
+  const int32_t* sel;  // [sel_tiles][sel_stride] or nullptr
+  const bf16* d_out;
+  const float* lse2;   // [hq][t_pad], lse * log2(e)
+  const float* delta;  // [hq][t_pad]
+  float* dq_acc;       // [t][hq][HD]
+  bf16* dk_own;
+  bf16* dv_own;
+  void* dkv_pool;
+  const int32_t* dkv_slot;
+  int64_t page_elems;
+  int64_t sel_stride;
+  int dkv_f32;
+  int t, t_pad, hq, hkv, group;
+  int p, num_pages, query_tile, sel_tiles;
+  int n_earlier_blocks, n_q_tiles;
+  float scale, scale_log2;
+};
+
+// --- 1. preprocess -------------------------------------------------------------------------
+template <int HD>
+__global__ void AttnBwdPreKernel(const bf16* __restrict__ out, const bf16* __restrict__ d_out,
+                                 const float* __restrict__ lse, int t, int t_pad, int hq,
+                                 float* __restrict__ delta, float* __restrict__ lse2) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp >= t_pad * hq) return;
+  const int i = warp / hq, h = warp % hq;
+  float acc = 0.0f;
+  if (i < t) {
+    const int64_t base = (static_cast<int64_t>(i) * hq + h) * HD;
+    constexpr int kPer = HD / 32;  // 2 or 4 elements per lane
+#pragma unroll
+    for (int e = 0; e < kPer; e += 2) {
+      const __nv_bfloat162 o2 =
+          *reinterpret_cast<const __nv_bfloat162*>(out + base + lane * kPer + e);
+      const __nv_bfloat162 d2 =
+          *reinterpret_cast<const __nv_bfloat162*>(d_out + base + lane * kPer + e);
+      const float2 of = __bfloat1622float2(o2), df = __bfloat1622float2(d2);
+      acc = fmaf(of.x, df.x, acc);
+      acc = fmaf(of.y, df.y, acc);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    delta[static_cast<int64_t>(h) * t_pad + i] = acc;
+    lse2[static_cast<int64_t>(h) * t_pad + i] =
+        i < t ? lse[static_cast<int64_t>(i) * hq + h] * kLog2e : 0.0f;
+  }
+}
+
+// --- 3. postprocess ------------------------------------------------------------------------
+__global__ void AttnBwdPostKernel(const float* __restrict__ acc, int64_t n4, float scale,
+                                  bf16* __restrict__ dq) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(acc)[i];
+    uint2 packed;
+    packed.x = PackBf16(v.x * scale, v.y * scale);
+    packed.y = PackBf16(v.z * scale, v.w * scale);
+    reinterpret_cast<uint2*>(dq)[i] = packed;
+  }
+}
+
+__device__ __forceinline__ bool ListContains(const int32_t* list, int n, int page) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const int v = __ldg(list + mid);
+    if (v < page) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && __ldg(list + lo) == page;
+}
+
+// --- 2. main -------------------------------------------------------------------------------
+template <int HD>
+struct BwdSmem {
+  static constexpr int kKV = kBwdBN * HD * 2;  // one of K, V
+  static constexpr int kQ = kBwdBM * HD * 2;   // one buffer of Q or dO
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKV;
+  static constexpr int kQb = kV + kKV;                  // 2 buffers
+  static constexpr int kdO = kQb + 2 * kQ;              // 2 buffers
+  static constexpr int kdS = kdO + 2 * kQ;              // [128 keys][64 q] bf16
+  static constexpr int kL = kdS + kBwdBN * kBwdBM * 2;  // [2][64] fp32
+  static constexpr int kD = kL + 2 * kBwdBM * 4;        // [2][64] fp32
+  static constexpr int kUnion = kD + 2 * kBwdBM * 4;    // uint32
+  static constexpr int kMask = kUnion + 16;             // [sel_tiles] uint32
+  static int Bytes(int sel_tiles) { return kMask + 4 * sel_tiles; }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams prm) {
+  using L = BwdSmem<HD>;
+  constexpr int BN = kBwdBN, BM = kBwdBM;
+  constexpr int kChunks = HD / 8;
+  constexpr int kDn = HD / 8;  // n-tiles of dK / dV rows
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t s_base = SmemAddr(smem);
+  const uint32_t sK = s_base + L::kK, sV = s_base + L::kV;
+  const uint32_t sQ = s_base + L::kQb, sdO = s_base + L::kdO, sdS = s_base + L::kdS;
+  const uint32_t sL = s_base + L::kL, sD = s_base + L::kD;
+  float* sLf = reinterpret_cast<float*>(smem + L::kL);
+  float* sDf = reinterpret_cast<float*>(smem + L::kD);
+  uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
+  uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int hkv = blockIdx.y;
+  // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
+  const int own_blocks = (prm.t + BN - 1) / BN;
+  const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
+  const int kb0 =
+      (earlier ? static_cast<int>(blockIdx.x) - own_blocks : static_cast<int>(blockIdx.x)) * BN;
+  const int t = prm.t;
+  const int n_e = prm.num_pages * prm.p;
+  const int region_end = earlier ? n_e : t;  // valid key index bound in this region
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
+  const bool sparse = earlier && prm.sel != nullptr;
+  const int first_page = earlier ? kb0 / prm.p : 0;
+
+  // Which of the block's pages each selection tile selected (sparse), and their union.
+  uint32_t union_mask = 0xffffffffu;
+  if (sparse) {
+    if (tid == 0) *s_union = 0u;
+    __syncthreads();
+    const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
+    uint32_t local_union = 0u;
+    for (int st = tid; st < prm.sel_tiles; st += kBwdThreads) {
+      const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
+      uint32_t m = 0u;
+      for (int pg = first_page; pg <= last_page; ++pg)
+        if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
+      s_mask[st] = m;
+      local_union |= m;
+    }
+    if (local_union) atomicOr(s_union, local_union);
+    __syncthreads();
+    union_mask = *s_union;
+    if (union_mask == 0u) return;  // no tile attends these keys
+  }
+
+  // Key rows of this thread in S^T: warp * 16 + g (+ 8).
+  const int kr0 = warp * 16 + g;
+  bool key_ok[2];
+  int key_bit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int kidx = kb0 + kr0 + hf * 8;
+    key_bit[hf] = earlier ? kidx / prm.p - first_page : 0;
+    key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
+  }
+
+  // --- K and V of the block (once) ---
+  {
+    const int c = tid % kChunks;
+    constexpr int kRowsPerPass = kBwdThreads / kChunks;
+#pragma unroll 4
+    for (int i = 0; i < BN / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int kidx = kb0 + row;
+      bool valid = kidx < region_end;
+      const bf16* ksrc = prm.k_own;
+      const bf16* vsrc = prm.v_own;
+      if (earlier) {
+        const int pg = kidx / prm.p;
+        valid = valid && ((union_mask >> (pg - first_page)) & 1u);
+        if (valid) {
+          const int off = kidx - pg * prm.p;
+          const int slot = __ldg(prm.page_slot + pg);
+          ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
+                 c * 8;
+          vsrc = ksrc + prm.p * kv_row;
+        }
+      } else if (valid) {
+        ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
+        vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
+      }
+      CpAsync16(sK + SwzOffset<HD>(row, c), ksrc, valid);
+      CpAsync16(sV + SwzOffset<HD>(row, c), vsrc, valid);
+    }
+  }
+
+  // --- iteration over (query head of the group, 64-query tile) ---
+  const int qt_begin = earlier ? 0 : kb0 / BM;
+  auto tile_selected = [&](int qt) -> bool {
+    return !sparse || s_mask[(qt * BM) / prm.query_tile] != 0u;
+  };
+  // Query tiles in ascending order (measured: descending, which makes blocks running side by side
+  // add into the same dQ rows at the same moment, ran 14% slower on the H200).
+  auto advance = [&](int& hl, int& qt) {
+    do {
+      if (++qt >= prm.n_q_tiles) {
+        qt = qt_begin;
+        ++hl;
+      }
+    } while (hl < prm.group && !tile_selected(qt));
+  };
+  auto load_item = [&](int hl, int qt, int buf) {
+    const int h = hkv * prm.group + hl;
+    const int q0 = qt * BM;
+    const int c = tid % kChunks;
+    constexpr int kRowsPerPass = kBwdThreads / kChunks;
+#pragma unroll
+    for (int i = 0; i < BM / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int qi = q0 + row;
+      const bool valid = qi < t;
+      const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
+      CpAsync16(sQ + buf * L::kQ + SwzOffset<HD>(row, c), prm.q + off, valid);
+      CpAsync16(sdO + buf * L::kQ + SwzOffset<HD>(row, c), prm.d_out + off, valid);
+    }
+    if (tid < 2 * (BM / 4)) {  // 16 chunks of LSE, 16 of D
+      const int which = tid / (BM / 4), c4 = tid % (BM / 4);
+      const float* src =
+          (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
+      CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
+    }
+  };
+
+  int hl = 0, qt = qt_begin;
+  if (!tile_selected(qt)) advance(hl, qt);
+  load_item(hl, qt, 0);
+  CpAsyncCommit();
+
+  float dk[kDn][4], dv[kDn][4];
+#pragma unroll
+  for (int n = 0; n < kDn; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dk[n][e] = 0.0f;
+      dv[n][e] = 0.0f;
+    }
+
+  const int a_row = lane & 15, a_chk = lane >> 4;                              // A x4
+  const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chk = (lane >> 3) & 1;  // B x4
+  const int t_row = (lane & 7) + (((lane >> 3) & 1) << 3), t_chk = lane >> 4;  // B x4.trans
+  // dQ phase: warp (wm, wn) computes queries wm*16.., d columns wn*HD/2..
+  const int wm = warp & 3, wn = warp >> 2;
+  const int dsa_row = (lane & 7) + ((lane >> 4) << 3), dsa_chk = (lane >> 3) & 1;  // A^T x4.trans
+
+  for (int n = 0; hl < prm.group; ++n) {
+    const int buf = n & 1;
+    const int h = hkv * prm.group + hl;
+    const int q0 = qt * BM;
+    CpAsyncWait<0>();
+    __syncthreads();
+    {  // prefetch the next item
+      int nhl = hl, nqt = qt;
+      advance(nhl, nqt);
+      if (nhl < prm.group) load_item(nhl, nqt, buf ^ 1);
+      CpAsyncCommit();
+    }
+    const uint32_t qbuf = sQ + buf * L::kQ, dobuf = sdO + buf * L::kQ;
+    const float* lrow = sLf + buf * BM;
+    const float* drow = sDf + buf * BM;
+
+    // S^T = K Q^T : [16 keys][64 queries] per warp.
+    float s[BM / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t ka[4];
+      Ldsm4(ka, sK + SwzOffset<HD>(warp * 16 + a_row, kk * 2 + a_chk));
+#pragma unroll
+      for (int np = 0; np < BM / 16; ++np) {
+        uint32_t qb[4];
+        Ldsm4(qb, qbuf + SwzOffset<HD>(np * 16 + b_row, kk * 2 + b_chk));
+        Mma(s[2 * np], ka, qb[0], qb[1]);
+        Mma(s[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+
+    // P^T = exp2(S^T * scale * log2e - LSE2[q]), masked.
+    bool row_ok[2] = {key_ok[0], key_ok[1]};
+    if (sparse) {
+      const uint32_t m = s_mask[q0 / prm.query_tile];
+      row_ok[0] = row_ok[0] && ((m >> key_bit[0]) & 1u);
+      row_ok[1] = row_ok[1] && ((m >> key_bit[1]) & 1u);
+    }
+    const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lrow + nt * 8 + 2 * tq);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lv = (e & 1) ? l2.y : l2.x;
+        float pv = Exp2(fmaf(s[nt][e], prm.scale_log2, -lv));
+        if (!full) {
+          const int qi = q0 + nt * 8 + 2 * tq + (e & 1);
+          const int kidx = kb0 + kr0 + (e >> 1) * 8;
+          const bool ok = row_ok[e >> 1] && qi < t && (earlier || kidx <= qi);
+          pv = ok ? pv : 0.0f;
+        }
+        s[nt][e] = pv;
+      }
+    }
+
+    // dV += P^T dO.
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      uint32_t pa[4];
+      pa[0] = PackBf16(s[2 * kq][0], s[2 * kq][1]);
+      pa[1] = PackBf16(s[2 * kq][2], s[2 * kq][3]);
+      pa[2] = PackBf16(s[2 * kq + 1][0], s[2 * kq + 1][1]);
+      pa[3] = PackBf16(s[2 * kq + 1][2], s[2 * kq + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t ob[4];
+        Ldsm4T(ob, dobuf + SwzOffset<HD>(kq * 16 + t_row, dp * 2 + t_chk));
+        Mma(dv[2 * dp], pa, ob[0], ob[1]);
+        Mma(dv[2 * dp + 1], pa, ob[2], ob[3]);
+      }
+    }
+
+    // dP^T = V dO^T.
+    float dp_[BM / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp_[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t va[4];
+      Ldsm4(va, sV + SwzOffset<HD>(warp * 16 + a_row, kk * 2 + a_chk));
+#pragma unroll
+      for (int np = 0; np < BM / 16; ++np) {
+        uint32_t ob[4];
+        Ldsm4(ob, dobuf + SwzOffset<HD>(np * 16 + b_row, kk * 2 + b_chk));
+        Mma(dp_[2 * np], va, ob[0], ob[1]);
+        Mma(dp_[2 * np + 1], va, ob[2], ob[3]);
+      }
+    }
+
+    // dS^T = P^T (dP^T - D[q]); packed bf16, stored to shared for dQ; dK += dS^T Q.
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      uint32_t da[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int nt = 2 * kq + half;
+        const float2 d2 = *reinterpret_cast<const float2*>(drow + nt * 8 + 2 * tq);
+        const float x0 = s[nt][0] * (dp_[nt][0] - d2.x);
+        const float x1 = s[nt][1] * (dp_[nt][1] - d2.y);
+        const float x2 = s[nt][2] * (dp_[nt][2] - d2.x);
+        const float x3 = s[nt][3] * (dp_[nt][3] - d2.y);
+        da[half * 2 + 0] = PackBf16(x0, x1);  // key row g
+        da[half * 2 + 1] = PackBf16(x2, x3);  // key row g + 8
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + SwzOffset<BM>(kr0, nt) + tq * 4),
+                     "r"(da[half * 2 + 0])
+                     : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + SwzOffset<BM>(kr0 + 8, nt) + tq * 4),
+                     "r"(da[half * 2 + 1])
+                     : "memory");
+      }
+      // A fragment order: (g, q lo), (g+8, q lo), (g, q hi), (g+8, q hi).
+      const uint32_t a[4] = {da[0], da[1], da[2], da[3]};
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t qb[4];
+        Ldsm4T(qb, qbuf + SwzOffset<HD>(kq * 16 + t_row, dp * 2 + t_chk));
+        Mma(dk[2 * dp], a, qb[0], qb[1]);
+        Mma(dk[2 * dp + 1], a, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();
+
+    // dQ[64 q][HD] += dS K, warp (wm, wn): 16 queries x HD/2 columns; fp32 atomics.
+    {
+      float dqa[HD / 16][4];
+#pragma unroll
+      for (int nt = 0; nt < HD / 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dqa[nt][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        Ldsm4T(a, sdS + SwzOffset<BM>(kk * 16 + dsa_row, wm * 2 + dsa_chk));
+#pragma unroll
+        for (int dp = 0; dp < HD / 32; ++dp) {
+          uint32_t kb[4];
+          Ldsm4T(kb, sK + SwzOffset<HD>(kk * 16 + t_row, wn * (HD / 16) + dp * 2 + t_chk));
+          Mma(dqa[2 * dp], a, kb[0], kb[1]);
+          Mma(dqa[2 * dp + 1], a, kb[2], kb[3]);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qi = q0 + wm * 16 + g + hf * 8;
+        if (qi < t) {
+          float* dst =
+              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + wn * (HD / 2) + 2 * tq;
+#pragma unroll
+          for (int nt = 0; nt < HD / 16; ++nt)
+            atomicAdd(reinterpret_cast<float2*>(dst + nt * 8),
+                      make_float2(dqa[nt][2 * hf], dqa[nt][2 * hf + 1]));
+        }
+      }
+    }
+    advance(hl, qt);
+  }
+  CpAsyncWait<0>();
+
+  // --- epilogue: dK (scaled) and dV of the block's keys ---
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    if (!key_ok[hf]) continue;
+    const int kidx = kb0 + kr0 + hf * 8;
+    if (!earlier) {
+      bf16* dkr = prm.dk_own + kidx * kv_row + hkv * HD + 2 * tq;
+      bf16* dvr = prm.dv_own + kidx * kv_row + hkv * HD + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < kDn; ++nt) {
+        *reinterpret_cast<uint32_t*>(dkr + nt * 8) =
+            PackBf16(dk[nt][2 * hf] * prm.scale, dk[nt][2 * hf + 1] * prm.scale);
+        *reinterpret_cast<uint32_t*>(dvr + nt * 8) = PackBf16(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
+      }
+    } else {
+      const int pg = kidx / prm.p, off = kidx - pg * prm.p;
+      const int64_t slot = __ldg(prm.dkv_slot + pg);
+      const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
+      const int64_t vofs = kofs + prm.p * kv_row;
+      if (prm.dkv_f32) {
+        float* pool = static_cast<float*>(prm.dkv_pool);
+#pragma unroll
+        for (int nt = 0; nt < kDn; ++nt) {
+          float2* kp = reinterpret_cast<float2*>(pool + kofs + nt * 8);
+          float2* vp = reinterpret_cast<float2*>(pool + vofs + nt * 8);
+          float2 kx = *kp, vx = *vp;
+          kx.x += dk[nt][2 * hf] * prm.scale;
+          kx.y += dk[nt][2 * hf + 1] * prm.scale;
+          vx.x += dv[nt][2 * hf];
+          vx.y += dv[nt][2 * hf + 1];
+          *kp = kx;
+          *vp = vx;
+        }
+      } else {
+        bf16* pool = static_cast<bf16*>(prm.dkv_pool);
+#pragma unroll
+        for (int nt = 0; nt < kDn; ++nt) {
+          __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(pool + kofs + nt * 8);
+          __nv_bfloat162* vp = reinterpret_cast<__nv_bfloat162*>(pool + vofs + nt * 8);
+          const float2 kx = __bfloat1622float2(*kp), vx = __bfloat1622float2(*vp);
+          *kp = __floats2bfloat162_rn(kx.x + dk[nt][2 * hf] * prm.scale,
+                                      kx.y + dk[nt][2 * hf + 1] * prm.scale);
+          *vp = __floats2bfloat162_rn(vx.x + dv[nt][2 * hf], vx.y + dv[nt][2 * hf + 1]);
+        }
+      }
+    }
+  }
+}
+
+// --- 2'. main, wgmma (sm_90a), head_dim 128 ---------------------------------------------------
+// Same decomposition as the mma.sync kernel above, on warpgroup MMAs: two warpgroups, each owning
+// 64 of the block's 128 keys. Per 64-query tile:
+//   S^T  = K_wg Q^T      wgmma SS (K and Q K-major in shared memory)          64 x 64
+//   dV  += P^T dO        wgmma RS (P^T from registers, dO N-major)            64 x 128
+//   dP^T = V_wg dO^T     wgmma SS                                              64 x 64
+//   dK  += dS^T Q        wgmma RS (dS^T from registers, Q N-major)            64 x 128
+//   dQ   = dS K          wgmma SS (dS^T in shared memory read M-major, K N-major), each warpgroup
+//                        one 64-column half of d, then fp32 atomics
+// All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async.
+// NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves page-sparse selection over
+// pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
+// independently, half of its work masked.
+template <int NWG>
+struct WbSmem {  // head_dim 128, 64 * NWG keys, 64 queries
+  static constexpr int BN = 64 * NWG;
+  static constexpr int kK = 0;                 // [2][BN][64] bf16
+  static constexpr int kV = kK + BN * 256;     // [2][BN][64]
+  static constexpr int kQ = kV + BN * 256;     // 2 buffers of [2][64][64]
+  static constexpr int kdO = kQ + 2 * 16384;   // 2 buffers
+  static constexpr int kdS = kdO + 2 * 16384;  // [BN keys][64 q]
+  static constexpr int kL = kdS + BN * 128;    // [2][64] fp32
+  static constexpr int kD = kL + 512;          // [2][64] fp32
+  static constexpr int kUnion = kD + 512;
+  static constexpr int kMask = kUnion + 16;  // [sel_tiles] uint32
+  static int Bytes(int sel_tiles) { return kMask + 4 * sel_tiles + 1024; }
+};
+
+template <int NWG>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
+    AttnBwdWgmmaKernel(const BwdParams prm) {
+  using L = WbSmem<NWG>;
+  constexpr int kWbThreads = 128 * NWG;
+  constexpr int HD = 128, BN = 64 * NWG, BM = kBwdBM;
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kWbThreads / kChunks;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t sK = base + L::kK, sV = base + L::kV, sQ = base + L::kQ, sdO = base + L::kdO;
+  const uint32_t sdS = base + L::kdS, sL = base + L::kL, sD = base + L::kD;
+  const float* sLf = reinterpret_cast<const float*>(smem + L::kL);
+  const float* sDf = reinterpret_cast<const float*>(smem + L::kD);
+  uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
+  uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int wg = warp >> 2, wwarp = warp & 3;
+  const int hkv = blockIdx.y;
+  // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
+  const int own_blocks = (prm.t + BN - 1) / BN;
+  const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
+  const int kb0 =
+      (earlier ? static_cast<int>(blockIdx.x) - own_blocks : static_cast<int>(blockIdx.x)) * BN;
+  const int t = prm.t;
+  const int n_e = prm.num_pages * prm.p;
+  const int region_end = earlier ? n_e : t;
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
+  const bool sparse = earlier && prm.sel != nullptr;
+  const int first_page = earlier ? kb0 / prm.p : 0;
+
+  uint32_t union_mask = 0xffffffffu;
+  if (sparse) {
+    if (tid == 0) *s_union = 0u;
+    __syncthreads();
+    const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
+    uint32_t local_union = 0u;
+    for (int st = tid; st < prm.sel_tiles; st += kWbThreads) {
+      const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
+      uint32_t m = 0u;
+      for (int pg = first_page; pg <= last_page; ++pg)
+        if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
+      s_mask[st] = m;
+      local_union |= m;
+    }
+    if (local_union) atomicOr(s_union, local_union);
+    __syncthreads();
+    union_mask = *s_union;
+    if (union_mask == 0u) return;
+  }
+
+  // Key rows of this thread (accumulator rows): 64 wg + 16 wwarp + g (+ 8).
+  const int kr0 = wg * 64 + wwarp * 16 + g;
+  bool key_ok[2];
+  int key_bit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int kidx = kb0 + kr0 + hf * 8;
+    key_bit[hf] = earlier ? kidx / prm.p - first_page : 0;
+    key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
+  }
+
+  {  // K and V of the block
+    const int c = tid % kChunks;
+#pragma unroll 4
+    for (int i = 0; i < BN / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int kidx = kb0 + row;
+      bool valid = kidx < region_end;
+      const bf16* ksrc = prm.k_own;
+      const bf16* vsrc = prm.v_own;
+      if (earlier) {
+        const int pgi = kidx / prm.p;
+        valid = valid && ((union_mask >> (pgi - first_page)) & 1u);
+        if (valid) {
+          const int off = kidx - pgi * prm.p;
+          const int slot = __ldg(prm.page_slot + pgi);
+          ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
+                 c * 8;
+          vsrc = ksrc + prm.p * kv_row;
+        }
+      } else if (valid) {
+        ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
+        vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
+      }
+      CpAsync16(sK + Sw128<BN>(row, c), ksrc, valid);
+      CpAsync16(sV + Sw128<BN>(row, c), vsrc, valid);
+    }
+  }
+
+  const int qt_begin = earlier ? 0 : kb0 / BM;
+  auto tile_selected = [&](int qt) -> bool {
+    return !sparse || s_mask[(qt * BM) / prm.query_tile] != 0u;
+  };
+  // Query tiles in ascending order (measured: descending, which makes blocks running side by side
+  // add into the same dQ rows at the same moment, ran 14% slower on the H200).
+  auto advance = [&](int& hl, int& qt) {
+    do {
+      if (++qt >= prm.n_q_tiles) {
+        qt = qt_begin;
+        ++hl;
+      }
+    } while (hl < prm.group && !tile_selected(qt));
+  };
+  auto load_item = [&](int hl, int qt, int buf) {
+    const int h = hkv * prm.group + hl;
+    const int q0 = qt * BM;
+    const int c = tid % kChunks;
+#pragma unroll
+    for (int i = 0; i < BM / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int qi = q0 + row;
+      const bool valid = qi < t;
+      const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
+      CpAsync16(sQ + buf * 16384 + Sw128<BM>(row, c), prm.q + off, valid);
+      CpAsync16(sdO + buf * 16384 + Sw128<BM>(row, c), prm.d_out + off, valid);
+    }
+    if (tid < 2 * (BM / 4)) {
+      const int which = tid / (BM / 4), c4 = tid % (BM / 4);
+      const float* src =
+          (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
+      CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
+    }
+  };
+
+  int hl = 0, qt = qt_begin;
+  if (!tile_selected(qt)) advance(hl, qt);
+  load_item(hl, qt, 0);
+  CpAsyncCommit();
+
+  float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) {
+    dk[i] = 0.0f;
+    dv[i] = 0.0f;
+  }
+  float s[BM / 2], dp_[BM / 2], dq[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) {
+    s[i] = 0.0f;
+    dp_[i] = 0.0f;
+    dq[i] = 0.0f;
+  }
+  const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
+
+  for (int n = 0; hl < prm.group; ++n) {
+    const int buf = n & 1;
+    const int h = hkv * prm.group + hl;
+    const int q0 = qt * BM;
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    __syncthreads();
+    {
+      int nhl = hl, nqt = qt;
+      advance(nhl, nqt);
+      if (nhl < prm.group) load_item(nhl, nqt, buf ^ 1);
+      CpAsyncCommit();
+    }
+    const uint32_t qb = sQ + buf * 16384, dob = sdO + buf * 16384;
+    const float* lrow = sLf + buf * BM;
+    const float* drow = sDf + buf * BM;
+
+    const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
+
+    // S^T = K_wg Q^T.
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t a = k_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+      const uint32_t b = qb + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      WgmmaSS_m64n64<0, 0>(s, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceAcc(s);
+
+    // P^T = exp2(S^T scale log2e - LSE2[q]), masked.
+    bool row_ok[2] = {key_ok[0], key_ok[1]};
+    if (sparse) {
+      row_ok[0] = row_ok[0] && ((tile_bits >> key_bit[0]) & 1u);
+      row_ok[1] = row_ok[1] && ((tile_bits >> key_bit[1]) & 1u);
+    }
+    const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
+#pragma unroll
+    for (int i = 0; i < BM / 8; ++i) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lrow + i * 8 + 2 * tq);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lv = (e & 1) ? l2.y : l2.x;
+        float pv = Exp2(fmaf(s[4 * i + e], prm.scale_log2, -lv));
+        if (!full) {
+          const int qi = q0 + i * 8 + 2 * tq + (e & 1);
+          const int kidx = kb0 + kr0 + (e >> 1) * 8;
+          const bool ok = row_ok[e >> 1] && qi < t && (earlier || kidx <= qi);
+          pv = ok ? pv : 0.0f;
+        }
+        s[4 * i + e] = pv;
+      }
+    }
+    uint32_t pa[BM / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      pa[kq][0] = PackBf16(s[8 * kq + 0], s[8 * kq + 1]);
+      pa[kq][1] = PackBf16(s[8 * kq + 2], s[8 * kq + 3]);
+      pa[kq][2] = PackBf16(s[8 * kq + 4], s[8 * kq + 5]);
+      pa[kq][3] = PackBf16(s[8 * kq + 6], s[8 * kq + 7]);
+    }
+
+    // dV += P^T dO;  dP^T = V_wg dO^T.
+    WgmmaFence();
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+      WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+    WgmmaCommit();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t a = v_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+      const uint32_t b = dob + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      WgmmaSS_m64n64<0, 0>(dp_, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceAcc(dv);
+    FenceAcc(dp_);
+
+    // dS^T = P^T (dP^T - D[q]): packed for dK, stored for dQ.
+    uint32_t da[BM / 16][4];
+#pragma unroll
+    for (int i = 0; i < BM / 8; ++i) {
+      const float2 d2 = *reinterpret_cast<const float2*>(drow + i * 8 + 2 * tq);
+      const float x0 = s[4 * i + 0] * (dp_[4 * i + 0] - d2.x);
+      const float x1 = s[4 * i + 1] * (dp_[4 * i + 1] - d2.y);
+      const float x2 = s[4 * i + 2] * (dp_[4 * i + 2] - d2.x);
+      const float x3 = s[4 * i + 3] * (dp_[4 * i + 3] - d2.y);
+      const uint32_t lo = PackBf16(x0, x1), hi = PackBf16(x2, x3);
+      da[i >> 1][(i & 1) * 2 + 0] = lo;
+      da[i >> 1][(i & 1) * 2 + 1] = hi;
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0, i) + tq * 4), "r"(lo)
+                   : "memory");
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0 + 8, i) + tq * 4), "r"(hi)
+                   : "memory");
+    }
+    FenceProxyAsync();
+
+    // dK += dS^T Q.
+    WgmmaFence();
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+      WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+    WgmmaCommit();
+    __syncthreads();  // dS^T of both warpgroups in shared memory
+
+    // dQ[64 q][64 d] = dS K: with two warpgroups each takes one 64-column half of d, with one it
+    // does both halves in turn.
+#pragma unroll
+    for (int pass = 0; pass < 3 - NWG; ++pass) {
+      const int half = NWG == 2 ? wg : pass;
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t a = sdS + kk * 16 * 128;
+        const uint32_t b = sK + half * (BN * 128) + kk * 16 * 128;
+        WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
+                             kk > 0 ? 1 : 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();  // dQ, and (first pass) this warpgroup's dK
+      FenceAcc(dk);
+      FenceAcc(dq);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qi = q0 + wwarp * 16 + g + hf * 8;
+        if (qi < t) {
+          float* dst =
+              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
+                      make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+        }
+      }
+    }
+    advance(hl, qt);
+  }
+  CpAsyncWait<0>();
+
+  // --- epilogue: dK (scaled) and dV of this thread's key rows ---
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    if (!key_ok[hf]) continue;
+    const int kidx = kb0 + kr0 + hf * 8;
+    if (!earlier) {
+      bf16* dkr = prm.dk_own + kidx * kv_row + hkv * HD + 2 * tq;
+      bf16* dvr = prm.dv_own + kidx * kv_row + hkv * HD + 2 * tq;
+#pragma unroll
+      for (int i = 0; i < HD / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(dkr + i * 8) =
+            PackBf16(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
+        *reinterpret_cast<uint32_t*>(dvr + i * 8) =
+            PackBf16(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]);
+      }
+    } else {
+      const int pgi = kidx / prm.p, off = kidx - pgi * prm.p;
+      const int64_t slot = __ldg(prm.dkv_slot + pgi);
+      const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
+      const int64_t vofs = kofs + prm.p * kv_row;
+      if (prm.dkv_f32) {
+        float* pool = static_cast<float*>(prm.dkv_pool);
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+          float2* kp = reinterpret_cast<float2*>(pool + kofs + i * 8);
+          float2* vp = reinterpret_cast<float2*>(pool + vofs + i * 8);
+          float2 kx = *kp, vx = *vp;
+          kx.x += dk[4 * i + 2 * hf] * prm.scale;
+          kx.y += dk[4 * i + 2 * hf + 1] * prm.scale;
+          vx.x += dv[4 * i + 2 * hf];
+          vx.y += dv[4 * i + 2 * hf + 1];
+          *kp = kx;
+          *vp = vx;
+        }
+      } else {
+        bf16* pool = static_cast<bf16*>(prm.dkv_pool);
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+          __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(pool + kofs + i * 8);
+          __nv_bfloat162* vp = reinterpret_cast<__nv_bfloat162*>(pool + vofs + i * 8);
+          const float2 kx = __bfloat1622float2(*kp), vx = __bfloat1622float2(*vp);
+          *kp = __floats2bfloat162_rn(kx.x + dk[4 * i + 2 * hf] * prm.scale,
+                                      kx.y + dk[4 * i + 2 * hf + 1] * prm.scale);
+          *vp = __floats2bfloat162_rn(vx.x + dv[4 * i + 2 * hf], vx.y + dv[4 * i + 2 * hf + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <int HD>
+void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq, float* dq_acc,
+               float* delta, float* lse2, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(prm.t_pad) * prm.hq;
+  {
+    const int threads = 256;
+    const int64_t blocks = (rows * 32 + threads - 1) / threads;
+    AttnBwdPreKernel<HD><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        out, prm.d_out, lse, prm.t, prm.t_pad, prm.hq, delta, lse2);
+    CTXPLAN_CUDA_CHECK_LAUNCH();
+  }
+  const int own_blocks = (prm.t + kBwdBN - 1) / kBwdBN;
+  const dim3 grid(prm.n_earlier_blocks + own_blocks, prm.hkv);
+  const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
+  if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
+    if (prm.sel != nullptr && prm.p < kBwdBN) {  // page-sparse over small pages: 64-key blocks
+      const int smem = WbSmem<1>::Bytes(prm.sel_tiles);
+      Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
+      CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<1>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
+      const dim3 grid1(static_cast<unsigned>((n_e + 63) / 64 + (prm.t + 63) / 64), prm.hkv);
+      AttnBwdWgmmaKernel<1><<<grid1, 128, smem, stream>>>(prm);
+      CTXPLAN_CUDA_CHECK_LAUNCH();
+    } else {
+      const int smem = WbSmem<2>::Bytes(prm.sel ? prm.sel_tiles : 0);
+      Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
+      CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<2>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      AttnBwdWgmmaKernel<2><<<grid, 256, smem, stream>>>(prm);
+      CTXPLAN_CUDA_CHECK_LAUNCH();
+    }
+  } else {
+    const int smem = BwdSmem<HD>::Bytes(prm.sel ? prm.sel_tiles : 0);
+    Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
+    CTXPLAN_CUDA_CHECK(
+        cudaFuncSetAttribute(AttnBwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    AttnBwdKernel<HD><<<grid, kBwdThreads, smem, stream>>>(prm);
+    CTXPLAN_CUDA_CHECK_LAUNCH();
+  }
+  {
+    const int64_t n4 = static_cast<int64_t>(prm.t) * prm.hq * HD / 4;
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
+    AttnBwdPostKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(dq_acc, n4, prm.scale,
+                                                                             dq);
+    CTXPLAN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename G>
+void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, const bf16* v_own,
+              const PagedKv<const bf16>& earlier, const PageSelection& selection, const bf16* out,
+              const float* lse, const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
+              const PagedKv<G>& dkv, bool dkv_f32, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream) {
+  Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
+  Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
+  Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
+              shape.num_heads % shape.num_kv_heads == 0 && shape.num_kv_heads < 65536,
+          "query heads must be a positive multiple of KV heads");
+  Require(earlier.num_pages >= 0, "negative page count");
+  if (earlier.num_pages > 0) {
+    Require(earlier.pool != nullptr && earlier.page_slot != nullptr, "earlier pages missing");
+    Require(earlier.shape.num_kv_heads == shape.num_kv_heads &&
+                earlier.shape.head_dim == shape.head_dim,
+            "page shape differs from the attention shape");
+    Require(earlier.shape.page_tokens >= 16, "page_tokens must be >= 16");
+    Require(earlier.num_pages * earlier.shape.page_tokens < (int64_t{1} << 30),
+            "too many earlier positions");
+    Require(dkv.pool != nullptr && dkv.page_slot != nullptr, "dKV pages missing");
+    Require(
+        dkv.num_pages == earlier.num_pages && dkv.shape.page_tokens == earlier.shape.page_tokens &&
+            dkv.shape.num_kv_heads == shape.num_kv_heads && dkv.shape.head_dim == shape.head_dim,
+        "dKV pages differ from the KV pages");
+  }
+  if (selection.pages != nullptr) {
+    Require(selection.query_tile > 0 && selection.query_tile % 128 == 0,
+            "page-sparse attention needs query_tile a multiple of 128");
+    Require(selection.pages_per_tile >= 0 && selection.pages_per_tile <= earlier.num_pages,
+            "pages_per_tile out of range");
+  }
+  if (shape.tokens == 0) return;
+  Require(q && k_own && v_own && out && lse && d_out && dq && dk_own && dv_own, "null tensor");
+  Require(workspace != nullptr && workspace_bytes >= AttentionBackwardWorkspaceBytes(shape) &&
+              reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
+          "workspace too small or misaligned");
+
+  const int64_t t = shape.tokens, hq = shape.num_heads, hd = shape.head_dim;
+  const int64_t t_pad = PadTokens(t);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  float* dq_acc = reinterpret_cast<float*>(ws);
+  float* delta = reinterpret_cast<float*>(ws + Align256(t * hq * hd * 4));
+  float* lse2 = delta + Align256(hq * t_pad * 4) / 4;
+  CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, t * hq * hd * 4, stream));
+
+  BwdParams prm{};
+  prm.q = q;
+  prm.k_own = k_own;
+  prm.v_own = v_own;
+  prm.pool = earlier.pool;
+  prm.page_slot = earlier.page_slot;
+  prm.sel = earlier.num_pages > 0 ? selection.pages : nullptr;
+  prm.d_out = d_out;
+  prm.lse2 = lse2;
+  prm.delta = delta;
+  prm.dq_acc = dq_acc;
+  prm.dk_own = dk_own;
+  prm.dv_own = dv_own;
+  prm.dkv_pool = dkv.pool;
+  prm.dkv_slot = dkv.page_slot;
+  prm.page_elems = earlier.num_pages > 0 ? earlier.shape.page_elements() : 0;
+  prm.sel_stride = prm.sel ? selection.pages_per_tile : 0;
+  prm.dkv_f32 = dkv_f32 ? 1 : 0;
+  prm.t = static_cast<int>(t);
+  prm.t_pad = static_cast<int>(t_pad);
+  prm.hq = static_cast<int>(hq);
+  prm.hkv = static_cast<int>(shape.num_kv_heads);
+  prm.group = prm.hq / prm.hkv;
+  prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kBwdBN;
+  prm.num_pages = static_cast<int>(earlier.num_pages);
+  prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : 128;
+  prm.sel_tiles =
+      prm.sel ? static_cast<int>((t + selection.query_tile - 1) / selection.query_tile) : 0;
+  const int64_t n_e = earlier.num_pages * (earlier.num_pages > 0 ? earlier.shape.page_tokens : 0);
+  prm.n_earlier_blocks = static_cast<int>((n_e + kBwdBN - 1) / kBwdBN);
+  prm.n_q_tiles = static_cast<int>(t_pad / kBwdBM);
+  prm.scale = shape.scale;
+  prm.scale_log2 = shape.scale * kLog2e;
+  if (hd == 128) {
+    LaunchBwd<128>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
+  } else {
+    LaunchBwd<64>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
+  }
+}
+
+}  // namespace
+
+size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) {
+  const int64_t t = std::max<int64_t>(shape.tokens, 0);
+  const int64_t t_pad = PadTokens(t);
+  return Align256(static_cast<size_t>(t * shape.num_heads * shape.head_dim * 4)) +
+         2 * Align256(static_cast<size_t>(shape.num_heads * t_pad * 4));
+}
+
+void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
+                       const bf16* v_own, const PagedKv<const bf16>& earlier,
+                       const PageSelection& selection, const bf16* out, const float* lse,
+                       const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
+                       const PagedKv<float>& dkv, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream) {
+  Backward(shape, q, k_own, v_own, earlier, selection, out, lse, d_out, dq, dk_own, dv_own, dkv,
+           true, workspace, workspace_bytes, stream);
+}
+
+void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
+                       const bf16* v_own, const PagedKv<const bf16>& earlier,
+                       const PageSelection& selection, const bf16* out, const float* lse,
+                       const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
+                       const PagedKv<bf16>& dkv, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream) {
+  Backward(shape, q, k_own, v_own, earlier, selection, out, lse, d_out, dq, dk_own, dv_own, dkv,
+           false, workspace, workspace_bytes, stream);
+}
+
+}  // namespace ctxplan::kernels::cuda

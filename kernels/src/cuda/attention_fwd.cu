@@ -1,0 +1,752 @@
+// Paged attention forward for sm_90a: bf16 operands, fp32 accumulation, online softmax.
+//
+// The keys a block of 128 queries sees form one virtual sequence: its earlier pages (every page, or
+// the tile's selected pages, in list order) followed by the chunk's own positions
+// 0..min(q0 + 128, t) - 1. That sequence is walked in key tiles gathered through the page table
+// with cp.async (16-byte chunks into an XOR-swizzled shared tile, K and V double-buffered, the
+// next tile's copies in flight while the current one is computed). Masking is applied only on
+// the tiles that need it (the diagonal, the end of the chunk, a partial page list). Blocks are
+// launched heaviest first (the last query tiles see the most own keys).
+//
+// Two implementations:
+//  - AttnFwdWgmmaKernel (default): two warpgroups x 64 query rows, 128-key tiles, S = Q K^T and
+//    O += P V on wgmma (Hopper warpgroup MMA), P from registers.
+//  - AttnFwdKernel (CTXPLAN_ATTN_FWD=mma): FlashAttention-2 style, 4 warps x 32 rows, 64-key
+//    tiles, mma.sync m16n8k16 with ldmatrix fragments.
+// A key tile of earlier positions is gathered page by page: when p is a power of two >= the tile
+// (or >= 64 for the wgmma kernel), a tile spans at most two pages whose slots are fetched one
+// tile ahead (a register prefetch), and its rows are p-contiguous with stride H_kv * d_h; other
+// page sizes (p >= 16) resolve the page per row.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "attention_common.cuh"
+#include "attention_wgmma.cuh"
+#include "ctxplan/kernels/cuda/attention.h"
+#include "ctxplan/kernels/cuda/check.h"
+
+namespace ctxplan::kernels::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kFwdBM = 128;       // queries per block
+constexpr int kFwdBN = 64;        // keys per tile
+constexpr int kFwdThreads = 128;  // 4 warps x 32 rows
+
+struct FwdParams {
+  const bf16* q;
+  const bf16* k_own;
+  const bf16* v_own;
+  const bf16* pool;          // earlier pages [slots][2][p][H_kv][d_h]
+  const int32_t* page_slot;  // [num_pages]
+  const int32_t* sel;        // [tiles][sel_stride] or nullptr (dense)
+  bf16* out;
+  float* lse;
+  int64_t page_elems;  // 2 * p * H_kv * d_h
+  int64_t sel_stride;  // pages_per_tile
+  int t, hq, hkv, group;
+  int p, num_pages, query_tile;
+  int q_tiles;
+  float scale_log2;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams prm) {
+  constexpr int BM = kFwdBM, BN = kFwdBN;
+  constexpr int kChunks = HD / 8;  // 16-byte chunks per row
+  constexpr int kTileBytes = BN * HD * 2;
+  constexpr int kDn = HD / 8;  // n-tiles of the output
+  constexpr int kRowsPerPass = kFwdThreads / kChunks;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = SmemAddr(smem);
+  const uint32_t sK = sQ + BM * HD * 2;     // 2 buffers
+  const uint32_t sV = sK + 2 * kTileBytes;  // 2 buffers
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, hkv = h / prm.group;
+  const int q0 = tile * BM;
+  const int t = prm.t;
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
+
+  const int32_t* sel_list =
+      prm.sel ? prm.sel + static_cast<int64_t>(q0 / prm.query_tile) * prm.sel_stride : nullptr;
+  const int n_pages_b = prm.sel ? static_cast<int>(prm.sel_stride) : prm.num_pages;
+  const int n_e = n_pages_b * prm.p;  // earlier keys this block sees
+  const int own_end = min(q0 + BM, t);
+  const int ne_tiles = (n_e + BN - 1) / BN;
+  const int n_tiles = ne_tiles + (own_end + BN - 1) / BN;
+  const bool page_fast = (prm.p % BN) == 0;
+
+  // Slot of earlier tile j (fast path: the whole tile is in one page).
+  auto tile_slot = [&](int j) -> int {
+    if (!page_fast || j >= ne_tiles) return 0;
+    const int li = (j * BN) / prm.p;
+    const int page = sel_list ? __ldg(sel_list + li) : li;
+    return __ldg(prm.page_slot + page);
+  };
+
+  // Issue the copies of K (which = 0) or V (which = 1) of tile j into buffer buf.
+  auto load_kv = [&](int j, int buf, int which, int slot) {
+    const uint32_t dst_base = (which ? sV : sK) + buf * kTileBytes;
+    const int c = tid % kChunks;
+    if (j < ne_tiles) {
+      if (page_fast) {
+        const int off0 = (j * BN) % prm.p;
+        const bf16* base = prm.pool + static_cast<int64_t>(slot) * prm.page_elems +
+                           (static_cast<int64_t>(which) * prm.p + off0) * kv_row + hkv * HD + c * 8;
+#pragma unroll
+        for (int i = 0; i < BN / kRowsPerPass; ++i) {
+          const int row = i * kRowsPerPass + tid / kChunks;
+          CpAsync16(dst_base + SwzOffset<HD>(row, c), base + row * kv_row, true);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / kRowsPerPass; ++i) {
+          const int row = i * kRowsPerPass + tid / kChunks;
+          const int v = j * BN + row;
+          const bool valid = v < n_e;
+          const bf16* src = prm.pool;
+          if (valid) {
+            const int li = v / prm.p, off = v - li * prm.p;
+            const int page = sel_list ? __ldg(sel_list + li) : li;
+            const int s = __ldg(prm.page_slot + page);
+            src = prm.pool + static_cast<int64_t>(s) * prm.page_elems +
+                  (static_cast<int64_t>(which) * prm.p + off) * kv_row + hkv * HD + c * 8;
+          }
+          CpAsync16(dst_base + SwzOffset<HD>(row, c), src, valid);
+        }
+      }
+    } else {
+      const int kbase = (j - ne_tiles) * BN;
+      const bf16* own = which ? prm.v_own : prm.k_own;
+#pragma unroll
+      for (int i = 0; i < BN / kRowsPerPass; ++i) {
+        const int row = i * kRowsPerPass + tid / kChunks;
+        const int k = kbase + row;
+        const bool valid = k < own_end;
+        const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
+        CpAsync16(dst_base + SwzOffset<HD>(row, c), src, valid);
+      }
+    }
+  };
+
+  // --- prologue: Q and tile 0 ---
+  {
+    const int c = tid % kChunks;
+#pragma unroll
+    for (int i = 0; i < BM / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int qi = q0 + row;
+      const bool valid = qi < t;
+      const bf16* src =
+          valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
+      CpAsync16(sQ + SwzOffset<HD>(row, c), src, valid);
+    }
+  }
+  int slot_cur = tile_slot(0);
+  load_kv(0, 0, 0, slot_cur);
+  CpAsyncCommit();  // group: Q + K0
+  load_kv(0, 0, 1, slot_cur);
+  CpAsyncCommit();  // group: V0
+  int slot_next = tile_slot(1);
+
+  float o[2][kDn][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int dn = 0; dn < kDn; ++dn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dn][e] = 0.0f;
+  float row_max[2][2], row_sum[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      row_max[mt][hf] = -INFINITY;
+      row_sum[mt][hf] = 0.0f;
+    }
+
+  const float scale_log2 = prm.scale_log2;
+  const int wr0 = warp * 32;
+  // Per-lane ldmatrix row/chunk parts.
+  const int a_row = lane & 15, a_chk = lane >> 4;                              // A (Q) x4
+  const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chk = (lane >> 3) & 1;  // B (K) x4
+  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chk = lane >> 4;  // B (V) x4.trans
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int buf = j & 1;
+    CpAsyncWait<1>();
+    __syncthreads();
+    if (j + 1 < n_tiles) load_kv(j + 1, buf ^ 1, 0, slot_next);
+    CpAsyncCommit();
+    if (j + 1 < n_tiles) load_kv(j + 1, buf ^ 1, 1, slot_next);
+    CpAsyncCommit();
+    slot_next = tile_slot(j + 2);
+
+    // S = Q K^T : [32 rows][64 keys] per warp.
+    float s[2][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+    const uint32_t kbuf = sK + buf * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t qa[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+        Ldsm4(qa[mt], sQ + SwzOffset<HD>(wr0 + mt * 16 + a_row, kk * 2 + a_chk));
+#pragma unroll
+      for (int np = 0; np < BN / 16; ++np) {
+        uint32_t kb[4];
+        Ldsm4(kb, kbuf + SwzOffset<HD>(np * 16 + b_row, kk * 2 + b_chk));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          Mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          Mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Mask where needed.
+    if (j < ne_tiles) {
+      const int v0 = j * BN;
+      if (v0 + BN > n_e) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (v0 + nt * 8 + 2 * tq + (e & 1) >= n_e) s[mt][nt][e] = -INFINITY;
+      }
+    } else {
+      const int kbase = (j - ne_tiles) * BN;
+      if (kbase + BN > q0 + 1 || kbase + BN > t) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int k = kbase + nt * 8 + 2 * tq + (e & 1);
+              const int qi = q0 + wr0 + mt * 16 + g + (e >> 1) * 8;
+              if (k > qi || k >= t) s[mt][nt][e] = -INFINITY;
+            }
+      }
+    }
+
+    // Online softmax (rows g and g + 8 of each m-tile; a quad shares a row).
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[mt][hf], mx);
+        const float ms = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+        const float corr = Exp2(row_max[mt][hf] * scale_log2 - ms);
+        row_max[mt][hf] = m_new;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = Exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -ms));
+            s[mt][nt][2 * hf + e] = x;
+            rs += x;
+          }
+        }
+        row_sum[mt][hf] = row_sum[mt][hf] * corr + rs;
+#pragma unroll
+        for (int dn = 0; dn < kDn; ++dn) {
+          o[mt][dn][2 * hf] *= corr;
+          o[mt][dn][2 * hf + 1] *= corr;
+        }
+      }
+    }
+
+    CpAsyncWait<2>();
+    __syncthreads();
+
+    // O += P V.
+    const uint32_t vbuf = sV + buf * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        pa[mt][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t vb[4];
+        Ldsm4T(vb, vbuf + SwzOffset<HD>(kk * 16 + v_row, dp * 2 + v_chk));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          Mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          Mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  // --- epilogue: normalise, LSE, O through the warp's own rows of the Q tile ---
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row_local = wr0 + mt * 16 + g + hf * 8;
+      const int qi = q0 + row_local;
+      if (tq == 0 && qi < t) {
+        prm.lse[static_cast<int64_t>(qi) * prm.hq + h] =
+            (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2;
+      }
+#pragma unroll
+      for (int dn = 0; dn < kDn; ++dn) {
+        const uint32_t packed = PackBf16(o[mt][dn][2 * hf] * inv, o[mt][dn][2 * hf + 1] * inv);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sQ + SwzOffset<HD>(row_local, dn) + tq * 4),
+                     "r"(packed)
+                     : "memory");
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int idx = i * 32 + lane;
+    const int row_local = wr0 + idx / kChunks, c = idx % kChunks;
+    const int qi = q0 + row_local;
+    if (qi < t) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(sQ + SwzOffset<HD>(row_local, c))
+                   : "memory");
+      *reinterpret_cast<uint4*>(prm.out + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8) = v;
+    }
+  }
+}
+
+// --- wgmma (sm_90a) forward -------------------------------------------------------------------
+// One block = 128 queries of one head, two warpgroups of 64 query rows each; keys in tiles of 128.
+// S = Q K^T and O += P V run on wgmma: Q and K from shared memory (K-major), P from registers (the
+// S accumulators converted in place to the A-operand layout), V from shared memory as a
+// transposed (MN-major) B operand. Tiles are [d_h / 64][rows][64] with the 128-byte swizzle
+// (16-byte chunk c of row r at c ^ (r & 7)), which is the canonical wgmma layout; cp.async fills
+// them exactly as in the mma.sync kernel, double-buffered. Earlier pages: a 128-key tile spans at
+// most two pages when p is a power of two >= 64 (slots prefetched a tile ahead), else per row.
+constexpr int kWgBM = 128, kWgBN = 128, kWgThreads = 256;
+
+template <int HD>
+struct WgSmem {
+  static constexpr int kQBytes = kWgBM * HD * 2;
+  static constexpr int kTile = kWgBN * HD * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQBytes;                    // 2 buffers
+  static constexpr int kV = kK + 2 * kTile;             // 2 buffers
+  static constexpr int kBytes = kV + 2 * kTile + 1024;  // + alignment slack
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdParams prm) {
+  using L = WgSmem<HD>;
+  constexpr int BM = kWgBM, BN = kWgBN;
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kWgThreads / kChunks;
+  constexpr int kOn = HD / 2;  // O accumulators per thread
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int wg = warp >> 2, wwarp = warp & 3;
+  const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
+  const int h = blockIdx.y, hkv = h / prm.group;
+  const int q0 = tile * BM;
+  const int t = prm.t;
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
+
+  const int32_t* sel_list =
+      prm.sel ? prm.sel + static_cast<int64_t>(q0 / prm.query_tile) * prm.sel_stride : nullptr;
+  const int n_pages_b = prm.sel ? static_cast<int>(prm.sel_stride) : prm.num_pages;
+  const int n_e = n_pages_b * prm.p;
+  const int own_end = min(q0 + BM, t);
+  const int ne_tiles = (n_e + BN - 1) / BN;
+  const int n_tiles = ne_tiles + (own_end + BN - 1) / BN;
+  const int pg = prm.p;
+  const bool pow2 = pg >= 64 && (pg & (pg - 1)) == 0;
+  const int p_shift = __ffs(pg) - 1;
+
+  auto slot_of = [&](int li) -> int {
+    const int page = sel_list ? __ldg(sel_list + li) : li;
+    return __ldg(prm.page_slot + page);
+  };
+  // Slots of tile j's rows 0..63 (sa) and 64..127 (sb), fast path only.
+  auto tile_slots = [&](int j, int& sa, int& sb) {
+    sa = 0;
+    sb = 0;
+    if (!pow2 || j >= ne_tiles) return;
+    const int v0 = j * BN;
+    sa = slot_of(v0 >> p_shift);
+    if (v0 + 64 < n_e) sb = pg >= 128 ? sa : slot_of((v0 + 64) >> p_shift);
+  };
+
+  auto load_kv = [&](int j, int buf, int which, int sa, int sb) {
+    const uint32_t dst = (which ? sV : sK) + buf * L::kTile;
+    const int c = tid % kChunks;
+    if (j < ne_tiles) {
+      const int v0 = j * BN;
+      if (pow2) {
+#pragma unroll
+        for (int i = 0; i < BN / kRowsPerPass; ++i) {
+          const int row = i * kRowsPerPass + tid / kChunks;
+          const int v = v0 + row;
+          const bool valid = v < n_e;
+          const int slot = (i < 64 / kRowsPerPass) ? sa : sb;
+          const bf16* src = valid
+                                ? prm.pool + static_cast<int64_t>(slot) * prm.page_elems +
+                                      (static_cast<int64_t>(which) * pg + (v & (pg - 1))) * kv_row +
+                                      hkv * HD + c * 8
+                                : prm.pool;
+          CpAsync16(dst + Sw128<BN>(row, c), src, valid);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / kRowsPerPass; ++i) {
+          const int row = i * kRowsPerPass + tid / kChunks;
+          const int v = v0 + row;
+          const bool valid = v < n_e;
+          const bf16* src = prm.pool;
+          if (valid) {
+            const int li = v / pg, off = v - li * pg;
+            src = prm.pool + static_cast<int64_t>(slot_of(li)) * prm.page_elems +
+                  (static_cast<int64_t>(which) * pg + off) * kv_row + hkv * HD + c * 8;
+          }
+          CpAsync16(dst + Sw128<BN>(row, c), src, valid);
+        }
+      }
+    } else {
+      const int kbase = (j - ne_tiles) * BN;
+      const bf16* own = which ? prm.v_own : prm.k_own;
+#pragma unroll
+      for (int i = 0; i < BN / kRowsPerPass; ++i) {
+        const int row = i * kRowsPerPass + tid / kChunks;
+        const int k = kbase + row;
+        const bool valid = k < own_end;
+        const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
+        CpAsync16(dst + Sw128<BN>(row, c), src, valid);
+      }
+    }
+  };
+
+  // --- prologue ---
+  {
+    const int c = tid % kChunks;
+#pragma unroll
+    for (int i = 0; i < BM / kRowsPerPass; ++i) {
+      const int row = i * kRowsPerPass + tid / kChunks;
+      const int qi = q0 + row;
+      const bool valid = qi < t;
+      const bf16* src =
+          valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
+      CpAsync16(sQ + Sw128<BM>(row, c), src, valid);
+    }
+  }
+  // Schedule (per warpgroup), iteration j: issue S_j = Q K_j and O += P_{j-1} V_{j-1} back to back,
+  // wait for S_j only, run tile j's softmax while the tensor cores work on P_{j-1} V_{j-1}, then
+  // wait for that, rescale O and pack P_j. Loads: K_{j+1} and V_j are issued at the top of
+  // iteration j into the buffers that S_{j-1} and P_{j-2} V_{j-2} (both complete) used.
+  int sa, sb;
+  tile_slots(0, sa, sb);
+  load_kv(0, 0, 0, sa, sb);
+  CpAsyncCommit();       // Q + K_0
+  int va = sa, vb = sb;  // slots of the tile whose V is loaded next
+  tile_slots(1, sa, sb);
+
+  float o[kOn];
+#pragma unroll
+  for (int i = 0; i < kOn; ++i) o[i] = 0.0f;
+  float s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+  uint32_t pa[BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float corr[2] = {1.0f, 1.0f};
+  const float scale_log2 = prm.scale_log2;
+  const int row_local0 = wg * 64 + wwarp * 16 + g;  // + 8 * hf
+  const uint32_t q_wg = sQ + wg * 64 * 128;
+
+  // Top of iteration j: K_j and V_{j-1} landed, every warpgroup finished iteration j - 1.
+  auto top = [&](int j) {
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    __syncthreads();
+    if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) & 1, 0, sa, sb);
+    if (j < n_tiles) load_kv(j, j & 1, 1, va, vb);
+    CpAsyncCommit();
+    va = sa;
+    vb = sb;
+    tile_slots(j + 2, sa, sb);
+  };
+  auto issue_s = [&](int j) {  // S_j = Q K_j^T : [64 rows][128 keys] per warpgroup
+    const uint32_t kbuf = sK + (j & 1) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t qa = q_wg + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      const uint32_t kb = kbuf + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+      WgmmaSS_m64n128(s, SmemDesc(qa, 16, 1024), SmemDesc(kb, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+  };
+  auto issue_pv = [&](int j) {  // O += P_j V_j
+    const uint32_t vbuf = sV + (j & 1) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t vaddr = vbuf + kk * 16 * 128;
+      if constexpr (HD == 128) {
+        WgmmaRS_m64n128_tb(o, pa[kk], SmemDesc(vaddr, BN * 128, 1024));
+      } else {
+        WgmmaRS_m64n64_tb(o, pa[kk], SmemDesc(vaddr, BN * 128, 1024));
+      }
+    }
+    WgmmaCommit();
+  };
+  auto softmax = [&](int j) {  // mask S_j, online softmax; O is rescaled in rescale_pack
+    if (j < ne_tiles) {
+      const int v0 = j * BN;
+      if (v0 + BN > n_e) {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (v0 + i * 8 + 2 * tq + (e & 1) >= n_e) s[4 * i + e] = -INFINITY;
+      }
+    } else {
+      const int kbase = (j - ne_tiles) * BN;
+      if (kbase + BN > q0 + 1 || kbase + BN > t) {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = kbase + i * 8 + 2 * tq + (e & 1);
+            const int qi = q0 + row_local0 + (e >> 1) * 8;
+            if (k > qi || k >= t) s[4 * i + e] = -INFINITY;
+          }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+        mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[hf], mx);
+      const float ms = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+      corr[hf] = Exp2(row_max[hf] * scale_log2 - ms);
+      row_max[hf] = m_new;
+      float rs = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = Exp2(fmaf(s[4 * i + 2 * hf + e], scale_log2, -ms));
+          s[4 * i + 2 * hf + e] = x;
+          rs += x;
+        }
+      }
+      row_sum[hf] = row_sum[hf] * corr[hf] + rs;
+    }
+  };
+  auto rescale_pack = [&]() {
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      o[4 * i + 0] *= corr[0];
+      o[4 * i + 1] *= corr[0];
+      o[4 * i + 2] *= corr[1];
+      o[4 * i + 3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = PackBf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  // Tile 0 (n_tiles >= 1 always: every query sees its own key).
+  top(0);
+  WgmmaFence();
+  issue_s(0);
+  WgmmaWait<0>();
+  FenceAcc(s);
+  softmax(0);
+  rescale_pack();
+  for (int j = 1; j < n_tiles; ++j) {
+    top(j);
+    WgmmaFence();
+    issue_s(j);
+    issue_pv(j - 1);
+    WgmmaWait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    FenceAcc(s);
+    softmax(j);
+    WgmmaWait<0>();
+    FenceAcc(o);
+    rescale_pack();
+  }
+  top(n_tiles);
+  WgmmaFence();
+  issue_pv(n_tiles - 1);
+  WgmmaWait<0>();
+  FenceAcc(o);
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // --- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile ---
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row_local = row_local0 + hf * 8;
+    const int qi = q0 + row_local;
+    if (tq == 0 && qi < t) {
+      prm.lse[static_cast<int64_t>(qi) * prm.hq + h] = (row_max[hf] * scale_log2 + log2f(l)) * kLn2;
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      const uint32_t packed = PackBf16(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sQ + Sw128<BM>(row_local, i) + tq * 4),
+                   "r"(packed)
+                   : "memory");
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < BM / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks, c = tid % kChunks;
+    const int qi = q0 + row;
+    if (qi < t) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(sQ + Sw128<BM>(row, c))
+                   : "memory");
+      *reinterpret_cast<uint4*>(prm.out + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8) = v;
+    }
+  }
+}
+
+// CTXPLAN_ATTN_FWD=mma selects the mma.sync kernel (the FA2-style fallback, kept for comparison).
+bool UseMmaSyncForward() {
+  const char* v = std::getenv("CTXPLAN_ATTN_FWD");
+  return v != nullptr && std::strcmp(v, "mma") == 0;
+}
+
+template <int HD>
+void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
+  const dim3 grid(prm.q_tiles, prm.hq);
+  if (UseMmaSyncForward()) {
+    constexpr int smem = kFwdBM * HD * 2 + 4 * kFwdBN * HD * 2;
+    CTXPLAN_CUDA_CHECK(
+        cudaFuncSetAttribute(AttnFwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    AttnFwdKernel<HD><<<grid, kFwdThreads, smem, stream>>>(prm);
+    CTXPLAN_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  constexpr int smem = WgSmem<HD>::kBytes;
+  CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnFwdWgmmaKernel<HD>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  AttnFwdWgmmaKernel<HD><<<grid, kWgThreads, smem, stream>>>(prm);
+  CTXPLAN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
+                      const bf16* v_own, const PagedKv<const bf16>& earlier,
+                      const PageSelection& selection, bf16* out, float* lse, cudaStream_t stream) {
+  Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
+  Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
+  Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
+              shape.num_heads % shape.num_kv_heads == 0 && shape.num_heads < 65536,
+          "query heads must be a positive multiple of KV heads");
+  Require(earlier.num_pages >= 0, "negative page count");
+  if (earlier.num_pages > 0) {
+    Require(earlier.pool != nullptr && earlier.page_slot != nullptr, "earlier pages missing");
+    Require(earlier.shape.num_kv_heads == shape.num_kv_heads &&
+                earlier.shape.head_dim == shape.head_dim,
+            "page shape differs from the attention shape");
+    Require(earlier.shape.page_tokens >= 16, "page_tokens must be >= 16");
+    Require(earlier.num_pages * earlier.shape.page_tokens < (int64_t{1} << 30),
+            "too many earlier positions");
+  }
+  if (selection.pages != nullptr) {
+    Require(selection.query_tile > 0 && selection.query_tile % kFwdBM == 0,
+            "page-sparse attention needs query_tile a multiple of 128");
+    Require(selection.pages_per_tile >= 0 && selection.pages_per_tile <= earlier.num_pages,
+            "pages_per_tile out of range");
+  }
+  if (shape.tokens == 0) return;
+  Require(q && k_own && v_own && out && lse, "null tensor");
+
+  FwdParams prm{};
+  prm.q = q;
+  prm.k_own = k_own;
+  prm.v_own = v_own;
+  prm.pool = earlier.pool;
+  prm.page_slot = earlier.page_slot;
+  prm.sel = earlier.num_pages > 0 ? selection.pages : nullptr;
+  prm.out = out;
+  prm.lse = lse;
+  prm.page_elems = earlier.num_pages > 0 ? earlier.shape.page_elements() : 0;
+  prm.sel_stride = prm.sel ? selection.pages_per_tile : 0;
+  prm.t = static_cast<int>(shape.tokens);
+  prm.hq = static_cast<int>(shape.num_heads);
+  prm.hkv = static_cast<int>(shape.num_kv_heads);
+  prm.group = prm.hq / prm.hkv;
+  prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kFwdBN;
+  prm.num_pages = static_cast<int>(earlier.num_pages);
+  prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kFwdBM;
+  prm.q_tiles = static_cast<int>((shape.tokens + kFwdBM - 1) / kFwdBM);
+  prm.scale_log2 = shape.scale * kLog2e;
+  if (shape.head_dim == 128) {
+    LaunchFwd<128>(prm, stream);
+  } else {
+    LaunchFwd<64>(prm, stream);
+  }
+}
+
+}  // namespace ctxplan::kernels::cuda

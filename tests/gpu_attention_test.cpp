@@ -1,0 +1,598 @@
+// CUDA paged attention and page selection against the CPU references (ctxplan/kernels/cpu),
+// on the same bf16-rounded inputs. Norm-wise relative error ||out - ref|| / ||ref|| <= 1e-2 for
+// bf16 outputs; NaN never passes; every output is poisoned with NaN bytes before each run.
+// Skips itself when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ctxplan/kernels/cpu/reference.h"
+#include "ctxplan/kernels/cuda/attention.h"
+#include "ctxplan/kernels/cuda/check.h"
+
+namespace ctxplan::kernels {
+namespace {
+
+using cuda::bf16;
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
+
+// --- host bf16 ---
+uint16_t ToBf16Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+float FromBf16Bits(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+float RoundBf16(float f) {
+  return FromBf16Bits(ToBf16Bits(f));
+}
+
+// --- device buffers ---
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (n > 0) CTXPLAN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void Poison() {
+    if (p_) CTXPLAN_CUDA_CHECK(cudaMemset(p_, 0xff, n_ * sizeof(T)));
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+DeviceBuffer<bf16> UploadBf16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = ToBf16Bits(x[i]);
+  DeviceBuffer<bf16> d(x.size());
+  if (!x.empty())
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+DeviceBuffer<T> Upload(const std::vector<T>& x) {
+  DeviceBuffer<T> d(x.size());
+  if (!x.empty())
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(d.get(), x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+std::vector<float> DownloadBf16(const DeviceBuffer<bf16>& d) {
+  std::vector<uint16_t> h(d.size());
+  if (!h.empty())
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), h.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = FromBf16Bits(h[i]);
+  return x;
+}
+template <typename T>
+std::vector<T> Download(const DeviceBuffer<T>& d) {
+  std::vector<T> h(d.size());
+  if (!h.empty())
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), h.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// ||out - ref|| / ||ref||; +inf when anything is NaN/inf or sizes differ.
+double RelErr(const std::vector<float>& out, const std::vector<float>& ref) {
+  if (out.size() != ref.size()) return INFINITY;
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) return INFINITY;
+    const double d = static_cast<double>(out[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+std::vector<float> Sub(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> r(a.size());
+  for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
+  return r;
+}
+
+std::vector<float> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = RoundBf16(dist(rng));
+  return x;
+}
+
+constexpr double kTol = 1e-2;
+
+// --- one attention problem: inputs on host (bf16-rounded floats) and device ---
+struct Problem {
+  int64_t t = 0, hq = 0, hkv = 0, hd = 0, p = 64, pages = 0, extra_slots = 3;
+  bool shuffle = true;
+  // sparse selection (host); empty = dense
+  int64_t query_tile = 128, per_tile = 0;
+  std::vector<int32_t> sel;
+
+  std::vector<float> q, k, v, pool, d_out;
+  std::vector<int32_t> slots, dkv_slots;
+  int64_t num_slots = 0;
+
+  KvPageShape PageShape() const { return {p, hkv, hd}; }
+  cpu::AttentionShape CpuShape() const {
+    return {t, hq, hkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  }
+  cuda::AttentionShape GpuShape() const {
+    return {t, hq, hkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  }
+  PageSelection CpuSelection() const {
+    PageSelection s;
+    s.query_tile = query_tile;
+    s.pages_per_tile = per_tile;
+    s.pages = sel.empty() ? nullptr : sel.data();
+    return s;
+  }
+  bool Sparse() const { return !sel.empty(); }
+
+  void Generate(uint32_t seed) {
+    std::mt19937 rng(seed);
+    q = RandomBf16(t * hq * hd, rng, 1.5f);
+    k = RandomBf16(t * hkv * hd, rng);
+    v = RandomBf16(t * hkv * hd, rng);
+    num_slots = pages + extra_slots;
+    pool = RandomBf16(num_slots * PageShape().page_elements(), rng);
+    d_out = RandomBf16(t * hq * hd, rng);
+    std::vector<int32_t> perm(num_slots);
+    std::iota(perm.begin(), perm.end(), 0);
+    if (shuffle) std::shuffle(perm.begin(), perm.end(), rng);
+    slots.assign(perm.begin(), perm.begin() + pages);
+    if (shuffle) std::shuffle(perm.begin(), perm.end(), rng);
+    dkv_slots.assign(perm.begin(), perm.begin() + pages);
+  }
+};
+
+struct FwdResult {
+  std::vector<float> out, lse;
+};
+
+FwdResult CpuForward(const Problem& pr) {
+  FwdResult r;
+  r.out.assign(pr.t * pr.hq * pr.hd, 0.0f);
+  r.lse.assign(pr.t * pr.hq, 0.0f);
+  const PagedKv<const float> earlier{pr.PageShape(), pr.pool.data(), pr.slots.data(), pr.pages};
+  cpu::AttentionForward(pr.CpuShape(), pr.q.data(), pr.k.data(), pr.v.data(), earlier,
+                        pr.CpuSelection(), r.out.data(), r.lse.data());
+  return r;
+}
+
+// Device copies of a problem's inputs.
+struct DeviceProblem {
+  DeviceBuffer<bf16> q, k, v, pool, d_out;
+  DeviceBuffer<int32_t> slots, dkv_slots, sel;
+  explicit DeviceProblem(const Problem& pr)
+      : q(UploadBf16(pr.q)),
+        k(UploadBf16(pr.k)),
+        v(UploadBf16(pr.v)),
+        pool(UploadBf16(pr.pool)),
+        d_out(UploadBf16(pr.d_out)),
+        slots(Upload(pr.slots)),
+        dkv_slots(Upload(pr.dkv_slots)),
+        sel(Upload(pr.sel)) {}
+  PagedKv<const bf16> Earlier(const Problem& pr) const {
+    return {pr.PageShape(), pool.get(), slots.get(), pr.pages};
+  }
+  PageSelection Selection(const Problem& pr) const {
+    PageSelection s;
+    s.query_tile = pr.query_tile;
+    if (pr.Sparse()) {
+      s.pages_per_tile = pr.per_tile;
+      s.pages = sel.get();
+    }
+    return s;
+  }
+};
+
+FwdResult GpuForward(const Problem& pr, const DeviceProblem& dp) {
+  DeviceBuffer<bf16> out(pr.t * pr.hq * pr.hd);
+  DeviceBuffer<float> lse(pr.t * pr.hq);
+  out.Poison();
+  lse.Poison();
+  cuda::AttentionForward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
+                         dp.Selection(pr), out.get(), lse.get(), nullptr);
+  CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  return {DownloadBf16(out), Download(lse)};
+}
+
+struct BwdResult {
+  std::vector<float> dq, dk, dv, dkv;  // dkv: the whole pool after accumulation
+};
+
+// CPU backward on (out rounded to bf16, lse) from the CPU forward; dkv starts at `dkv_init`.
+BwdResult CpuBackward(const Problem& pr, const std::vector<float>& out_b,
+                      const std::vector<float>& lse, const std::vector<float>& dkv_init) {
+  BwdResult r;
+  r.dq.assign(pr.t * pr.hq * pr.hd, 0.0f);
+  r.dk.assign(pr.t * pr.hkv * pr.hd, 0.0f);
+  r.dv.assign(pr.t * pr.hkv * pr.hd, 0.0f);
+  r.dkv = dkv_init;
+  const PagedKv<const float> earlier{pr.PageShape(), pr.pool.data(), pr.slots.data(), pr.pages};
+  const PagedKv<float> dkv{pr.PageShape(), r.dkv.data(), pr.dkv_slots.data(), pr.pages};
+  cpu::AttentionBackward(pr.CpuShape(), pr.q.data(), pr.k.data(), pr.v.data(), earlier,
+                         pr.CpuSelection(), out_b.data(), lse.data(), pr.d_out.data(), r.dq.data(),
+                         r.dk.data(), r.dv.data(), dkv);
+  return r;
+}
+
+// GPU backward; the dKV pool is fp32 (bf16_pool = false) or bf16, starting at `dkv_init`.
+BwdResult GpuBackward(const Problem& pr, const DeviceProblem& dp, const std::vector<float>& out_b,
+                      const std::vector<float>& lse, const std::vector<float>& dkv_init,
+                      bool bf16_pool) {
+  DeviceBuffer<bf16> out = UploadBf16(out_b);
+  DeviceBuffer<float> lse_d = Upload(lse);
+  DeviceBuffer<bf16> dq(pr.t * pr.hq * pr.hd), dk(pr.t * pr.hkv * pr.hd), dv(pr.t * pr.hkv * pr.hd);
+  dq.Poison();
+  dk.Poison();
+  dv.Poison();
+  const size_t ws_bytes = cuda::AttentionBackwardWorkspaceBytes(pr.GpuShape());
+  DeviceBuffer<uint8_t> ws(ws_bytes);
+  ws.Poison();
+  BwdResult r;
+  if (bf16_pool) {
+    DeviceBuffer<bf16> pool = UploadBf16(dkv_init);
+    const PagedKv<bf16> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
+    cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
+                            dp.Selection(pr), out.get(), lse_d.get(), dp.d_out.get(), dq.get(),
+                            dk.get(), dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    r.dkv = DownloadBf16(pool);
+  } else {
+    DeviceBuffer<float> pool = Upload(dkv_init);
+    const PagedKv<float> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
+    cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
+                            dp.Selection(pr), out.get(), lse_d.get(), dp.d_out.get(), dq.get(),
+                            dk.get(), dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    r.dkv = Download(pool);
+  }
+  r.dq = DownloadBf16(dq);
+  r.dk = DownloadBf16(dk);
+  r.dv = DownloadBf16(dv);
+  return r;
+}
+
+// Every entry of the dKV pool outside the listed (and touched) slots must be bit-identical.
+void ExpectUntouched(const Problem& pr, const std::vector<float>& before,
+                     const std::vector<float>& after, const std::vector<bool>& touched_page) {
+  const int64_t pe = pr.PageShape().page_elements();
+  std::vector<bool> written(pr.num_slots, false);
+  for (int64_t pg = 0; pg < pr.pages; ++pg)
+    if (touched_page[pg]) written[pr.dkv_slots[pg]] = true;
+  int64_t bad = 0;
+  for (int64_t s = 0; s < pr.num_slots; ++s) {
+    if (written[s]) continue;
+    for (int64_t e = 0; e < pe; ++e)
+      if (std::memcmp(&before[s * pe + e], &after[s * pe + e], 4) != 0) ++bad;
+  }
+  EXPECT_EQ(bad, 0) << "dKV entries changed outside the touched pages";
+}
+
+std::vector<bool> TouchedPages(const Problem& pr) {
+  std::vector<bool> touched(pr.pages, !pr.Sparse());
+  for (int32_t pg : pr.sel) touched[pg] = true;
+  return touched;
+}
+
+// Full check of one problem: forward (out, lse) and backward (dq, dk, dv, dkv accumulation).
+void CheckProblem(Problem pr, uint32_t seed, bool backward = true, bool bf16_pool = false) {
+  pr.Generate(seed);
+  SCOPED_TRACE("t=" + std::to_string(pr.t) + " hq=" + std::to_string(pr.hq) +
+               " hkv=" + std::to_string(pr.hkv) + " hd=" + std::to_string(pr.hd) +
+               " p=" + std::to_string(pr.p) + " pages=" + std::to_string(pr.pages) +
+               (pr.Sparse() ? " sparse" : " dense"));
+  const DeviceProblem dp(pr);
+  const FwdResult ref = CpuForward(pr);
+  const FwdResult got = GpuForward(pr, dp);
+  EXPECT_LE(RelErr(got.out, ref.out), kTol) << "forward out";
+  EXPECT_LE(RelErr(got.lse, ref.lse), kTol) << "forward lse";
+  // LSE is absolute: also bound it element-wise.
+  double max_lse = 0.0;
+  for (size_t i = 0; i < ref.lse.size(); ++i)
+    max_lse = std::max(max_lse, std::abs(static_cast<double>(got.lse[i]) - ref.lse[i]));
+  EXPECT_LE(max_lse, 2e-2) << "forward lse max abs error";
+  if (!backward) return;
+
+  std::vector<float> out_b(ref.out.size());
+  for (size_t i = 0; i < out_b.size(); ++i) out_b[i] = RoundBf16(ref.out[i]);
+  const int64_t pool_elems = pr.num_slots * pr.PageShape().page_elements();
+  const std::vector<float> zeros(pool_elems, 0.0f);
+  const BwdResult grad = CpuBackward(pr, out_b, ref.lse, zeros);  // dkv = the increment
+  // dKV starts non-zero, of the increment's size: the kernel must add, not overwrite.
+  double rms = 0.0;
+  for (float x : grad.dkv) rms += static_cast<double>(x) * x;
+  rms = pr.pages > 0 ? std::sqrt(rms / std::max<int64_t>(1, pool_elems)) : 1.0;
+  std::mt19937 rng(seed + 7);
+  std::vector<float> init = RandomBf16(pool_elems, rng, static_cast<float>(std::max(rms, 1e-3)));
+  std::vector<float> expect(pool_elems);
+  for (int64_t i = 0; i < pool_elems; ++i) expect[i] = init[i] + grad.dkv[i];
+
+  const BwdResult g = GpuBackward(pr, dp, out_b, ref.lse, init, bf16_pool);
+  EXPECT_LE(RelErr(g.dq, grad.dq), kTol) << "dq";
+  EXPECT_LE(RelErr(g.dk, grad.dk), kTol) << "dk own";
+  EXPECT_LE(RelErr(g.dv, grad.dv), kTol) << "dv own";
+  if (pr.pages > 0) {
+    // The increment, measured against the reference increment.
+    EXPECT_LE(RelErr(Sub(g.dkv, init), grad.dkv), kTol) << "dkv accumulation";
+    EXPECT_LE(RelErr(g.dkv, expect), kTol) << "dkv final";
+    ExpectUntouched(pr, init, g.dkv, TouchedPages(pr));
+  }
+}
+
+Problem Make(int64_t t, int64_t hq, int64_t hkv, int64_t hd, int64_t p, int64_t pages) {
+  Problem pr;
+  pr.t = t;
+  pr.hq = hq;
+  pr.hkv = hkv;
+  pr.hd = hd;
+  pr.p = p;
+  pr.pages = pages;
+  return pr;
+}
+
+// --- forward + backward vs the CPU reference ---
+TEST(GpuAttention, Gqa7Hd128Paged) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(300, 14, 2, 128, 64, 5), 1);  // t not a multiple of the tile
+}
+TEST(GpuAttention, Gqa1Hd64SmallPages) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(200, 3, 3, 64, 16, 9), 2);  // p = 16: tiles span pages
+}
+TEST(GpuAttention, Gqa4Hd128SinglePage) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(130, 8, 2, 128, 128, 1), 3);
+}
+TEST(GpuAttention, Gqa4Hd64NoEarlierPages) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(257, 8, 2, 64, 64, 0), 4);
+}
+TEST(GpuAttention, Gqa7Hd64Page32) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(77, 7, 1, 64, 32, 7), 5);  // p = 32, t < one tile
+}
+TEST(GpuAttention, Gqa1Hd128Page128) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(384, 2, 2, 128, 128, 3), 6);
+}
+TEST(GpuAttention, BackwardBf16DkvPool) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(190, 8, 2, 128, 64, 3), 7, true, /*bf16_pool=*/true);
+}
+TEST(GpuAttention, TinyChunk) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(1, 4, 1, 128, 64, 2), 8);
+  CheckProblem(Make(17, 4, 4, 64, 16, 1), 9);
+}
+
+// The mma.sync (FA2-style) kernels kept as a fallback behind CTXPLAN_ATTN_FWD / CTXPLAN_ATTN_BWD
+// = "mma" (the default for head_dim 128 is the wgmma pair, for 64 the wgmma forward).
+TEST(GpuAttention, MmaSyncFallbackKernels) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_FWD", "mma", 1);
+  setenv("CTXPLAN_ATTN_BWD", "mma", 1);
+  CheckProblem(Make(300, 14, 2, 128, 64, 5), 41);
+  CheckProblem(Make(200, 3, 3, 64, 16, 9), 42);
+  Problem sparse = Make(256, 8, 2, 128, 64, 10);
+  sparse.per_tile = 4;
+  sparse.sel = {0, 3, 4, 8, 0, 1, 5, 9};  // 2 tiles of 128 queries, 4 pages each
+  CheckProblem(sparse, 43);
+  unsetenv("CTXPLAN_ATTN_FWD");
+  unsetenv("CTXPLAN_ATTN_BWD");
+}
+
+// --- real top-k selection (sinks + top pages per 128-query tile) ---
+TEST(GpuAttention, SparseTopK) {
+  SKIP_WITHOUT_GPU();
+  for (int variant = 0; variant < 2; ++variant) {
+    Problem pr = variant == 0 ? Make(300, 14, 2, 128, 64, 12) : Make(256, 4, 4, 64, 16, 20);
+    pr.Generate(11 + variant);
+    const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
+    std::vector<float> scores(tiles * pr.pages);
+    std::mt19937 rng(99 + variant);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (auto& s : scores) s = u(rng);
+    const int64_t budget = variant == 0 ? 3 : 6, sinks = 1;
+    pr.per_tile = std::min(pr.pages, sinks + budget);
+    pr.sel.assign(tiles * pr.per_tile, -1);
+    cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
+    // CheckProblem regenerates the same inputs from the seed; keep the selection.
+    CheckProblem(pr, 11 + variant);
+  }
+}
+
+// --- exact equalities on the GPU ---
+TEST(GpuAttention, PagedEqualsContiguousAndSparseAllEqualsDense) {
+  SKIP_WITHOUT_GPU();
+  Problem base = Make(320, 8, 2, 128, 64, 6);
+  base.shuffle = false;  // identity page table, slots in order: contiguous K/V
+  base.extra_slots = 0;
+  base.Generate(21);
+  // The same logical pages in shuffled slots.
+  Problem shuffled = base;
+  std::mt19937 rng(5);
+  std::vector<int32_t> perm(base.pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const int64_t pe = base.PageShape().page_elements();
+  for (int64_t pg = 0; pg < base.pages; ++pg) {
+    shuffled.slots[pg] = perm[pg];
+    std::copy_n(base.pool.begin() + pg * pe, pe, shuffled.pool.begin() + perm[pg] * pe);
+  }
+  // Sparse with every page listed for every tile.
+  Problem all = base;
+  const int64_t tiles = (base.t + 127) / 128;
+  all.per_tile = base.pages;
+  for (int64_t tile = 0; tile < tiles; ++tile)
+    for (int32_t pg = 0; pg < base.pages; ++pg) all.sel.push_back(pg);
+
+  const DeviceProblem d0(base), d1(shuffled), d2(all);
+  const FwdResult f0 = GpuForward(base, d0), f1 = GpuForward(shuffled, d1),
+                  f2 = GpuForward(all, d2);
+  EXPECT_EQ(RelErr(f1.out, f0.out), 0.0) << "paged (shuffled) != contiguous";
+  EXPECT_EQ(RelErr(f1.lse, f0.lse), 0.0);
+  EXPECT_EQ(RelErr(f2.out, f0.out), 0.0) << "sparse(all) != dense";
+  EXPECT_EQ(RelErr(f2.lse, f0.lse), 0.0);
+
+  std::vector<float> out_b(f0.out);
+  const std::vector<float> zeros(base.num_slots * pe, 0.0f);
+  const BwdResult b0 = GpuBackward(base, d0, out_b, f0.lse, zeros, false);
+  const BwdResult b1 = GpuBackward(shuffled, d1, out_b, f0.lse, zeros, false);
+  const BwdResult b2 = GpuBackward(all, d2, out_b, f0.lse, zeros, false);
+  // dK/dV are deterministic (no atomics); dQ sums key blocks with fp32 atomics.
+  EXPECT_EQ(RelErr(b1.dk, b0.dk), 0.0);
+  EXPECT_EQ(RelErr(b1.dv, b0.dv), 0.0);
+  EXPECT_LE(RelErr(b1.dq, b0.dq), 1e-2);
+  EXPECT_EQ(RelErr(b2.dk, b0.dk), 0.0);
+  EXPECT_EQ(RelErr(b2.dv, b0.dv), 0.0);
+  EXPECT_LE(RelErr(b2.dq, b0.dq), 1e-2);
+  EXPECT_EQ(RelErr(b2.dkv, b0.dkv), 0.0);
+  // Logical page pg of the shuffled run lives in dkv slot shuffled.dkv_slots[pg].
+  std::vector<float> b1_logical(b0.dkv.size()), b0_logical(b0.dkv.size());
+  for (int64_t pg = 0; pg < base.pages; ++pg) {
+    std::copy_n(b1.dkv.begin() + shuffled.dkv_slots[pg] * pe, pe, b1_logical.begin() + pg * pe);
+    std::copy_n(b0.dkv.begin() + base.dkv_slots[pg] * pe, pe, b0_logical.begin() + pg * pe);
+  }
+  EXPECT_EQ(RelErr(b1_logical, b0_logical), 0.0);
+}
+
+// --- page selection ---
+TEST(GpuPageSelect, SummaryScoreTopK) {
+  SKIP_WITHOUT_GPU();
+  struct Cfg {
+    int64_t t, hq, hkv, hd, p, pages;
+  };
+  for (const Cfg c : {Cfg{300, 14, 2, 128, 64, 11}, Cfg{129, 4, 4, 64, 16, 37}}) {
+    Problem pr = Make(c.t, c.hq, c.hkv, c.hd, c.p, c.pages);
+    pr.Generate(31);
+    const DeviceProblem dp(pr);
+    // Summaries.
+    std::vector<float> sum_ref(pr.pages * pr.hkv * pr.hd);
+    cpu::PageSummary(
+        PagedKv<const float>{pr.PageShape(), pr.pool.data(), pr.slots.data(), pr.pages},
+        sum_ref.data());
+    DeviceBuffer<bf16> sum_d(sum_ref.size());
+    sum_d.Poison();
+    cuda::PageSummary(dp.Earlier(pr), sum_d.get(), nullptr);
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> sum_got = DownloadBf16(sum_d);
+    EXPECT_LE(RelErr(sum_got, sum_ref), kTol) << "page summary";
+
+    // Scores, on the GPU's (bf16) summaries for both.
+    const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
+    std::vector<float> sc_ref(tiles * pr.pages);
+    cpu::PageScore(pr.q.data(), pr.t, pr.hq, pr.hkv, pr.hd, pr.query_tile, sum_got.data(), pr.pages,
+                   sc_ref.data());
+    DeviceBuffer<float> sc_d(sc_ref.size());
+    sc_d.Poison();
+    const size_t ws_bytes = cuda::PageScoreWorkspaceBytes(pr.t, pr.hkv, pr.hd, pr.query_tile);
+    DeviceBuffer<uint8_t> ws(ws_bytes);
+    cuda::PageScore(dp.q.get(), pr.t, pr.hq, pr.hkv, pr.hd, pr.query_tile, sum_d.get(), pr.pages,
+                    sc_d.get(), ws.get(), ws_bytes, nullptr);
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> sc_got = Download(sc_d);
+    EXPECT_LE(RelErr(sc_got, sc_ref), 1e-4) << "page scores";
+
+    // Top-k on the GPU's scores: the very same selection as the CPU reference.
+    for (const auto& [budget, sinks] : std::vector<std::pair<int64_t, int64_t>>{
+             {3, 1}, {4, 0}, {0, 2}, {pr.pages, 1}, {pr.pages - 3, 2}}) {
+      const int64_t per_tile = std::min(pr.pages, sinks + budget);
+      std::vector<int32_t> sel_ref(tiles * per_tile, -1);
+      EXPECT_EQ(cpu::PageTopK(sc_got.data(), tiles, pr.pages, budget, sinks, sel_ref.data()),
+                per_tile);
+      DeviceBuffer<int32_t> sel_d(sel_ref.size());
+      sel_d.Poison();
+      EXPECT_EQ(cuda::PageTopK(sc_d.get(), tiles, pr.pages, budget, sinks, sel_d.get(), nullptr),
+                per_tile);
+      CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(Download(sel_d), sel_ref) << "top-k budget " << budget << " sinks " << sinks;
+    }
+  }
+}
+
+TEST(GpuPageSelect, TopKTiesNanAndLargePageCounts) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(77);
+  const int64_t tiles = 5, pages = 3000;
+  std::vector<float> scores(tiles * pages);
+  std::uniform_int_distribution<int> coarse(-20, 20);
+  for (auto& s : scores) s = static_cast<float>(coarse(rng)) * 0.25f;  // many exact ties
+  scores[7] = NAN;
+  scores[pages + 3] = -0.0f;
+  scores[pages + 4] = 0.0f;
+  scores[2 * pages + 100] = INFINITY;
+  scores[3 * pages + 5] = -INFINITY;
+  const DeviceBuffer<float> sc_d = Upload(scores);
+  for (const auto& [budget, sinks] :
+       std::vector<std::pair<int64_t, int64_t>>{{64, 1}, {1, 0}, {1000, 4}, {2990, 3}}) {
+    const int64_t per_tile = std::min(pages, sinks + budget);
+    std::vector<int32_t> sel_ref(tiles * per_tile, -1);
+    cpu::PageTopK(scores.data(), tiles, pages, budget, sinks, sel_ref.data());
+    DeviceBuffer<int32_t> sel_d(sel_ref.size());
+    sel_d.Poison();
+    cuda::PageTopK(sc_d.get(), tiles, pages, budget, sinks, sel_d.get(), nullptr);
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(Download(sel_d), sel_ref) << "budget " << budget << " sinks " << sinks;
+  }
+}
+
+TEST(GpuAttention, RejectsUnsupportedShapes) {
+  SKIP_WITHOUT_GPU();
+  cuda::AttentionShape s{128, 4, 4, 96, 0.1f};
+  PagedKv<const bf16> none{};
+  PageSelection dense{};
+  EXPECT_THROW(
+      cuda::AttentionForward(s, nullptr, nullptr, nullptr, none, dense, nullptr, nullptr, nullptr),
+      std::invalid_argument);
+  s.head_dim = 128;
+  s.num_heads = 6;  // not a multiple of 4
+  EXPECT_THROW(
+      cuda::AttentionForward(s, nullptr, nullptr, nullptr, none, dense, nullptr, nullptr, nullptr),
+      std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ctxplan::kernels
