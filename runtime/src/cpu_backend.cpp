@@ -333,17 +333,8 @@ class CpuBackend::Impl {
                                c_.earlier_pages * kv_dim_);
   }
 
-  // The earlier pages this layer of this chunk attends: the union of its tiles' selections.
   std::vector<int32_t> UnionPages(const Op& op) const {
-    if (!c_.sparse) {
-      std::vector<int32_t> all(static_cast<size_t>(c_.earlier_pages));
-      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
-      return all;
-    }
-    std::vector<int32_t> u = op.phase == Phase::kBackward ? saved_selection_[S(op)] : selection_;
-    std::sort(u.begin(), u.end());
-    u.erase(std::unique(u.begin(), u.end()), u.end());
-    return u;
+    return AttendedPages(c_, op.phase == Phase::kBackward ? saved_selection_[S(op)] : selection_);
   }
 
   void CopyIn(const Op& op) {

@@ -12,6 +12,18 @@ namespace {
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+std::vector<int32_t> AttendedPages(const ChunkGeometry& chunk, std::span<const int32_t> selection) {
+  if (!chunk.sparse) {
+    std::vector<int32_t> all(static_cast<size_t>(chunk.earlier_pages));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+    return all;
+  }
+  std::vector<int32_t> pages(selection.begin(), selection.end());
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  return pages;
+}
+
 PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
     : model_(model), options_(options) {
   options_.Validate(model_);

@@ -758,15 +758,8 @@ class CudaBackend::Impl {
   }
 
   std::vector<int32_t> UnionPages(const Op& op) const {
-    if (!c_.sparse) {
-      std::vector<int32_t> all(static_cast<size_t>(c_.earlier_pages));
-      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
-      return all;
-    }
-    std::vector<int32_t> u = op.phase == Phase::kBackward ? saved_selection_host_[S(op)] : selection_host_;
-    std::sort(u.begin(), u.end());
-    u.erase(std::unique(u.begin(), u.end()), u.end());
-    return u;
+    return AttendedPages(
+        c_, op.phase == Phase::kBackward ? saved_selection_host_[S(op)] : selection_host_);
   }
 
   k::AttentionShape Shape() const {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/run_options.h"
@@ -37,6 +39,11 @@ struct DkvState {
   int64_t pretouched_union = 0;  // pages of U_i that already hold dKV (copied in, not zeroed)
   int64_t own_touched = 0;       // own pages holding dKV from later chunks
 };
+
+// The earlier pages one layer of a chunk attends, ascending: every earlier page when the chunk
+// is dense, else the union of its tiles' selections ([tiles][pages_per_tile] logical pages).
+// What the backends copy in and out for that layer.
+std::vector<int32_t> AttendedPages(const ChunkGeometry& chunk, std::span<const int32_t> selection);
 
 class PlanGeometry {
  public:
