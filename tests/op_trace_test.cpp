@@ -172,3 +172,31 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
 
 }  // namespace
 }  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// A step recorded on an H200 by ctxtrain (traces/recorded/README.md) loads, names its run, and
+// replays against the plan its metadata describes, op for op.
+TEST(RecordedTrace, H200StepLoadsAndReplays) {
+  const std::string path =
+      std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace";
+  const OpTrace trace = ReadOpTrace(path);
+  EXPECT_EQ(trace.metadata.at("source"), "ctxtrain");
+  EXPECT_EQ(trace.metadata.at("gpu"), "NVIDIA H200");
+  const RunOptions options = RunOptionsFromMetadata(trace.metadata, path);
+  EXPECT_EQ(options.context_tokens, 32768);
+  const ModelSpec model = LoadModel(trace.metadata.at("model"));
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(LoadMachine("h200-125g"));
+  const sim::ReplayResult r = sim::Replay(trace, plan, time_model, path);
+  EXPECT_EQ(r.traced_ops, r.plan_ops);
+  EXPECT_EQ(r.measured_gpu_peak, r.predicted_gpu_peak);
+  // The measured step and the prediction are within a factor of 1.5 of each other.
+  EXPECT_GT(r.measured_step_seconds, 1.0);
+  EXPECT_LT(r.measured_step_seconds / r.predicted_step_seconds, 1.5);
+  EXPECT_GT(r.measured_step_seconds / r.predicted_step_seconds, 1.0 / 1.5);
+}
+
+}  // namespace
+}  // namespace ctxplan

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ctxplan/runtime/cuda/cuda_backend.h"
+#include "ctxplan/runtime/cuda/cupti_tracer.h"
 #endif
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
@@ -160,6 +162,27 @@ class Progress final : public StepObserver {
   std::chrono::steady_clock::time_point start_;
 };
 
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+// Brackets each op for CUPTI (so its GPU work maps to its plan id) and hands the plan's memory
+// events to the tracer, which writes them on its clock.
+class CuptiStepObserver final : public StepObserver {
+ public:
+  explicit CuptiStepObserver(gpu::CuptiTracer& tracer) : tracer_(tracer) {}
+  void BeforeOp(const Op& op) override { tracer_.PushOp(op); }
+  void AfterOp(const Op& op) override {
+    tracer_.PopOp();
+    if (!IsMemory(op.kind)) return;
+    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
+    total += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+    tracer_.OnMemoryEvent(op.space, op.category, total);
+  }
+
+ private:
+  gpu::CuptiTracer& tracer_;
+  int64_t gpu_bytes_ = 0, host_bytes_ = 0;
+};
+#endif
+
 class BothObservers final : public StepObserver {
  public:
   BothObservers(StepObserver* a, StepObserver* b) : a_(a), b_(b) {}
@@ -176,6 +199,13 @@ class BothObservers final : public StepObserver {
   StepObserver* a_;
   StepObserver* b_;
 };
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
 
 int64_t HostPhysicalBytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
@@ -207,7 +237,7 @@ int Main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of weights and synthetic data")->capture_default_str();
   app.add_option("--weights", f.weights, "initial weights: a safetensors file or sharded index");
   app.add_option("--lr", f.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--trace", f.trace, "trace the first step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
+  app.add_option("--trace", f.trace, "trace the last step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
   app.add_option("--save", f.save, "write a checkpoint after the last step (atomically)");
   app.add_option("--resume", f.resume, "resume from a checkpoint");
   app.add_flag("--json", f.json, "print the result as JSON");
@@ -300,25 +330,47 @@ int Main(int argc, char** argv) {
     progress.StartStep(s - first_step);
     const auto start = std::chrono::steady_clock::now();
     try {
-      if (s == first_step && !f.trace.empty()) {
-        RunMetadata metadata{{"source", "ctxtrain"}, {"backend", "cpu"}, {"model", model.name},
-                             {"step", std::to_string(s)}};
+      if (s == first_step + f.steps - 1 && !f.trace.empty()) {
+        RunMetadata metadata{{"source", "ctxtrain"}, {"backend", f.backend},
+                             {"model", model.name}, {"step", std::to_string(s)},
+                             {"commit", CTXPLAN_GIT_COMMIT}, {"date", UtcNow()}};
         AddRunOptions(options, metadata);
         const bool compact = f.trace.size() >= 9 && f.trace.substr(f.trace.size() - 9) == ".ctxtrace";
-        if (compact) {
-          OpTraceWriter writer(f.trace, metadata);
-          WallClockTracer tracer(&writer, nullptr);
+        // CPU ops run synchronously: the wall clock times them. CUDA ops run asynchronously:
+        // CUPTI times them on the GPU, each activity mapped to its plan op.
+        auto traced_step = [&](OpTraceWriter* writer, ChromeTraceWriter* chrome) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+          if (cuda) {
+            gpu::CuptiTracerOptions tracer_options;
+            tracer_options.enabled = true;
+            gpu::CuptiTracer tracer(tracer_options);
+            tracer.SetOutputs(writer, chrome);
+            CuptiStepObserver observer(tracer);
+            BothObservers both(&observer, &progress);
+            tracer.BeginStep();
+            last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
+            tracer.EndStep();
+            return;
+          }
+#endif
+          WallClockTracer tracer(writer, chrome);
           BothObservers both(&tracer, &progress);
           last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
+        };
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+        if (cuda)
+          for (const auto& [key, value] : gpu::CuptiTracer::DeviceMetadata()) metadata[key] = value;
+#endif
+        if (compact) {
+          OpTraceWriter writer(f.trace, metadata);
+          traced_step(&writer, nullptr);
           writer.Finish();
         } else {
           AtomicFileWriter file(f.trace);
           {
             ChromeTraceWriter chrome(file.stream());
             for (const auto& [key, value] : metadata) chrome.Metadata(key, value);
-            WallClockTracer tracer(nullptr, &chrome);
-            BothObservers both(&tracer, &progress);
-            last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
+            traced_step(nullptr, &chrome);
             chrome.Finish();
           }
           file.Commit();

@@ -50,6 +50,8 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   all.reserve(trace.ops.size());
   std::vector<bool> seen(recorder.ops.size(), false);
   for (const OpRecord& m : trace.ops) {
+    // Bookkeeping ops take no time on any stream; a tracer may still record their CPU span.
+    if (m.kind < kOpKindCount && IsMemory(static_cast<OpKind>(m.kind))) continue;
     const bool known = m.op_id < recorder.ops.size() && recorder.ops[m.op_id].start >= 0;
     if (!known)
       throw InputError(trace_name + ": op " + std::to_string(m.op_id) +
