@@ -40,17 +40,19 @@
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
+#include "run_flags.h"
 
 namespace ctxplan::train {
 namespace {
 
+using cli::AddRunFlags;
+using cli::ResolveModel;
+using cli::ResolveOptions;
+using cli::RunFlags;
+
 struct Flags {
+  RunFlags run;  // model, machine and run options, shared with ctxplan
   std::string backend = "cpu";
-  std::string model = "tiny";
-  std::string machine;
-  std::string context = "1024", chunk = "256", page = "64", budget = "all", sinks = "1",
-              query_tile = "64", offload = "on", grad_dtype = "fp32", optimizer = "adamw-gpu",
-              lora_rank = "0", keep_layer_inputs = "off";
   int64_t steps = 1;
   std::string data;
   std::string task = "retrieval";
@@ -61,37 +63,17 @@ struct Flags {
   std::string save, resume;
   bool json = false;
   bool force = false;
-};
 
-int64_t Count(const std::string& text, const std::string& flag) {
-  try {
-    return ParseTokens(text, flag);
-  } catch (const InputError&) {
-    if (text == "0") return 0;
-    throw;
+  Flags() {  // small defaults: the CPU backend trains the tiny model in seconds
+    run.model = "tiny";
+    run.context = "1024";
+    run.chunk = "256";
+    run.page = "64";
+    run.budget = "all";
+    run.query_tile = "64";
+    run.grad_dtype = "fp32";
   }
-}
-
-RunOptions Resolve(const Flags& f, const ModelSpec& model) {
-  RunOptions o;
-  o.context_tokens = ParseTokens(f.context, "--context");
-  o.chunk_tokens = ParseTokens(f.chunk, "--chunk");
-  o.page_tokens = ParseTokens(f.page, "--page");
-  o.page_budget = ParsePageBudget(f.budget, "--budget");
-  o.sink_pages = Count(f.sinks, "--sinks");
-  o.query_tile = ParseTokens(f.query_tile, "--query-tile");
-  if (f.offload != "on" && f.offload != "off")
-    throw InputError("--offload: '" + f.offload + "' is not on or off; accepted: on, off");
-  o.offload = f.offload == "on";
-  o.grad_dtype = ParseGradDtype(f.grad_dtype, "--grad-dtype");
-  o.optimizer = ParseOptimizer(f.optimizer, "--optimizer");
-  o.lora_rank = Count(f.lora_rank, "--lora-rank");
-  if (f.keep_layer_inputs != "on" && f.keep_layer_inputs != "off")
-    throw InputError("--keep-layer-inputs: '" + f.keep_layer_inputs + "'; accepted: on, off");
-  o.keep_layer_inputs = f.keep_layer_inputs == "on";
-  o.Validate(model);
-  return o;
-}
+};
 
 // What the step's inputs are: a window of a token file, or a synthetic task.
 class DataSource {
@@ -215,22 +197,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"ctxtrain: chunk-recurrent long-context training on the step plan"};
   Flags f;
   app.add_option("--backend", f.backend, "cpu (reference kernels) or cuda")->capture_default_str();
-  app.add_option("--model", f.model, "catalogue model or path to a YAML / HF config.json")
-      ->capture_default_str();
-  app.add_option("--machine", f.machine, "machine preset the planner checks against (cuda)");
-  app.add_option("--context", f.context, "context length in tokens")->capture_default_str();
-  app.add_option("--chunk", f.chunk, "chunk size")->capture_default_str();
-  app.add_option("--page", f.page, "page size")->capture_default_str();
-  app.add_option("--budget", f.budget, "pages per query tile, or all")->capture_default_str();
-  app.add_option("--sinks", f.sinks, "sink pages")->capture_default_str();
-  app.add_option("--query-tile", f.query_tile, "queries per page selection")->capture_default_str();
-  app.add_option("--offload", f.offload, "on|off")->capture_default_str();
-  app.add_option("--grad-dtype", f.grad_dtype, "bf16|fp32")->capture_default_str();
-  app.add_option("--optimizer", f.optimizer, "adamw-gpu|adamw-host|none")->capture_default_str();
-  app.add_option("--lora-rank", f.lora_rank, "LoRA rank, 0 = full fine-tune")->capture_default_str();
-  app.add_option("--keep-layer-inputs", f.keep_layer_inputs,
-                 "keep layer inputs from the fill instead of recomputing: on|off")
-      ->capture_default_str();
+  AddRunFlags(app, f.run, /*with_context=*/true);
   app.add_option("--steps", f.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--data", f.data, "binary file of uint32 token ids (instead of --task)");
   app.add_option("--task", f.task, "synthetic task: retrieval or random")->capture_default_str();
@@ -259,21 +226,41 @@ int Main(int argc, char** argv) {
   if (f.backend != "cpu" && f.backend != "cuda")
     throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
   const bool cuda = f.backend == "cuda";
-  const ModelSpec model = LoadModel(f.model);
-  const RunOptions options = Resolve(f, model);
+  const ModelSpec model = ResolveModel(f.run);
+  const RunOptions options = ResolveOptions(f.run, model, /*with_context=*/true);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
 
   // Ask the planner first: a run that cannot fit is refused before it allocates anything.
   const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(plan.geometry());
-  // The CPU backend holds the "GPU" arena in host memory too.
-  const int64_t needed = (cuda ? 0 : predicted.gpu.peak_bytes) + predicted.host.peak_bytes;
-  const int64_t have = HostPhysicalBytes();
-  if (needed > have && !f.force)
-    throw InputError("the planner predicts " + FormatGiB(needed) + " (arena " +
-                     FormatGiB(predicted.gpu.peak_bytes) + " + pinned " +
-                     FormatGiB(predicted.host.peak_bytes) + ") but this machine has " +
-                     FormatGiB(have) + "; accepted: a smaller run, or --force");
+  const int64_t host_have = HostPhysicalBytes();
+  if (cuda) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    sim::StepPrediction memory;
+    memory.gpu = predicted.gpu;
+    memory.host = predicted.host;
+    const sim::PlanReport report =
+        sim::MakeReport(plan.geometry(), cli::ResolveMachine(f.run), memory);
+    size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (status != cudaSuccess)
+      throw TrainingError(std::string("no usable GPU: ") + cudaGetErrorString(status));
+    const int64_t gpu_have = static_cast<int64_t>(total_bytes);
+    if ((report.gpu_memory.device > gpu_have || report.host_peak > host_have) && !f.force)
+      throw InputError("the planner predicts " + FormatGiB(report.gpu_memory.device) +
+                       " of GPU memory (this GPU has " + FormatGiB(gpu_have) + ") and " +
+                       FormatGiB(report.host_peak) + " of pinned host memory (this machine has " +
+                       FormatGiB(host_have) + "); accepted: a smaller run, or --force");
+#endif
+  } else {
+    // The CPU backend holds the "GPU" arena in host memory too.
+    const int64_t needed = predicted.gpu.peak_bytes + predicted.host.peak_bytes;
+    if (needed > host_have && !f.force)
+      throw InputError("the planner predicts " + FormatGiB(needed) + " (arena " +
+                       FormatGiB(predicted.gpu.peak_bytes) + " + pinned " +
+                       FormatGiB(predicted.host.peak_bytes) + ") but this machine has " +
+                       FormatGiB(host_have) + "; accepted: a smaller run, or --force");
+  }
 
   // Weights, optimizer state, first step.
   ModelWeights weights = f.weights.empty() ? RandomWeights(model, f.seed)
