@@ -8,6 +8,7 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
+#include "ctxplan/traces/json_reader.h"
 
 namespace ctxplan {
 
@@ -74,85 +75,19 @@ class Cursor {
 };
 
 // The metadata is a flat JSON object of strings, as MetadataJson writes it.
-TraceMetadata ParseMetadata(std::string_view json, Cursor& cursor) {
+TraceMetadata ParseMetadata(std::string_view json, const std::string& path, size_t offset) {
+  const JsonValue root =
+      JsonParser(json, path + ": metadata", static_cast<uint64_t>(offset)).ParseDocument();
+  if (root.kind != JsonValue::Kind::kObject)
+    throw InputError(path + ": metadata is " + KindName(root.kind) +
+                     "; accepted: a JSON object of strings");
   TraceMetadata metadata;
-  size_t i = 0;
-  auto fail = [&](const std::string& what) { cursor.Fail("metadata: " + what); };
-  auto skip_space = [&] {
-    while (i < json.size() && (json[i] == ' ' || json[i] == '\n' || json[i] == '\t')) ++i;
-  };
-  auto parse_string = [&]() -> std::string {
-    if (i >= json.size() || json[i] != '"') fail("expected a string");
-    ++i;
-    std::string s;
-    while (i < json.size() && json[i] != '"') {
-      char c = json[i++];
-      if (c != '\\') {
-        s += c;
-        continue;
-      }
-      if (i >= json.size()) fail("unterminated escape");
-      const char e = json[i++];
-      switch (e) {
-        case '"': s += '"'; break;
-        case '\\': s += '\\'; break;
-        case '/': s += '/'; break;
-        case 'n': s += '\n'; break;
-        case 't': s += '\t'; break;
-        case 'r': s += '\r'; break;
-        case 'b': s += '\b'; break;
-        case 'f': s += '\f'; break;
-        case 'u': {
-          if (i + 4 > json.size()) fail("short \\u escape");
-          const unsigned code = std::stoul(std::string(json.substr(i, 4)), nullptr, 16);
-          i += 4;
-          // Metadata is ASCII in practice; other code points are kept as UTF-8.
-          if (code < 0x80) {
-            s += static_cast<char>(code);
-          } else if (code < 0x800) {
-            s += static_cast<char>(0xC0 | (code >> 6));
-            s += static_cast<char>(0x80 | (code & 0x3F));
-          } else {
-            s += static_cast<char>(0xE0 | (code >> 12));
-            s += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-            s += static_cast<char>(0x80 | (code & 0x3F));
-          }
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-    if (i >= json.size()) fail("unterminated string");
-    ++i;
-    return s;
-  };
-  skip_space();
-  if (i >= json.size() || json[i++] != '{') fail("expected '{'");
-  skip_space();
-  if (i < json.size() && json[i] == '}') {
-    ++i;
-  } else {
-    while (true) {
-      skip_space();
-      std::string key = parse_string();
-      skip_space();
-      if (i >= json.size() || json[i++] != ':') fail("expected ':'");
-      skip_space();
-      metadata[key] = parse_string();
-      skip_space();
-      if (i < json.size() && json[i] == ',') {
-        ++i;
-        continue;
-      }
-      if (i < json.size() && json[i] == '}') {
-        ++i;
-        break;
-      }
-      fail("expected ',' or '}'");
-    }
+  for (const auto& [key, value] : root.members) {
+    if (value.kind != JsonValue::Kind::kString)
+      throw InputError(path + ": metadata key '" + key + "' is " + KindName(value.kind) +
+                       "; accepted: a string");
+    metadata[key] = value.text;
   }
-  skip_space();
-  if (i != json.size()) fail("trailing bytes after the object");
   return metadata;
 }
 
@@ -235,7 +170,9 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
   const uint32_t metadata_bytes = cursor.Get<uint32_t>("the metadata length");
   if (metadata_bytes > kMaxMetadataBytes) cursor.Fail("metadata larger than 1 MiB");
   OpTrace trace;
-  trace.metadata = ParseMetadata(cursor.Take(metadata_bytes, "the metadata"), cursor);
+  const size_t metadata_offset = cursor.offset();
+  trace.metadata =
+      ParseMetadata(cursor.Take(metadata_bytes, "the metadata"), path.string(), metadata_offset);
   while (true) {
     if (cursor.done()) cursor.Fail("ends without its footer (the run stopped while writing?)");
     const uint8_t tag = cursor.Get<uint8_t>("a record tag");

@@ -17,6 +17,8 @@
 // truncated by someone else while mapped would kill us with SIGBUS instead of an error.
 #pragma once
 
+#include "ctxplan/traces/json_reader.h"  // QuoteName
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -138,10 +140,6 @@ void ReadHfTensors(const SafetensorsFile& file, const ModelSpec& model, std::str
 void WriteSafetensorsWeights(const std::filesystem::path& path, const ModelSpec& model,
                              const ModelWeights& weights, SafetensorsDtype dtype,
                              const std::map<std::string, std::string>& metadata = {});
-
-// A name read from a file, quoted for a one-line error message: 'name', with control characters
-// escaped (a newline in a tensor name must not split the message) and very long names cut.
-std::string QuoteName(std::string_view text);
 
 // bf16 <-> fp32 as the files store them (round to nearest even; NaN stays NaN).
 uint16_t Fp32ToBf16(float value);
