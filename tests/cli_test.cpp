@@ -22,7 +22,6 @@
 
 #include "support/process.h"
 
-
 namespace ctxplan {
 namespace {
 

@@ -65,7 +65,9 @@ Result Chunked(const ModelWeights& weights, const Data& data, const RunOptions& 
 
 std::vector<float> Flatten(ModelWeights& w) {
   std::vector<float> all;
-  w.ForEach([&](const std::string&, std::vector<float>& t) { all.insert(all.end(), t.begin(), t.end()); });
+  w.ForEach([&](const std::string&, std::vector<float>& t) {
+    all.insert(all.end(), t.begin(), t.end());
+  });
   return all;
 }
 
@@ -95,8 +97,8 @@ TEST(CpuRuntime, ChunkedDenseGradientsEqualFullSequenceBackprop) {
   struct Case {
     int64_t n, chunk, page;
   };
-  for (const Case c : {Case{50, 16, 8}, Case{64, 32, 16}, Case{37, 8, 4}, Case{24, 24, 8},
-                       Case{33, 8, 8}}) {
+  for (const Case c :
+       {Case{50, 16, 8}, Case{64, 32, 16}, Case{37, 8, 4}, Case{24, 24, 8}, Case{33, 8, 8}}) {
     const Data data = RandomData(c.n, 100 + c.n, Tiny().vocab_size);
     int64_t labelled = 0;
     for (int32_t l : data.labels) labelled += l >= 0;
@@ -104,11 +106,12 @@ TEST(CpuRuntime, ChunkedDenseGradientsEqualFullSequenceBackprop) {
                                              1.0f / static_cast<float>(labelled));
     for (int variant = 0; variant < 3; ++variant) {
       const bool offload = variant != 1, keep = variant == 2;  // on, off, on + kept inputs
-      Result chunked = Chunked(weights, data, Options(c.n, c.chunk, c.page, RunOptions::kAllPages,
-                                                      offload, keep));
+      Result chunked = Chunked(weights, data,
+                               Options(c.n, c.chunk, c.page, RunOptions::kAllPages, offload, keep));
       const std::string where = "n=" + std::to_string(c.n) + " c=" + std::to_string(c.chunk) +
-                                " p=" + std::to_string(c.page) + " offload=" +
-                                std::to_string(offload) + " keep=" + std::to_string(keep);
+                                " p=" + std::to_string(c.page) +
+                                " offload=" + std::to_string(offload) +
+                                " keep=" + std::to_string(keep);
       EXPECT_EQ(chunked.out.labelled, full.labelled) << where;
       EXPECT_NEAR(chunked.out.loss_sum, full.loss_sum, 1e-5 * std::abs(full.loss_sum)) << where;
       ExpectGradsClose(chunked.grads, full.grads, 1e-5, where);
@@ -196,7 +199,8 @@ TEST(CpuRuntime, LossFallsOnLongRangeRetrieval) {
   for (int s = 0; s < kSteps; ++s) {
     const RetrievalSample sample = SyntheticRetrieval(model.vocab_size, 64, StepSeed(1, s));
     ASSERT_LT(sample.key_position + 1, 16) << "the key must lie in the first chunk";
-    grads.ForEach([](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+    grads.ForEach(
+        [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
     const StepOutputs out = RunStep(plan, {sample.tokens, sample.labels}, backend);
     ASSERT_EQ(out.labelled, 1);
     if (s < kWindow) first += out.mean_loss() / kWindow;

@@ -21,8 +21,8 @@ using test::RunArgv;
 using test::RunResult;
 using test::ScratchDir;
 
-const std::vector<std::string> kSmallRun = {"--model", "tiny",  "--context", "96", "--chunk", "32",
-                                            "--page",  "8",     "--query-tile", "8"};
+const std::vector<std::string> kSmallRun = {
+    "--model", "tiny", "--context", "96", "--chunk", "32", "--page", "8", "--query-tile", "8"};
 
 RunResult Ctxtrain(std::vector<std::string> args, const ScratchDir& dir) {
   std::vector<std::string> argv = {CTXTRAIN_EXE};
@@ -86,8 +86,10 @@ TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {
   EXPECT_EQ(resumed.step, 4);
   EXPECT_EQ(straight.step, 4);
   std::vector<float> x, y;
-  resumed.weights.ForEach([&](const std::string&, std::vector<float>& t) { x.insert(x.end(), t.begin(), t.end()); });
-  straight.weights.ForEach([&](const std::string&, std::vector<float>& t) { y.insert(y.end(), t.begin(), t.end()); });
+  resumed.weights.ForEach(
+      [&](const std::string&, std::vector<float>& t) { x.insert(x.end(), t.begin(), t.end()); });
+  straight.weights.ForEach(
+      [&](const std::string&, std::vector<float>& t) { y.insert(y.end(), t.begin(), t.end()); });
   EXPECT_EQ(x, y);
 }
 

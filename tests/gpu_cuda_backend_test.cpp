@@ -76,9 +76,8 @@ TEST(CudaBackend, MatchesTheCpuBackend) {
     bool offload, keep;
   };
   for (const Variant v : {Variant{RunOptions::kAllPages, true, false},
-                          Variant{RunOptions::kAllPages, false, false},
-                          Variant{2, true, false}, Variant{2, false, true},
-                          Variant{RunOptions::kAllPages, true, true}}) {
+                          Variant{RunOptions::kAllPages, false, false}, Variant{2, true, false},
+                          Variant{2, false, true}, Variant{RunOptions::kAllPages, true, true}}) {
     const StepPlan plan(model, Options(v.budget, v.offload, v.keep));
     const std::string where = "budget " + std::to_string(v.budget) + " offload " +
                               std::to_string(v.offload) + " keep " + std::to_string(v.keep);

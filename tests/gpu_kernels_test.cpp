@@ -57,7 +57,9 @@ bool HasGpu() {
   } while (false)
 
 // --- host data ---------------------------------------------------------------------------------
-float RoundBf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+float RoundBf16(float v) {
+  return __bfloat162float(__float2bfloat16(v));
+}
 
 Floats Uniform(std::mt19937& rng, size_t n, double lo, double hi, bool bf16_exact = true) {
   std::uniform_real_distribution<double> dist(lo, hi);
@@ -154,7 +156,9 @@ using FloatBuffer = DeviceBuffer<float>;
 std::unique_ptr<Bf16Buffer> UploadBf16(const Floats& v) {
   return std::make_unique<Bf16Buffer>(ToBf16(v));
 }
-Floats DownloadFloats(const Bf16Buffer& b) { return ToFloats(b.Download()); }
+Floats DownloadFloats(const Bf16Buffer& b) {
+  return ToFloats(b.Download());
+}
 
 template <typename T>
 Floats DownloadAsFloats(const DeviceBuffer<T>& b) {
@@ -174,7 +178,9 @@ std::vector<T> HostAs(const Floats& v) {
   }
 }
 
-void Sync() { CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize()); }
+void Sync() {
+  CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 template <typename T>
 const char* TypeName() {
@@ -224,16 +230,16 @@ void CheckEmbeddingBackward() {
   };
   std::mt19937 rng(202);
   // Small vocabularies force many repeated ids; one case repeats a single id everywhere.
-  for (const Case& c : {Case{1000, 50, 3584}, Case{37, 5, 77}, Case{513, 3000, 512},
-                        Case{300, 1, 64}}) {
+  for (const Case& c :
+       {Case{1000, 50, 3584}, Case{37, 5, 77}, Case{513, 3000, 512}, Case{300, 1, 64}}) {
     const Ids ids = RandomIds(rng, c.tokens, c.vocab);
     const Floats d_out = Uniform(rng, c.tokens * c.hidden, -1, 1);
     const Floats table0 = Uniform(rng, c.vocab * c.hidden, -1, 1);  // accumulated onto
     DeviceBuffer<int32_t> d_ids(ids);
     auto d_dout = UploadBf16(d_out);
     DeviceBuffer<GradT> d_table(HostAs<GradT>(table0));
-    cuda::EmbeddingBackward(d_ids.get(), d_dout->get(), c.tokens, c.vocab, c.hidden,
-                            d_table.get(), nullptr);
+    cuda::EmbeddingBackward(d_ids.get(), d_dout->get(), c.tokens, c.vocab, c.hidden, d_table.get(),
+                            nullptr);
     Floats ref = table0;
     cpu::EmbeddingBackward(ids, d_out.data(), c.vocab, c.hidden, ref.data());
     const double tol = std::is_same_v<GradT, float> ? kFp32Tolerance : kBf16Tolerance;
@@ -241,10 +247,10 @@ void CheckEmbeddingBackward() {
                " V=" + std::to_string(c.vocab) + " d=" + std::to_string(c.hidden),
            RelativeError(DownloadAsFloats(d_table), ref), tol);
     // What was added, on its own (the table's initial values do not dominate it).
-    Expect(std::string("embedding bwd ") + TypeName<GradT>() + " added, V=" +
-               std::to_string(c.vocab),
-           RelativeError(Minus(DownloadAsFloats(d_table), table0), Minus(ref, table0)),
-           std::is_same_v<GradT, float> ? kFp32Tolerance : 2 * kBf16Tolerance);
+    Expect(
+        std::string("embedding bwd ") + TypeName<GradT>() + " added, V=" + std::to_string(c.vocab),
+        RelativeError(Minus(DownloadAsFloats(d_table), table0), Minus(ref, table0)),
+        std::is_same_v<GradT, float> ? kFp32Tolerance : 2 * kBf16Tolerance);
   }
 }
 
@@ -278,8 +284,8 @@ TEST(GpuKernels, RmsNormForward) {
     auto d_w = UploadBf16(w);
     Bf16Buffer d_y(x.size());
     FloatBuffer d_rstd(c.tokens);
-    cuda::RmsNormForward(d_x->get(), d_w->get(), c.tokens, c.hidden, kEps, d_y.get(),
-                         d_rstd.get(), nullptr);
+    cuda::RmsNormForward(d_x->get(), d_w->get(), c.tokens, c.hidden, kEps, d_y.get(), d_rstd.get(),
+                         nullptr);
     Floats y(x.size()), rstd(c.tokens);
     cpu::RmsNormForward(x.data(), w.data(), c.tokens, c.hidden, kEps, y.data(), rstd.data());
     const std::string shape = " t=" + std::to_string(c.tokens) + " d=" + std::to_string(c.hidden);
@@ -306,10 +312,9 @@ TEST(GpuKernels, RmsNormResidualForward) {
                                    h, d_y.get(), d_rstd.get(), nullptr);
       Floats h_ref(x.size()), y(x.size()), rstd(c.tokens);
       for (size_t i = 0; i < x.size(); ++i) h_ref[i] = residual[i] + x[i];
-      cpu::RmsNormForward(h_ref.data(), w.data(), c.tokens, c.hidden, kEps, y.data(),
-                          rstd.data());
-      const std::string shape = std::string(in_place ? " in place" : "") + " t=" +
-                                std::to_string(c.tokens) + " d=" + std::to_string(c.hidden);
+      cpu::RmsNormForward(h_ref.data(), w.data(), c.tokens, c.hidden, kEps, y.data(), rstd.data());
+      const std::string shape = std::string(in_place ? " in place" : "") +
+                                " t=" + std::to_string(c.tokens) + " d=" + std::to_string(c.hidden);
       Expect("rmsnorm+residual fwd h" + shape,
              RelativeError(DownloadFloats(in_place ? *d_res : d_h), h_ref), kBf16Tolerance);
       Expect("rmsnorm+residual fwd y" + shape, RelativeError(DownloadFloats(d_y), y),
@@ -374,8 +379,8 @@ void CheckRmsNormBackward(bool with_add) {
                           d_dw.get(), scratch.get(), nullptr);
 
     Floats dx(n), dw = dw0;
-    cpu::RmsNormBackward(x.data(), w.data(), rstd.data(), dy.data(), c.tokens, c.hidden,
-                         dx.data(), dw.data());
+    cpu::RmsNormBackward(x.data(), w.data(), rstd.data(), dy.data(), c.tokens, c.hidden, dx.data(),
+                         dw.data());
     if (with_add) {
       for (int64_t i = 0; i < n; ++i) dx[i] += add[i];
     }
@@ -431,11 +436,11 @@ struct RopeCase {
 
 void CheckRope(bool backward) {
   const RopeCase cases[] = {
-      {1000, 28, 128, 28 * 128, 0, 1e6},            // Qwen2.5-7B Q, a first chunk
-      {513, 7, 64, 7 * 64, 123457, 1e4},            // head_dim 64, a later chunk
-      {300, 32, 128, 36 * 128, 3000000, 1e6},       // Q and K heads inside a fused QKV row
-      {37, 3, 24, 3 * 24, 77, 1e4},                 // scalar path (half = 12)
-      {17, 5, 6, 41, 4000001, 5e5},                 // odd row stride, positions in the millions
+      {1000, 28, 128, 28 * 128, 0, 1e6},       // Qwen2.5-7B Q, a first chunk
+      {513, 7, 64, 7 * 64, 123457, 1e4},       // head_dim 64, a later chunk
+      {300, 32, 128, 36 * 128, 3000000, 1e6},  // Q and K heads inside a fused QKV row
+      {37, 3, 24, 3 * 24, 77, 1e4},            // scalar path (half = 12)
+      {17, 5, 6, 41, 4000001, 5e5},            // odd row stride, positions in the millions
   };
   std::mt19937 rng(backward ? 502 : 501);
   for (const RopeCase& c : cases) {
@@ -443,11 +448,11 @@ void CheckRope(bool backward) {
     const Floats full = Uniform(rng, c.tokens * c.row_stride, -1, 1);
     auto d_x = UploadBf16(full);
     if (backward) {
-      cuda::RopeBackward(d_x->get(), c.tokens, c.heads, c.head_dim, c.row_stride,
-                         c.first_position, c.theta, nullptr);
+      cuda::RopeBackward(d_x->get(), c.tokens, c.heads, c.head_dim, c.row_stride, c.first_position,
+                         c.theta, nullptr);
     } else {
-      cuda::RopeForward(d_x->get(), c.tokens, c.heads, c.head_dim, c.row_stride,
-                        c.first_position, c.theta, nullptr);
+      cuda::RopeForward(d_x->get(), c.tokens, c.heads, c.head_dim, c.row_stride, c.first_position,
+                        c.theta, nullptr);
     }
     const Floats out_full = DownloadFloats(*d_x);
     Floats rotated(c.tokens * width), out(c.tokens * width);
@@ -456,7 +461,8 @@ void CheckRope(bool backward) {
       std::copy_n(full.begin() + t * c.row_stride, width, rotated.begin() + t * width);
       std::copy_n(out_full.begin() + t * c.row_stride, width, out.begin() + t * width);
       for (int64_t i = width; i < c.row_stride; ++i) {
-        rest_untouched = rest_untouched && out_full[t * c.row_stride + i] == full[t * c.row_stride + i];
+        rest_untouched =
+            rest_untouched && out_full[t * c.row_stride + i] == full[t * c.row_stride + i];
       }
     }
     if (backward) {
@@ -465,9 +471,8 @@ void CheckRope(bool backward) {
       cpu::RopeForward(rotated.data(), c.tokens, c.heads, c.head_dim, c.first_position, c.theta);
     }
     Expect(std::string("rope ") + (backward ? "bwd" : "fwd") + " t=" + std::to_string(c.tokens) +
-               " H=" + std::to_string(c.heads) + " d_h=" + std::to_string(c.head_dim) +
-               " stride=" + std::to_string(c.row_stride) + " pos0=" +
-               std::to_string(c.first_position),
+               " H=" + std::to_string(c.heads) + " d_h=" + std::to_string(c.head_dim) + " stride=" +
+               std::to_string(c.row_stride) + " pos0=" + std::to_string(c.first_position),
            RelativeError(out, rotated), kBf16Tolerance);
     EXPECT_TRUE(rest_untouched) << "RoPE wrote outside the rotated heads";
   }
@@ -515,8 +520,8 @@ TEST(GpuKernels, SwigluBackward) {
       cuda::SwigluBackward(d_gu->get(), d_dout->get(), c.tokens, c.hidden, target, nullptr);
       Floats ref(gate_up.size());
       cpu::SwigluBackward(gate_up.data(), d_out.data(), c.tokens, c.hidden, ref.data());
-      Expect(std::string("swiglu bwd") + (in_place ? " in place" : "") + " t=" +
-                 std::to_string(c.tokens) + " I=" + std::to_string(c.hidden),
+      Expect(std::string("swiglu bwd") + (in_place ? " in place" : "") +
+                 " t=" + std::to_string(c.tokens) + " I=" + std::to_string(c.hidden),
              RelativeError(DownloadFloats(in_place ? *d_gu : d_dgu), ref), kBf16Tolerance);
     }
   }
@@ -529,10 +534,8 @@ struct PageCase {
 // 1000 = 15 * 64 + 40 and 50 = 3 * 16 + 2: partly filled last pages; 64 = one full page; a
 // fused QKV row (28 + 4 + 4 heads of 128) with K at head 28 and V at head 32; a scalar path.
 const PageCase kPageCases[] = {
-    {1000, 64, 4, 128, 4 * 128, 0, 0},
-    {50, 16, 7, 64, 7 * 64, 0, 0},
-    {64, 64, 4, 128, 4 * 128, 0, 0},
-    {300, 128, 4, 128, 36 * 128, 28 * 128, 32 * 128},
+    {1000, 64, 4, 128, 4 * 128, 0, 0}, {50, 16, 7, 64, 7 * 64, 0, 0},
+    {64, 64, 4, 128, 4 * 128, 0, 0},   {300, 128, 4, 128, 36 * 128, 28 * 128, 32 * 128},
     {37, 16, 3, 6, 19, 0, 0},
 };
 
@@ -590,12 +593,14 @@ TEST(GpuKernels, KvWrite) {
                  PagedKv<float>{s.shape, pool_ref.data(), s.page_slot.data(), s.pages});
     const std::vector<bf16> pool_raw = d_pool.Download();
     const Floats pool = ToFloats(pool_raw);
-    const std::string shape = " t=" + std::to_string(c.tokens) + " p=" +
-                              std::to_string(c.page_tokens) + " kv_dim=" + std::to_string(kv) +
-                              " stride=" + std::to_string(c.row_stride);
-    Expect("kv write K" + shape, RelativeError(GatherRows(pool, s, c.tokens, 0), GatherRows(pool_ref, s, c.tokens, 0)),
+    const std::string shape =
+        " t=" + std::to_string(c.tokens) + " p=" + std::to_string(c.page_tokens) +
+        " kv_dim=" + std::to_string(kv) + " stride=" + std::to_string(c.row_stride);
+    Expect("kv write K" + shape,
+           RelativeError(GatherRows(pool, s, c.tokens, 0), GatherRows(pool_ref, s, c.tokens, 0)),
            kBf16Tolerance);
-    Expect("kv write V" + shape, RelativeError(GatherRows(pool, s, c.tokens, 1), GatherRows(pool_ref, s, c.tokens, 1)),
+    Expect("kv write V" + shape,
+           RelativeError(GatherRows(pool, s, c.tokens, 1), GatherRows(pool_ref, s, c.tokens, 1)),
            kBf16Tolerance);
     // Nothing else was written: the unused slots and the last page's tail keep their poison.
     int64_t written = 0;
@@ -641,9 +646,9 @@ void CheckDkvAccumulate() {
       std::copy_n(out.begin() + t * c.row_stride + c.k_offset, kv, out_k.begin() + t * kv);
       std::copy_n(out_dv.begin() + t * c.row_stride + c.v_offset, kv, out_v.begin() + t * kv);
     }
-    const std::string shape = std::string(" pages ") + TypeName<PageT>() + " t=" +
-                              std::to_string(c.tokens) + " p=" + std::to_string(c.page_tokens) +
-                              " kv_dim=" + std::to_string(kv);
+    const std::string shape =
+        std::string(" pages ") + TypeName<PageT>() + " t=" + std::to_string(c.tokens) +
+        " p=" + std::to_string(c.page_tokens) + " kv_dim=" + std::to_string(kv);
     Expect("dkv accumulate dK" + shape, RelativeError(out_k, dk), kBf16Tolerance);
     Expect("dkv accumulate dV" + shape, RelativeError(out_v, dv), kBf16Tolerance);
   }
@@ -752,9 +757,9 @@ struct LossCase {
 template <typename GradT>
 void CheckLinearCrossEntropy() {
   const LossCase cases[] = {
-      {300, 3584, 1000, 128, 256},  // 3 token tiles (the second unlabelled), 4 vocab tiles
-      {37, 77, 517, 16, 100},       // odd widths: scalar paths, last vocab tile of 17
-      {256, 896, 4099, 4096, 1024}, // one token tile, last vocab tile of 3
+      {300, 3584, 1000, 128, 256},   // 3 token tiles (the second unlabelled), 4 vocab tiles
+      {37, 77, 517, 16, 100},        // odd widths: scalar paths, last vocab tile of 17
+      {256, 896, 4099, 4096, 1024},  // one token tile, last vocab tile of 3
   };
   cuda::CublasLtGemm gemm;
   std::mt19937 rng(std::is_same_v<GradT, float> ? 1001 : 1002);
@@ -771,7 +776,8 @@ void CheckLinearCrossEntropy() {
     if (c.tokens > 2 * c.token_tile) {
       for (int64_t t = c.token_tile; t < 2 * c.token_tile; ++t) labels[t] = -1;
     }
-    const int64_t labelled = std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
+    const int64_t labelled =
+        std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
     const float grad_scale = 1.0f / static_cast<float>(labelled);
 
     // The reference, once with d_w starting at zero to size the initial values.
@@ -802,10 +808,10 @@ void CheckLinearCrossEntropy() {
     cuda::LinearCrossEntropy(gemm, shape, d_x->get(), d_w->get(), d_labels.get(), grad_scale,
                              d_dx.get(), d_dw.get(), d_loss.get(), workspace.get(), nullptr);
     const float loss = d_loss.Download()[0];
-    const std::string name = std::string(" dW ") + TypeName<GradT>() + " t=" +
-                             std::to_string(c.tokens) + " d=" + std::to_string(c.hidden) + " V=" +
-                             std::to_string(c.vocab) + " tiles " + std::to_string(c.token_tile) +
-                             "x" + std::to_string(c.vocab_tile);
+    const std::string name = std::string(" dW ") + TypeName<GradT>() +
+                             " t=" + std::to_string(c.tokens) + " d=" + std::to_string(c.hidden) +
+                             " V=" + std::to_string(c.vocab) + " tiles " +
+                             std::to_string(c.token_tile) + "x" + std::to_string(c.vocab_tile);
     Expect("linear+CE loss" + name,
            std::isfinite(loss) ? std::abs(loss - loss_ref) / std::abs(loss_ref) : kInf,
            kBf16Tolerance);
@@ -835,8 +841,8 @@ TEST(GpuKernels, LinearCrossEntropyLossOnly) {
   const int64_t t = 200, d = 512, v = 3001;
   const Floats x = Uniform(rng, t * d, -1, 1), w = Uniform(rng, v * d, -0.2, 0.2);
   const Ids labels = RandomIds(rng, t, v);
-  const double loss_ref = cpu::LinearCrossEntropy(x.data(), w.data(), labels, d, v, 64, 512, 1.0f,
-                                                  nullptr, nullptr);
+  const double loss_ref =
+      cpu::LinearCrossEntropy(x.data(), w.data(), labels, d, v, 64, 512, 1.0f, nullptr, nullptr);
   cuda::CublasLtGemm gemm;
   auto d_x = UploadBf16(x);
   auto d_w = UploadBf16(w);
@@ -882,8 +888,8 @@ void CheckAdamW(int64_t n, int64_t offset) {
   DeviceBuffer<P> d_p(HostAs<P>(padded(p0)));
   DeviceBuffer<G> d_g(HostAs<G>(padded(g)));
   FloatBuffer d_m(padded(m0)), d_v(padded(v0));
-  cuda::AdamW(d_p.get() + offset, d_g.get() + offset, d_m.get() + offset, d_v.get() + offset, n,
-              gp, nullptr);
+  cuda::AdamW(d_p.get() + offset, d_g.get() + offset, d_m.get() + offset, d_v.get() + offset, n, gp,
+              nullptr);
   Floats p = p0, m = m0, v = v0;
   cpu::AdamW(p.data(), g.data(), m.data(), v.data(), n, cp);
   auto unpad = [offset](const Floats& v) { return Floats(v.begin() + offset, v.end()); };

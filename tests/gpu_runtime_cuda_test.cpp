@@ -54,8 +54,8 @@ bool CuptiBusy() {
   return busy;
 }
 
-#define REQUIRE_CUPTI()                                                            \
-  REQUIRE_GPU();                                                                   \
+#define REQUIRE_CUPTI() \
+  REQUIRE_GPU();        \
   if (CuptiBusy()) GTEST_SKIP() << "CUPTI is in use by another tool (compute-sanitizer?)"
 
 DeviceArena::Reservations Reserve(std::initializer_list<std::pair<MemCategory, uint64_t>> list) {
@@ -338,8 +338,8 @@ TEST(OffloadEngine, RoundTripThroughSlotsWithEventsAndCoalescing) {
   o.capacity_pages = 32;
   PinnedPageStore store(o);
   DeviceArena arena(Reserve({{MemCategory::kPageSlots, 16 * kPageBytes}}));
-  const DeviceBuffer slot_buffer = arena.AllocateNamed(MemCategory::kPageSlots, "slots",
-                                                       16 * kPageBytes);
+  const DeviceBuffer slot_buffer =
+      arena.AllocateNamed(MemCategory::kPageSlots, "slots", 16 * kPageBytes);
   OffloadEngine engine(store, {slot_buffer.ptr, kPageBytes, 16});
 
   std::vector<PageId> in;
@@ -351,9 +351,9 @@ TEST(OffloadEngine, RoundTripThroughSlotsWithEventsAndCoalescing) {
   // Runs (after sorting by page): pages 0-3 -> slots 4-7, pages 5-6 -> slots 0-1, page 9 ->
   // slot 12, page 10 -> slot 9 (host-adjacent to 9 but not in slots), page 11 -> slot 10 (joins
   // page 10's run). Given scrambled: 8 pages in 4 cudaMemcpyAsync calls.
-  const std::vector<PageCopy> copies = {{in[6], 1}, {in[2], 6}, {in[10], 9}, {in[0], 4},
-                                        {in[9], 12}, {in[3], 7}, {in[5], 0}, {in[1], 5},
-                                        {in[11], 10}};
+  const std::vector<PageCopy> copies = {{in[6], 1}, {in[2], 6},  {in[10], 9},
+                                        {in[0], 4}, {in[9], 12}, {in[3], 7},
+                                        {in[5], 0}, {in[1], 5},  {in[11], 10}};
   cudaEvent_t copied = engine.CopyIn(copies);
   EXPECT_EQ(engine.h2d_stats().calls, 1u);
   EXPECT_EQ(engine.h2d_stats().pages, 9u);
@@ -379,8 +379,8 @@ TEST(OffloadEngine, RoundTripThroughSlotsWithEventsAndCoalescing) {
   EXPECT_GE(engine.d2h_stats().memcpy_calls, 1u);
 
   for (size_t i = 0; i < copies.size(); ++i) {
-    const size_t p = static_cast<size_t>(std::find(in.begin(), in.end(), copies[i].page) -
-                                         in.begin());
+    const size_t p =
+        static_cast<size_t>(std::find(in.begin(), in.end(), copies[i].page) - in.begin());
     const float* host = reinterpret_cast<const float*>(store.HostPtr(out[i]));
     int bad = 0;
     for (int64_t k = 0; k < kFloats; ++k) {
@@ -438,8 +438,8 @@ TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
     arena.SetListener(&tracer);
 
     tracer.PushOp(7);
-    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(device, pinned, kN * sizeof(float),
-                                       cudaMemcpyHostToDevice, stream));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(device, pinned, kN * sizeof(float), cudaMemcpyHostToDevice, stream));
     for (int i = 0; i < 3; ++i) LaunchProbeKernel(device, kN, 1.0f, 1.0f, stream);
     tracer.PopOp();
 
@@ -455,8 +455,8 @@ TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
     const DeviceBuffer ws = arena.Allocate(MemCategory::kWorkspace, 4096, "ws");
     CTXPLAN_CUDA_CHECK(cudaMemsetAsync(ws.ptr, 0, ws.bytes, stream));
     LaunchProbeKernel(device, kN, 2.0f, 0.0f, stream);
-    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(pinned, device, kN * sizeof(float),
-                                       cudaMemcpyDeviceToHost, stream));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(pinned, device, kN * sizeof(float), cudaMemcpyDeviceToHost, stream));
     tracer.PopOp();
 
     tracer.PushOp(9);  // launches nothing: timed on the CPU
@@ -466,14 +466,15 @@ TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
     LaunchProbeKernel(device, kN, 1.0f, 0.0f, stream);  // outside any op
 
     const TraceStepSummary s = tracer.EndStep();
-    std::printf("step: %zu ops, %llu kernels, %llu memcpys, %llu memsets, %llu API calls, "
-                "%llu external correlations, %llu driver memory events, %llu unattributed, "
-                "%llu dropped, driver memory traced: %d\n",
-                s.ops.size(), (unsigned long long)s.kernels, (unsigned long long)s.memcpys,
-                (unsigned long long)s.memsets, (unsigned long long)s.api_calls,
-                (unsigned long long)s.external_correlations,
-                (unsigned long long)s.driver_memory_events, (unsigned long long)s.unattributed,
-                (unsigned long long)s.dropped_records, int(s.driver_memory_traced));
+    std::printf(
+        "step: %zu ops, %llu kernels, %llu memcpys, %llu memsets, %llu API calls, "
+        "%llu external correlations, %llu driver memory events, %llu unattributed, "
+        "%llu dropped, driver memory traced: %d\n",
+        s.ops.size(), (unsigned long long)s.kernels, (unsigned long long)s.memcpys,
+        (unsigned long long)s.memsets, (unsigned long long)s.api_calls,
+        (unsigned long long)s.external_correlations, (unsigned long long)s.driver_memory_events,
+        (unsigned long long)s.unattributed, (unsigned long long)s.dropped_records,
+        int(s.driver_memory_traced));
     EXPECT_EQ(pinned[0], 8.0f);  // (1 + 3) * 2: the work really ran
     ASSERT_EQ(s.ops.size(), 3u);
     const OpRecord* r7 = FindOp(s.ops, 7);
@@ -554,7 +555,7 @@ TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
   EXPECT_NE(json.find("Memset"), std::string::npos);
   EXPECT_NE(json.find("cudaLaunchKernel"), std::string::npos);
   EXPECT_NE(json.find("linear_fwd.gate_up"), std::string::npos);  // op 8, pushed with its Op
-  EXPECT_NE(json.find("\"op 7\""), std::string::npos);             // op 7, pushed by id
+  EXPECT_NE(json.find("\"op 7\""), std::string::npos);            // op 7, pushed by id
   EXPECT_NE(json.find("arena (GiB)"), std::string::npos);
   EXPECT_EQ(json.find("cudaGetLastError"), std::string::npos);  // quieted
   std::filesystem::remove_all(trace_path.parent_path());

@@ -69,9 +69,9 @@ TEST(PlanGeometry, SelectionModelsBoundTheUnion) {
   o.selection = ParseSelectionModel("overlap:0.75", "test");
   const ChunkGeometry overlap = PlanGeometry(Qwen7B(), o).Chunk(i);
   ASSERT_TRUE(shared.sparse);
-  EXPECT_EQ(shared.union_pages, 65);               // k + s
-  EXPECT_EQ(disjoint.union_pages, 1 + 32 * 64);    // s + tiles x k
-  EXPECT_EQ(overlap.union_pages, 65 + 31 * 16);    // each further tile adds 25% of k
+  EXPECT_EQ(shared.union_pages, 65);             // k + s
+  EXPECT_EQ(disjoint.union_pages, 1 + 32 * 64);  // s + tiles x k
+  EXPECT_EQ(overlap.union_pages, 65 + 31 * 16);  // each further tile adds 25% of k
   EXPECT_EQ(shared.pages_per_tile, 65);
   EXPECT_DOUBLE_EQ(shared.pairs_paged, disjoint.pairs_paged);  // same work, different traffic
   // Never more pages than exist.
@@ -192,9 +192,9 @@ TEST(StepPlan, DenseOffloadCopiesEveryEarlierPage) {
   const double fill_in = earlier_tokens_fill * kv_token;
   const double recompute_in = earlier_tokens_bwd * kv_token;
   const double last_earlier = (n / c - 1) * c;
-  const double backward_in = earlier_tokens_bwd * kv_token +                // KV
+  const double backward_in = earlier_tokens_bwd * kv_token +                   // KV
                              (earlier_tokens_bwd - last_earlier) * kv_token +  // dKV pretouched
-                             (n - 2 * c) * kv_token + (c) * kv_token;     // own dKV, chunks < N-1
+                             (n - 2 * c) * kv_token + (c)*kv_token;  // own dKV, chunks < N-1
   EXPECT_DOUBLE_EQ(walk.h2d_bytes, fill_in + recompute_in + backward_in);
   EXPECT_DOUBLE_EQ(walk.d2h_bytes, (n - c) * kv_token + earlier_tokens_bwd * kv_token);
 }

@@ -48,7 +48,9 @@ Both PredictBoth(const ModelSpec& model, const MachineSpec& machine, const RunOp
   return {EventSimulator(time_model).Run(plan), AnalyticModel(time_model).Predict(plan.geometry())};
 }
 
-double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+double Relative(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
+}
 
 // Acceptance: the event path and the analytic path agree within 1% on peak memory and 2% on
 // step time over a grid of at least 200 configurations.
@@ -71,22 +73,22 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
       for (int64_t chunk : {int64_t{1024}, int64_t{4096}})
         for (int64_t budget : {int64_t{4}, int64_t{64}, RunOptions::kAllPages})
           for (bool offload : {true, false})
-            grid.push_back({model, context, chunk, 128, budget, offload, "disjoint", "adamw-gpu",
-                            "bf16", 0});
+            grid.push_back(
+                {model, context, chunk, 128, budget, offload, "disjoint", "adamw-gpu", "bf16", 0});
   // The less common options, on a smaller grid.
   for (const std::string selection : {"shared", "overlap:0.5"})
     for (const std::string optimizer : {"adamw-host", "none"})
       for (const std::string grad : {"bf16", "fp32"})
         for (int64_t lora : {int64_t{0}, int64_t{16}})
           for (int64_t page : {int64_t{64}, int64_t{256}})
-            grid.push_back({"qwen2.5-7b", 50'000, 2048, page, 16, true, selection, optimizer, grad,
-                            lora});
+            grid.push_back(
+                {"qwen2.5-7b", 50'000, 2048, page, 16, true, selection, optimizer, grad, lora});
   // Layer inputs kept from the fill (no recompute), dense and sparse, offload on and off.
   for (int64_t context : {int64_t{3000}, int64_t{20'000}, int64_t{70'001}})
     for (int64_t budget : {int64_t{8}, RunOptions::kAllPages})
       for (bool offload : {true, false})
-        grid.push_back({"qwen2.5-7b", context, 4096, 128, budget, offload, "disjoint",
-                        "adamw-gpu", "bf16", 0, true});
+        grid.push_back({"qwen2.5-7b", context, 4096, 128, budget, offload, "disjoint", "adamw-gpu",
+                        "bf16", 0, true});
   ASSERT_GE(grid.size(), 200u);
 
   const KernelTimeModel time_model(H200());
@@ -102,18 +104,17 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     o.lora_rank = c.lora;
     o.keep_layer_inputs = c.keep;
     const Both both = PredictBoth(Model(c.model), H200(), o);
-    const std::string where = c.model + " n=" + std::to_string(c.context) + " c=" +
-                              std::to_string(c.chunk) + " p=" + std::to_string(c.page) +
-                              " k=" + std::to_string(c.budget) + " offload=" +
-                              std::to_string(c.offload) + " " + c.selection + " " + c.optimizer +
-                              " " + c.grad + " lora=" + std::to_string(c.lora) +
-                              (c.keep ? " keep" : "");
+    const std::string where =
+        c.model + " n=" + std::to_string(c.context) + " c=" + std::to_string(c.chunk) +
+        " p=" + std::to_string(c.page) + " k=" + std::to_string(c.budget) +
+        " offload=" + std::to_string(c.offload) + " " + c.selection + " " + c.optimizer + " " +
+        c.grad + " lora=" + std::to_string(c.lora) + (c.keep ? " keep" : "");
     EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;
-    worst_memory = std::max({worst_memory,
-                             Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes),
-                             Relative(both.analytic.host.peak_bytes + 1, both.event.host.peak_bytes + 1)});
+    worst_memory =
+        std::max({worst_memory, Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes),
+                  Relative(both.analytic.host.peak_bytes + 1, both.event.host.peak_bytes + 1)});
     worst_time = std::max(worst_time, Relative(both.analytic.step_ticks, both.event.step_ticks));
     // Both paths also count the same work.
     EXPECT_LE(Relative(both.analytic.flops, both.event.flops), 1e-9) << where;
@@ -123,8 +124,9 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     ++compared;
   }
   EXPECT_EQ(compared, static_cast<int>(grid.size()));
-  std::printf("%d configurations: worst relative difference %.3g in peak memory, %.3g in step time\n",
-              compared, worst_memory, worst_time);
+  std::printf(
+      "%d configurations: worst relative difference %.3g in peak memory, %.3g in step time\n",
+      compared, worst_memory, worst_time);
 }
 
 TEST(EventSimulator, KeepingLayerInputsTradesMemoryForAForward) {
@@ -178,8 +180,7 @@ TEST(Memory, MonotoneInContextChunkAndBudget) {
     }
     previous = {};
     for (int64_t budget : {int64_t{1}, int64_t{8}, int64_t{32}, int64_t{64}, int64_t{256},
-                           int64_t{1024}, int64_t{4064}, int64_t{4096},
-                           RunOptions::kAllPages}) {
+                           int64_t{1024}, int64_t{4064}, int64_t{4096}, RunOptions::kAllPages}) {
       const MemoryPrediction m =
           AnalyticModel::PredictMemory(PlanGeometry(model, Options(1 << 19, budget, offload)));
       EXPECT_GE(m.gpu.peak_bytes, previous.gpu.peak_bytes) << "budget=" << budget;
@@ -192,7 +193,8 @@ TEST(Memory, MonotoneInContextChunkAndBudget) {
 TEST(Memory, BudgetCoveringEveryPageEqualsDense) {
   const int64_t n = 96 * 1024;
   for (bool offload : {true, false}) {
-    const Both dense = PredictBoth(Model("qwen2.5-7b"), H200(), Options(n, RunOptions::kAllPages, offload));
+    const Both dense =
+        PredictBoth(Model("qwen2.5-7b"), H200(), Options(n, RunOptions::kAllPages, offload));
     const Both all = PredictBoth(Model("qwen2.5-7b"), H200(), Options(n, n / 128, offload));
     EXPECT_EQ(dense.event.step_ticks, all.event.step_ticks);
     EXPECT_EQ(dense.event.gpu.peak_bytes, all.event.gpu.peak_bytes);

@@ -97,7 +97,8 @@ void FillRandom(T* dst, size_t n, double lo, double hi, uint32_t seed) {
   }
   for (size_t at = 0; at < n; at += pattern) {
     const size_t count = std::min(pattern, n - at);
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(dst + at, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(dst + at, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
   }
 }
 
@@ -138,10 +139,12 @@ double MedianSeconds(const std::function<void(int)>& launch, int reps) {
 
 // Buffer sets to rotate over so that one pass over them exceeds the L2 several times.
 int SetsFor(size_t bytes_per_launch) {
-  return static_cast<int>(std::clamp<size_t>((kL2Defeat + bytes_per_launch - 1) / bytes_per_launch,
-                                             2, 16));
+  return static_cast<int>(
+      std::clamp<size_t>((kL2Defeat + bytes_per_launch - 1) / bytes_per_launch, 2, 16));
 }
-int RepsFor(int sets) { return std::max(sets, 20 / sets * sets); }
+int RepsFor(int sets) {
+  return std::max(sets, 20 / sets * sets);
+}
 
 // --- results ---------------------------------------------------------------------------------
 struct Row {
@@ -186,8 +189,7 @@ double CopyAtSize(double bytes) {
 }
 
 void AddMemory(const std::string& name, double seconds, double bytes, double ceiling_gbs) {
-  Add(name, seconds, bytes / seconds * 1e-9, ceiling_gbs, kMemoryTarget, "GB/s",
-      CopyAtSize(bytes));
+  Add(name, seconds, bytes / seconds * 1e-9, ceiling_gbs, kMemoryTarget, "GB/s", CopyAtSize(bytes));
 }
 
 // --- ceilings ----------------------------------------------------------------------------------
@@ -394,7 +396,8 @@ void BenchMemoryBound(double bw) {
     };
     std::vector<Set> set(sets);
     for (int s = 0; s < sets; ++s) {
-      set[s] = {arena.Take<bf16>(kTokens * kQkvDim), arena.Take<bf16>(pages * shape.page_elements()),
+      set[s] = {arena.Take<bf16>(kTokens * kQkvDim),
+                arena.Take<bf16>(pages * shape.page_elements()),
                 arena.Take<float>(pages * shape.page_elements())};
       FillRandom(set[s].qkv, kTokens * kQkvDim, -1, 1, 90 + s);
       FillRandom(set[s].dkv, pages * shape.page_elements(), -1, 1, 100 + s);
@@ -549,8 +552,8 @@ void BenchGemms() {
         },
         3);
     base = PlainGemmSeconds(gemm, bw, plain);
-    Add(std::string(l.name) + " bwd dW += (fp32)", ours, flops / ours * 1e-12,
-        flops / base * 1e-12, kGemmTarget, "TFLOP/s");
+    Add(std::string(l.name) + " bwd dW += (fp32)", ours, flops / ours * 1e-12, flops / base * 1e-12,
+        kGemmTarget, "TFLOP/s");
   }
 }
 
@@ -560,12 +563,12 @@ void BenchLoss(bool quick) {
               (long long)kHidden, (long long)kVocab);
   cu::CublasLtGemm gemm;
   const int64_t t = kTokens;
-  const std::vector<int64_t> vocab_tiles = quick ? std::vector<int64_t>{8192}
-                                                 : std::vector<int64_t>{8192, 16384, 38016};
+  const std::vector<int64_t> vocab_tiles =
+      quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 16384, 38016};
   size_t workspace = 0;
   for (int64_t vt : vocab_tiles) {
-    workspace = std::max(workspace,
-                         cu::LinearCrossEntropyWorkspaceBytes({t, kHidden, kVocab, t, vt}));
+    workspace =
+        std::max(workspace, cu::LinearCrossEntropyWorkspaceBytes({t, kHidden, kVocab, t, vt}));
   }
   Arena arena(kVocab * kHidden * (2 + 4) + t * kHidden * 4 + t * kVocab * 2 + workspace +
               (size_t{16} << 20));
@@ -629,13 +632,15 @@ void PrintTable(double bw) {
                 memory ? "GB/s" : "TF/s", 100 * ratio, 100 * r.target, pass ? "PASS" : "MISS",
                 copy);
   }
-  std::printf("ceilings: D2D copy %.1f GB/s (1 GiB, read + write); GEMM: plain cuBLASLt bf16 of "
-              "the same shape. %d of %zu missed. copy@size: a D2D copy moving the kernel's bytes. "
-              "PDL %s.\n",
-              bw, missed, g_rows.size(), std::getenv("CTXPLAN_CUDA_PDL") != nullptr &&
-                                                 std::strcmp(std::getenv("CTXPLAN_CUDA_PDL"), "0") == 0
-                                             ? "off (CTXPLAN_CUDA_PDL=0)"
-                                             : "on");
+  std::printf(
+      "ceilings: D2D copy %.1f GB/s (1 GiB, read + write); GEMM: plain cuBLASLt bf16 of "
+      "the same shape. %d of %zu missed. copy@size: a D2D copy moving the kernel's bytes. "
+      "PDL %s.\n",
+      bw, missed, g_rows.size(),
+      std::getenv("CTXPLAN_CUDA_PDL") != nullptr &&
+              std::strcmp(std::getenv("CTXPLAN_CUDA_PDL"), "0") == 0
+          ? "off (CTXPLAN_CUDA_PDL=0)"
+          : "on");
 }
 
 }  // namespace

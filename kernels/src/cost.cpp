@@ -6,7 +6,9 @@ namespace {
 OpCost Memory(double bytes, double flops = 0.0) {
   return OpCost{flops, bytes, RateClass::kMemoryBound};
 }
-double D(int64_t v) { return static_cast<double>(v); }
+double D(int64_t v) {
+  return static_cast<double>(v);
+}
 }  // namespace
 
 OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank) {
@@ -51,7 +53,8 @@ OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden) {
   return Memory(4.0 * D(tokens * hidden) * kBf16Bytes, 8.0 * D(tokens * hidden));
 }
 OpCost RopeCost(int64_t tokens, int64_t q_dim, int64_t kv_dim) {
-  return Memory(2.0 * D(tokens * (q_dim + kv_dim)) * kBf16Bytes, 3.0 * D(tokens * (q_dim + kv_dim)));
+  return Memory(2.0 * D(tokens * (q_dim + kv_dim)) * kBf16Bytes,
+                3.0 * D(tokens * (q_dim + kv_dim)));
 }
 OpCost KvWriteCost(int64_t tokens, int64_t kv_dim) {
   return Memory(2.0 * 2.0 * D(tokens * kv_dim) * kBf16Bytes);
@@ -83,8 +86,8 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
                              int64_t grad_bytes) {
   // S = QK^T recomputed, then dV, dP, dQ, dK: five GEMM-shaped products against forward's two.
   double flops = 10.0 * pairs * D(num_heads) * D(head_dim);
-  double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q, O, dO in; dQ out
-                 2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
+  double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +   // Q, O, dO in; dQ out
+                 2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +           // K, V
                  2.0 * 2.0 * D(kv_tokens_read * kv_dim) * D(grad_bytes) +  // dK, dV RMW
                  D(q_tokens * num_heads) * kFp32Bytes;
   return {flops, bytes, RateClass::kAttentionBackward};
@@ -98,15 +101,17 @@ OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate) {
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate) {
   return Memory(5.0 * D(tokens * intermediate) * kBf16Bytes, 12.0 * D(tokens * intermediate));
 }
-OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab,
-                               bool head_trainable, int64_t grad_bytes) {
+OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bool head_trainable,
+                               int64_t grad_bytes) {
   double gemms = head_trainable ? 4.0 : 3.0;
   double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
   double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
                  (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
   return {flops, bytes, RateClass::kGemm};
 }
-OpCost ZeroFillCost(int64_t bytes) { return Memory(D(bytes)); }
+OpCost ZeroFillCost(int64_t bytes) {
+  return Memory(D(bytes));
+}
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host) {
   // Reads parameter, gradient and both fp32 moments; writes parameter and moments.
   double bytes = D(params) * (2.0 * D(param_bytes) + D(grad_bytes) + 4.0 * kFp32Bytes);

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -83,7 +83,8 @@ class DataSource {
     if (!f.data.empty()) {
       file_.emplace(f.data, model.vocab_size);
     } else if (task_ != "retrieval" && task_ != "random") {
-      throw InputError("--task: '" + task_ + "' is not a task; accepted: retrieval (a key "
+      throw InputError("--task: '" + task_ +
+                       "' is not a task; accepted: retrieval (a key "
                        "placed early, queried at the end), random, or --data FILE");
     }
   }
@@ -121,9 +122,9 @@ class Progress final : public StepObserver {
     if (!enabled_ || op.chunk < 0 || (op.chunk == chunk_ && op.phase == phase_)) return;
     chunk_ = op.chunk;
     phase_ = op.phase;
-    std::fprintf(stderr, "\r  step %lld/%lld  %-9s chunk %d/%d   ", static_cast<long long>(step_ + 1),
-                 static_cast<long long>(steps_), std::string(PhaseName(op.phase)).c_str(),
-                 chunk_ + 1, chunks_);
+    std::fprintf(stderr, "\r  step %lld/%lld  %-9s chunk %d/%d   ",
+                 static_cast<long long>(step_ + 1), static_cast<long long>(steps_),
+                 std::string(PhaseName(op.phase)).c_str(), chunk_ + 1, chunks_);
     std::fflush(stderr);
   }
   void EndStep(double loss, double seconds) {
@@ -190,7 +191,8 @@ std::string UtcNow() {
 }
 
 int64_t HostPhysicalBytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 int Main(int argc, char** argv) {
@@ -198,13 +200,16 @@ int Main(int argc, char** argv) {
   Flags f;
   app.add_option("--backend", f.backend, "cpu (reference kernels) or cuda")->capture_default_str();
   AddRunFlags(app, f.run, /*with_context=*/true);
-  app.add_option("--steps", f.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--steps", f.steps, "training steps")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--data", f.data, "binary file of uint32 token ids (instead of --task)");
   app.add_option("--task", f.task, "synthetic task: retrieval or random")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of weights and synthetic data")->capture_default_str();
   app.add_option("--weights", f.weights, "initial weights: a safetensors file or sharded index");
   app.add_option("--lr", f.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--trace", f.trace, "trace the last step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
+  app.add_option("--trace", f.trace,
+                 "trace the last step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
   app.add_option("--save", f.save, "write a checkpoint after the last step (atomically)");
   app.add_option("--resume", f.resume, "resume from a checkpoint");
   app.add_flag("--json", f.json, "print the result as JSON");
@@ -220,8 +225,9 @@ int Main(int argc, char** argv) {
 
 #ifndef CTXPLAN_HAVE_CUDA_BACKEND
   if (f.backend == "cuda")
-    throw InputError("--backend cuda: this ctxtrain was built without CUDA (configure with "
-                     "-DCTXPLAN_CUDA=ON); accepted: cpu");
+    throw InputError(
+        "--backend cuda: this ctxtrain was built without CUDA (configure with "
+        "-DCTXPLAN_CUDA=ON); accepted: cpu");
 #endif
   if (f.backend != "cpu" && f.backend != "cuda")
     throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
@@ -263,8 +269,8 @@ int Main(int argc, char** argv) {
   }
 
   // Weights, optimizer state, first step.
-  ModelWeights weights = f.weights.empty() ? RandomWeights(model, f.seed)
-                                           : LoadSafetensorsWeights(f.weights, model);
+  ModelWeights weights =
+      f.weights.empty() ? RandomWeights(model, f.seed) : LoadSafetensorsWeights(f.weights, model);
   OptimizerState optimizer{ZeroWeights(model), ZeroWeights(model), {}};
   optimizer.params.lr = static_cast<float>(f.lr);
   int64_t first_step = 0;
@@ -310,7 +316,8 @@ int Main(int argc, char** argv) {
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
     if (!cuda)
-      grads.ForEach([](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+      grads.ForEach(
+          [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     if (cuda_backend) cuda_backend->ZeroGrads();
 #endif
@@ -318,11 +325,12 @@ int Main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     try {
       if (s == first_step + f.steps - 1 && !f.trace.empty()) {
-        RunMetadata metadata{{"source", "ctxtrain"}, {"backend", f.backend},
-                             {"model", model.name}, {"step", std::to_string(s)},
+        RunMetadata metadata{{"source", "ctxtrain"},         {"backend", f.backend},
+                             {"model", model.name},          {"step", std::to_string(s)},
                              {"commit", CTXPLAN_GIT_COMMIT}, {"date", UtcNow()}};
         AddRunOptions(options, metadata);
-        const bool compact = f.trace.size() >= 9 && f.trace.substr(f.trace.size() - 9) == ".ctxtrace";
+        const bool compact =
+            f.trace.size() >= 9 && f.trace.substr(f.trace.size() - 9) == ".ctxtrace";
         // CPU ops run synchronously: the wall clock times them. CUDA ops run asynchronously:
         // CUPTI times them on the GPU, each activity mapped to its plan op.
         auto traced_step = [&](OpTraceWriter* writer, ChromeTraceWriter* chrome) {
@@ -403,16 +411,17 @@ int Main(int argc, char** argv) {
   const int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) /
                            sim::kArenaGranularity * sim::kArenaGranularity;
   if (f.json) {
-    std::printf("{\"backend\":\"%s\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
-                "\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
-                "\"arena_reserved_bytes\":%lld,\"device_bytes\":null,\"pinned_host_peak_bytes\":%lld}\n",
-                f.backend.c_str(), model.name.c_str(), static_cast<long long>(f.steps), last_loss,
-                tokens_per_second,
-                static_cast<long long>(last.peak_arena_bytes), static_cast<long long>(reserved),
-                static_cast<long long>(last.peak_host_bytes));
+    std::printf(
+        "{\"backend\":\"%s\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
+        "\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
+        "\"arena_reserved_bytes\":%lld,\"device_bytes\":null,\"pinned_host_peak_bytes\":%lld}\n",
+        f.backend.c_str(), model.name.c_str(), static_cast<long long>(f.steps), last_loss,
+        tokens_per_second, static_cast<long long>(last.peak_arena_bytes),
+        static_cast<long long>(reserved), static_cast<long long>(last.peak_host_bytes));
   } else {
-    std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(), model.name.c_str(),
-                FormatTokens(options.context_tokens).c_str(), static_cast<long long>(f.steps));
+    std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
+                model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
+                static_cast<long long>(f.steps));
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
     std::printf("  arena allocated peak %s (as the plan accounts it), reserved %s\n",
                 FormatGiB(last.peak_arena_bytes).c_str(), FormatGiB(reserved).c_str());

@@ -124,8 +124,9 @@ ModelSpec ResolveModel(const RunFlags& f) {
 
 MachineSpec ResolveMachine(const RunFlags& f) {
   if (!f.machine.empty() && !f.gpu.empty())
-    throw InputError("--machine and --gpu: give one; accepted: --machine PRESET, or --gpu GPU "
-                     "[--host-ram SIZE]");
+    throw InputError(
+        "--machine and --gpu: give one; accepted: --machine PRESET, or --gpu GPU "
+        "[--host-ram SIZE]");
   if (!f.gpu.empty()) {
     CheckReadableIfPath(f.gpu, "--gpu",
                         "a catalogue GPU (ctxplan list) or the path of a readable GPU .yaml");

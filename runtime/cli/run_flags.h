@@ -15,7 +15,7 @@ namespace ctxplan::cli {
 
 struct RunFlags {
   std::string model = "qwen2.5-7b";
-  std::string machine;   // preset; default h200-125g when no --gpu either
+  std::string machine;  // preset; default h200-125g when no --gpu either
   std::string gpu;
   std::string host_ram;  // with --gpu (default 125GiB) or overriding a preset's
   std::string context = "1M";

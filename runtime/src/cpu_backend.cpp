@@ -42,9 +42,12 @@ class CpuBackend::Impl {
     labels_ = inputs.labels;
     for (const int32_t t : tokens_)
       if (t < 0 || t >= vocab_)
-        throw InputError("step inputs: token id " + std::to_string(t) + " is outside the "
-                         "vocabulary; accepted: 0 to " + std::to_string(vocab_ - 1));
-    labelled_total_ = std::count_if(labels_.begin(), labels_.end(), [](int32_t l) { return l >= 0; });
+        throw InputError("step inputs: token id " + std::to_string(t) +
+                         " is outside the "
+                         "vocabulary; accepted: 0 to " +
+                         std::to_string(vocab_ - 1));
+    labelled_total_ =
+        std::count_if(labels_.begin(), labels_.end(), [](int32_t l) { return l >= 0; });
     shape_ = KvPageShape{o_.page_tokens, m_.num_key_value_heads, m_.head_dim};
     const int64_t total_pages = (o_.context_tokens + o_.page_tokens - 1) / o_.page_tokens;
     const size_t store = static_cast<size_t>(total_pages * shape_.page_elements());
@@ -63,8 +66,8 @@ class CpuBackend::Impl {
     }
     // What pass 2 reads back: per layer of the current chunk, or per chunk and layer when the
     // fill keeps them.
-    const size_t saved = static_cast<size_t>(
-        layers_ * (o_.keep_layer_inputs ? geometry_->num_chunks() : 1));
+    const size_t saved =
+        static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? geometry_->num_chunks() : 1));
     saved_input_.assign(saved, {});
     saved_attn_.assign(saved, {});
     saved_lse_.assign(saved, {});
@@ -95,15 +98,27 @@ class CpuBackend::Impl {
     ++ops_;
     if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
     switch (op.kind) {
-      case OpKind::kEmbeddingForward: EmbeddingForward(); break;
+      case OpKind::kEmbeddingForward:
+        EmbeddingForward();
+        break;
       case OpKind::kEmbeddingBackward:
         cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
         break;
-      case OpKind::kRmsNormForward: NormForward(op); break;
-      case OpKind::kRmsNormBackward: NormBackward(op); break;
-      case OpKind::kLinearForward: LinearForward(op); break;
-      case OpKind::kLinearBackwardInput: LinearBackward(op, /*input=*/true); break;
-      case OpKind::kLinearBackwardWeight: LinearBackward(op, /*input=*/false); break;
+      case OpKind::kRmsNormForward:
+        NormForward(op);
+        break;
+      case OpKind::kRmsNormBackward:
+        NormBackward(op);
+        break;
+      case OpKind::kLinearForward:
+        LinearForward(op);
+        break;
+      case OpKind::kLinearBackwardInput:
+        LinearBackward(op, /*input=*/true);
+        break;
+      case OpKind::kLinearBackwardWeight:
+        LinearBackward(op, /*input=*/false);
+        break;
       case OpKind::kRopeForward:
         cpu::RopeForward(q_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
                          m_.rope_theta);
@@ -116,25 +131,34 @@ class CpuBackend::Impl {
         cpu::RopeBackward(dk_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
                           m_.rope_theta);
         break;
-      case OpKind::kKvWrite: KvWrite(op.layer); break;
-      case OpKind::kPageSummary: PageSummary(op.layer); break;
+      case OpKind::kKvWrite:
+        KvWrite(op.layer);
+        break;
+      case OpKind::kPageSummary:
+        PageSummary(op.layer);
+        break;
       case OpKind::kPageScore:
         scores_.resize(static_cast<size_t>(c_.tiles * c_.earlier_pages));
-        cpu::PageScore(q_.data(), T(), m_.num_attention_heads, m_.num_key_value_heads,
-                       m_.head_dim, o_.query_tile, summaries_[L(op)].data(), c_.earlier_pages,
-                       scores_.data());
+        cpu::PageScore(q_.data(), T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim,
+                       o_.query_tile, summaries_[L(op)].data(), c_.earlier_pages, scores_.data());
         break;
       case OpKind::kPageTopK: {
         selection_.resize(static_cast<size_t>(c_.tiles * (o_.page_budget + o_.sink_pages)));
-        pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages,
-                                        o_.page_budget, o_.sink_pages, selection_.data());
+        pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages, o_.page_budget,
+                                        o_.sink_pages, selection_.data());
         selection_.resize(static_cast<size_t>(c_.tiles * pages_per_tile_));
         if (Saves(op)) saved_selection_[S(op)] = selection_;
         break;
       }
-      case OpKind::kAttentionForward: AttentionForward(op); break;
-      case OpKind::kAttentionBackward: AttentionBackward(op); break;
-      case OpKind::kDkvAccumulate: DkvAccumulate(op.layer); break;
+      case OpKind::kAttentionForward:
+        AttentionForward(op);
+        break;
+      case OpKind::kAttentionBackward:
+        AttentionBackward(op);
+        break;
+      case OpKind::kDkvAccumulate:
+        DkvAccumulate(op.layer);
+        break;
       case OpKind::kSwigluForward:
         act_.resize(static_cast<size_t>(T() * inter_));
         cpu::SwigluForward(gate_up_.data(), T(), inter_, act_.data());
@@ -143,12 +167,20 @@ class CpuBackend::Impl {
         d_gate_up_.resize(gate_up_.size());
         cpu::SwigluBackward(gate_up_.data(), d_act_.data(), T(), inter_, d_gate_up_.data());
         break;
-      case OpKind::kLossForwardBackward: Loss(); break;
+      case OpKind::kLossForwardBackward:
+        Loss();
+        break;
       case OpKind::kZeroFill:
         break;  // fresh dKV slots are zeroed when the backward's copy stages the union
-      case OpKind::kAdamW: OptimizerStep(); break;
-      case OpKind::kCopyH2D: CopyIn(op); break;
-      case OpKind::kCopyD2H: CopyOut(op); break;
+      case OpKind::kAdamW:
+        OptimizerStep();
+        break;
+      case OpKind::kCopyH2D:
+        CopyIn(op);
+        break;
+      case OpKind::kCopyD2H:
+        CopyOut(op);
+        break;
       default:
         throw InternalError("CPU backend: unexpected op " + std::string(OpKindName(op.kind)));
     }
@@ -253,8 +285,9 @@ class CpuBackend::Impl {
     switch (op.part) {
       case OpPart::kQkv: {
         qkv_.resize(static_cast<size_t>(t * (q_dim_ + 2 * kv_dim_)));
-        cpu::LinearForward(xn_.data(), w.qkv.data(), w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(),
-                           t, q_dim_ + 2 * kv_dim_, d_, qkv_.data());
+        cpu::LinearForward(xn_.data(), w.qkv.data(),
+                           w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(), t,
+                           q_dim_ + 2 * kv_dim_, d_, qkv_.data());
         SplitQkv();
         break;
       }
@@ -313,7 +346,8 @@ class CpuBackend::Impl {
     pages.shape = shape_;
     pages.num_pages = c_.own_pages;
     if (o_.offload) {
-      for (int64_t j = 0; j < c_.own_pages; ++j) own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+      for (int64_t j = 0; j < c_.own_pages; ++j)
+        own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(j);
       pages.pool = own_slots_.data();
     } else {
       for (int64_t j = 0; j < c_.own_pages; ++j)
@@ -329,8 +363,8 @@ class CpuBackend::Impl {
   void PageSummary(int32_t layer) {
     PagedKv<float> own = OwnPages(layer, false);
     PagedKv<const float> view{own.shape, own.pool, own.page_slot, own.num_pages};
-    cpu::PageSummary(view, summaries_[static_cast<size_t>(layer)].data() +
-                               c_.earlier_pages * kv_dim_);
+    cpu::PageSummary(view,
+                     summaries_[static_cast<size_t>(layer)].data() + c_.earlier_pages * kv_dim_);
   }
 
   std::vector<int32_t> UnionPages(const Op& op) const {
@@ -342,10 +376,11 @@ class CpuBackend::Impl {
     const size_t l = L(op);
     union_ = UnionPages(op);
     if (static_cast<int64_t>(union_.size()) > slot_capacity_)
-      throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
-                       std::to_string(l) + " need " + std::to_string(union_.size()) +
-                       " page slots but the plan provisioned " + std::to_string(slot_capacity_) +
-                       "; accepted: a selection model that bounds the union (--selection disjoint)");
+      throw InputError(
+          "page selections of chunk " + std::to_string(c_.index) + " layer " + std::to_string(l) +
+          " need " + std::to_string(union_.size()) + " page slots but the plan provisioned " +
+          std::to_string(slot_capacity_) +
+          "; accepted: a selection model that bounds the union (--selection disjoint)");
     slot_table_.assign(static_cast<size_t>(c_.earlier_pages), -1);
     const size_t pe = static_cast<size_t>(shape_.page_elements());
     for (size_t j = 0; j < union_.size(); ++j) {
@@ -461,8 +496,8 @@ class CpuBackend::Impl {
 
   void DkvAccumulate(int32_t layer) {
     PagedKv<float> own = OwnPages(layer, true);
-    cpu::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages},
-                       T(), dk_.data(), dv_.data());
+    cpu::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
+                       dk_.data(), dv_.data());
   }
 
   // --- loss and backward -------------------------------------------------------------------
@@ -489,12 +524,12 @@ class CpuBackend::Impl {
     switch (op.part) {
       case OpPart::kFinalNorm:
         dh_.resize(n);
-        cpu::RmsNormBackward(h_.data(), w_.final_norm.data(), rstdf_.data(), d_xnf_.data(), T(),
-                             d_, dh_.data(), g_.final_norm.data());
+        cpu::RmsNormBackward(h_.data(), w_.final_norm.data(), rstdf_.data(), d_xnf_.data(), T(), d_,
+                             dh_.data(), g_.final_norm.data());
         break;
       case OpPart::kMlpNorm:  // d h_mid = dh (residual) + the norm's share
-        cpu::RmsNormBackward(hmid_.data(), W(op).mlp_norm.data(), rstd2_.data(), d_xn2_.data(),
-                             T(), d_, tmp_.data(), G(op).mlp_norm.data());
+        cpu::RmsNormBackward(hmid_.data(), W(op).mlp_norm.data(), rstd2_.data(), d_xn2_.data(), T(),
+                             d_, tmp_.data(), G(op).mlp_norm.data());
         d_hmid_.resize(n);
         for (size_t i = 0; i < n; ++i) d_hmid_[i] = dh_[i] + tmp_[i];
         break;
@@ -614,8 +649,8 @@ class CpuBackend::Impl {
   std::vector<std::vector<int32_t>> saved_selection_;                     // [layer][...]
   std::vector<std::vector<float>> saved_top_;  // [chunk][t][d]: top layer output, when kept
   // Gradients of the current chunk.
-  std::vector<float> dh_, d_act_, d_gate_up_, d_xn2_, d_hmid_, d_attn_, dq_, dk_, dv_, dqkv_,
-      d_xn_, d_xnf_, tmp_;
+  std::vector<float> dh_, d_act_, d_gate_up_, d_xn2_, d_hmid_, d_attn_, dq_, dk_, dv_, dqkv_, d_xn_,
+      d_xnf_, tmp_;
 
   double loss_sum_ = 0.0;
   int64_t labelled_ = 0;
@@ -630,7 +665,11 @@ CpuBackend::~CpuBackend() = default;
 void CpuBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
   impl_->BeginStep(plan, inputs);
 }
-void CpuBackend::Execute(const Op& op) { impl_->Execute(op); }
-StepOutputs CpuBackend::EndStep() { return impl_->EndStep(); }
+void CpuBackend::Execute(const Op& op) {
+  impl_->Execute(op);
+}
+StepOutputs CpuBackend::EndStep() {
+  return impl_->EndStep();
+}
 
 }  // namespace ctxplan

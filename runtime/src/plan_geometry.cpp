@@ -9,7 +9,9 @@
 namespace ctxplan {
 
 namespace {
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 }  // namespace
 
 std::vector<int32_t> AttendedPages(const ChunkGeometry& chunk, std::span<const int32_t> selection) {
@@ -88,7 +90,9 @@ int64_t PlanGeometry::kv_page_bytes() const {
 int64_t PlanGeometry::dkv_page_bytes() const {
   return options_.page_tokens * 2 * model_.kv_dim() * options_.grad_bytes();
 }
-int64_t PlanGeometry::summary_page_bytes() const { return model_.kv_dim() * kBf16Bytes; }
+int64_t PlanGeometry::summary_page_bytes() const {
+  return model_.kv_dim() * kBf16Bytes;
+}
 
 int64_t PlanGeometry::trainable_params() const {
   if (options_.lora_rank == 0) return model_.total_params();
@@ -103,8 +107,12 @@ int64_t PlanGeometry::weight_bytes() const {
   int64_t adapters = options_.lora_rank > 0 ? trainable_params() : 0;
   return (model_.total_params() + adapters) * kBf16Bytes;
 }
-int64_t PlanGeometry::grad_bytes() const { return trainable_params() * options_.grad_bytes(); }
-int64_t PlanGeometry::optimizer_state_bytes() const { return trainable_params() * 2 * kFp32Bytes; }
+int64_t PlanGeometry::grad_bytes() const {
+  return trainable_params() * options_.grad_bytes();
+}
+int64_t PlanGeometry::optimizer_state_bytes() const {
+  return trainable_params() * 2 * kFp32Bytes;
+}
 
 int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
   const ModelSpec& m = model_;
@@ -123,9 +131,8 @@ int64_t PlanGeometry::activation_bytes() const {
   const ModelSpec& m = model_;
   const int64_t c = options_.chunk_tokens;
   const int64_t mlp = c * 3 * m.intermediate_size * kBf16Bytes;
-  const int64_t forward =
-      c * (3 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim()) * kBf16Bytes + mlp +
-      c * m.num_attention_heads * kFp32Bytes;
+  const int64_t forward = c * (3 * m.hidden_size + 2 * m.q_dim() + 2 * m.kv_dim()) * kBf16Bytes +
+                          mlp + c * m.num_attention_heads * kFp32Bytes;
   // Page scores (fp32, plus as much top-k scratch) are needed before the attention, while the
   // MLP buffers are idle, so they share them; only beyond ~10^8 tokens do they need more.
   const ChunkGeometry last = Chunk(num_chunks_ - 1);
@@ -136,8 +143,8 @@ int64_t PlanGeometry::activation_bytes() const {
 }
 
 int64_t PlanGeometry::workspace_bytes() const {
-  const int64_t loss_tile = options_.chunk_tokens * std::min(kLossVocabTile, model_.vocab_size) *
-                            kFp32Bytes;
+  const int64_t loss_tile =
+      options_.chunk_tokens * std::min(kLossVocabTile, model_.vocab_size) * kFp32Bytes;
   return kCublasWorkspaceBytes + loss_tile;
 }
 

@@ -27,7 +27,8 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
   auto get = [&](const std::string& key) -> const std::string& {
     auto it = m.find(key);
     if (it == m.end())
-      throw InputError(source + ": metadata key '" + key + "' is missing; accepted: a trace "
+      throw InputError(source + ": metadata key '" + key +
+                       "' is missing; accepted: a trace "
                        "written by ctxtrain or ctxplan, which records every run option");
     return it->second;
   };

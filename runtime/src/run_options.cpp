@@ -12,7 +12,9 @@ namespace {
 void Require(bool ok, std::string_view option, const std::string& problem) {
   if (!ok) throw InputError("option " + std::string(option) + ": " + problem);
 }
-std::string Num(int64_t v) { return std::to_string(v); }
+std::string Num(int64_t v) {
+  return std::to_string(v);
+}
 }  // namespace
 
 void RunOptions::Validate(const ModelSpec& model) const {
@@ -31,8 +33,7 @@ void RunOptions::Validate(const ModelSpec& model) const {
   Require(sink_pages >= 0 && sink_pages <= (int64_t{1} << 31), "--sinks",
           Num(sink_pages) + " is out of range; accepted: 0 or more pages");
   Require(query_tile >= 1 && query_tile <= chunk_tokens, "--query-tile",
-          Num(query_tile) + " is out of range; accepted: 1 to the chunk size " +
-              Num(chunk_tokens));
+          Num(query_tile) + " is out of range; accepted: 1 to the chunk size " + Num(chunk_tokens));
   const int64_t smallest = std::min(model.hidden_size, model.kv_dim());
   Require(lora_rank >= 0 && lora_rank <= smallest, "--lora-rank",
           Num(lora_rank) + " is out of range; accepted: 0 (full fine-tune) to " + Num(smallest));
@@ -47,17 +48,22 @@ std::string_view GradDtypeName(GradDtype dtype) {
 
 std::string_view OptimizerName(OptimizerKind optimizer) {
   switch (optimizer) {
-    case OptimizerKind::kAdamWGpu: return "adamw-gpu";
-    case OptimizerKind::kAdamWHost: return "adamw-host";
-    case OptimizerKind::kNone: return "none";
+    case OptimizerKind::kAdamWGpu:
+      return "adamw-gpu";
+    case OptimizerKind::kAdamWHost:
+      return "adamw-host";
+    case OptimizerKind::kNone:
+      return "none";
   }
   return "?";
 }
 
 std::string SelectionModelName(const SelectionModel& model) {
   switch (model.kind) {
-    case SelectionModelKind::kShared: return "shared";
-    case SelectionModelKind::kDisjoint: return "disjoint";
+    case SelectionModelKind::kShared:
+      return "shared";
+    case SelectionModelKind::kDisjoint:
+      return "disjoint";
     case SelectionModelKind::kOverlap: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "overlap:%g", model.overlap_fraction);
@@ -90,8 +96,8 @@ SelectionModel ParseSelectionModel(std::string_view text, std::string_view what)
     std::string number(text.substr(kPrefix.size()));
     char* end = nullptr;
     double f = std::strtod(number.c_str(), &end);
-    if (!number.empty() && end == number.c_str() + number.size() && std::isfinite(f) &&
-        f >= 0.0 && f <= 1.0)
+    if (!number.empty() && end == number.c_str() + number.size() && std::isfinite(f) && f >= 0.0 &&
+        f <= 1.0)
       return {SelectionModelKind::kOverlap, f};
   }
   throw InputError(std::string(what) + ": '" + std::string(text) +

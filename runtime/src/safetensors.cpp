@@ -39,7 +39,6 @@ constexpr size_t kReadBlockBytes = size_t{4} << 20;
 
 }  // namespace
 
-
 namespace {
 
 std::string Quote(std::string_view text) {
@@ -51,7 +50,6 @@ std::string ShapeString(std::span<const int64_t> shape) {
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
-
 
 // A JSON number that must be a non-negative integer (shape dimensions, offsets).
 bool ParseUint64(const JsonValue& value, uint64_t& out) {
@@ -258,7 +256,8 @@ ModelWeights LoadSharded(const fs::path& index, const ModelSpec& model) {
     Fail(index, "index of " + std::to_string(size) + " bytes exceeds the " +
                     std::to_string(kMaxIndexBytes >> 20) + " MiB limit");
   if (!complete) Fail(index, "file shrank while being read");
-  const JsonValue root = JsonParser(text, index.string() + ": malformed index JSON", 0).ParseDocument();
+  const JsonValue root =
+      JsonParser(text, index.string() + ": malformed index JSON", 0).ParseDocument();
   if (root.kind != JsonValue::Kind::kObject)
     Fail(index, "the index must be a JSON object with a \"weight_map\", found " +
                     std::string(KindName(root.kind)));

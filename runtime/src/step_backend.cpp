@@ -11,7 +11,8 @@ StepOutputs RunStep(const StepPlan& plan, const StepInputs& inputs, StepBackend&
       static_cast<int64_t>(inputs.labels.size()) != n)
     throw InputError("step inputs: " + std::to_string(inputs.tokens.size()) + " tokens and " +
                      std::to_string(inputs.labels.size()) + " labels for a context of " +
-                     std::to_string(n) + "; accepted: exactly one token and one label per position");
+                     std::to_string(n) +
+                     "; accepted: exactly one token and one label per position");
   backend.BeginStep(plan, inputs);
   Generator<Op> ops = plan.Ops();
   while (ops.Next()) {

@@ -93,7 +93,10 @@ Op Memory(const Where& w, bool alloc, Stream stream, MemSpace space, MemCategory
 class PlanWriter {
  public:
   explicit PlanWriter(const PlanGeometry& geometry)
-      : g_(geometry), m_(geometry.model()), o_(geometry.options()), batch_(&next_id_),
+      : g_(geometry),
+        m_(geometry.model()),
+        o_(geometry.options()),
+        batch_(&next_id_),
         kv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp),
         dkv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp) {}
 
@@ -106,8 +109,7 @@ class PlanWriter {
         batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, category, bytes));
     };
     auto host = [&](MemCategory category, int64_t bytes) {
-      if (bytes > 0)
-        batch_.Push(Memory(w, true, Stream::kHost, MemSpace::kHost, category, bytes));
+      if (bytes > 0) batch_.Push(Memory(w, true, Stream::kHost, MemSpace::kHost, category, bytes));
     };
     gpu(MemCategory::kWeights, g_.weight_bytes());
     gpu(MemCategory::kGrads, g_.grad_bytes());
@@ -133,9 +135,11 @@ class PlanWriter {
                          c.own_pages * layers * g_.summary_page_bytes()));
       const int64_t kv_bytes = c.own_pages * layers * g_.kv_page_bytes();
       if (o_.offload)
-        batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages, kv_bytes));
+        batch_.Push(
+            Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages, kv_bytes));
       else
-        batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
+        batch_.Push(
+            Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
     }
     batch_.Push(Kernel(w, OpKind::kEmbeddingForward, EmbeddingForwardCost(c.tokens, m_.hidden_size),
                        c.tokens));
@@ -154,8 +158,8 @@ class PlanWriter {
     if (copy_in && !c.sparse)  // dense: the pages are known, prefetch as soon as a slot frees
       h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
                         {slot_release_[parity], KvHome(layer)});
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
-                       OpPart::kAttnNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank),
                        t, q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
@@ -164,14 +168,14 @@ class PlanWriter {
     if (fill) {
       kv_write = batch_.Push(Kernel(w, OpKind::kKvWrite, KvWriteCost(t, kv), t),
                              {o_.offload ? own_release_[own_parity] : kNoOp});
-      Op summary = Kernel(w, OpKind::kPageSummary,
-                          PageSummaryCost(c.own_pages, o_.page_tokens, kv), t);
+      Op summary =
+          Kernel(w, OpKind::kPageSummary, PageSummaryCost(c.own_pages, o_.page_tokens, kv), t);
       summary.pages = c.own_pages;
       batch_.Push(summary);
     }
     if (c.sparse) {
-      Op score = Kernel(w, OpKind::kPageScore,
-                        PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv), t);
+      Op score =
+          Kernel(w, OpKind::kPageScore, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv), t);
       score.pages = c.earlier_pages;
       batch_.Push(score);
       Op topk = Kernel(w, OpKind::kPageTopK, PageTopKCost(c.tiles, c.earlier_pages), t);
@@ -181,10 +185,10 @@ class PlanWriter {
         h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
                           {selected, slot_release_[parity], KvHome(layer)});
     }
-    batch_.Push(Kernel(w, OpKind::kAttentionForward,
-                       AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv,
-                                            m_.head_dim),
-                       t, t, 0, OpPart::kOwn));
+    batch_.Push(
+        Kernel(w, OpKind::kAttentionForward,
+               AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim), t,
+               t, 0, OpPart::kOwn));
     if (paged) {
       Op attention = Kernel(w, OpKind::kAttentionForward,
                             AttentionForwardCost(c.pairs_paged, t, PagedTokensRead(c),
@@ -194,10 +198,10 @@ class PlanWriter {
       const OpId id = batch_.Push(attention, {h2d});
       if (copy_in) slot_release_[parity] = id;
     }
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, o_.lora_rank), t, d,
-                       q, OpPart::kO));
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
-                       OpPart::kMlpNorm));
+    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, o_.lora_rank), t, d, q,
+                       OpPart::kO));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward,
                        LinearForwardCost(t, 2 * m_.intermediate_size, d, o_.lora_rank), t,
                        2 * m_.intermediate_size, d, OpPart::kGateUp));
@@ -223,12 +227,12 @@ class PlanWriter {
   void Loss(const ChunkGeometry& c) {
     Where w{Phase::kLoss, c.index, -1};
     const int64_t t = c.tokens, d = m_.hidden_size;
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
-                       OpPart::kFinalNorm));
-    batch_.Push(Kernel(w, OpKind::kLossForwardBackward,
-                       LossForwardBackwardCost(t, d, m_.vocab_size, o_.lora_rank == 0,
-                                               o_.grad_bytes()),
-                       t, m_.vocab_size, d, OpPart::kLmHead));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kFinalNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kLossForwardBackward,
+               LossForwardBackwardCost(t, d, m_.vocab_size, o_.lora_rank == 0, o_.grad_bytes()), t,
+               m_.vocab_size, d, OpPart::kLmHead));
     batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
                        OpPart::kFinalNorm));
   }
@@ -243,7 +247,8 @@ class PlanWriter {
       if (o_.offload)
         batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kDkvPages, grow));
       else
-        batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kDkvPages, grow));
+        batch_.Push(
+            Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kDkvPages, grow));
     }
   }
 
@@ -270,14 +275,15 @@ class PlanWriter {
       batch_.Push(zero);
     }
     // Recompute the layer's internals from its saved input (attention output and LSE are kept).
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
-                       OpPart::kAttnNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, r), t,
                        q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, r), t, d, q, OpPart::kO));
-    batch_.Push(Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0,
-                       OpPart::kMlpNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, r), t, d, q, OpPart::kO));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, 2 * inter, d, r), t,
                        2 * inter, d, OpPart::kGateUp));
     batch_.Push(Kernel(w, OpKind::kSwigluForward, SwigluForwardCost(t, inter), t));
@@ -285,13 +291,13 @@ class PlanWriter {
     Linear(w, t, d, inter, OpPart::kDown);
     batch_.Push(Kernel(w, OpKind::kSwigluBackward, SwigluBackwardCost(t, inter), t));
     Linear(w, t, 2 * inter, d, OpPart::kGateUp);
-    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
-                       OpPart::kMlpNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
     Linear(w, t, d, q, OpPart::kO);
-    batch_.Push(Kernel(w, OpKind::kAttentionBackward,
-                       AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv,
-                                             m_.head_dim, gb),
-                       t, t, 0, OpPart::kOwn));
+    batch_.Push(Kernel(
+        w, OpKind::kAttentionBackward,
+        AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb), t, t,
+        0, OpPart::kOwn));
     OpId release = kNoOp;
     if (paged) {
       Op attention = Kernel(w, OpKind::kAttentionBackward,
@@ -309,8 +315,8 @@ class PlanWriter {
     }
     batch_.Push(Kernel(w, OpKind::kRopeBackward, RopeCost(t, q, kv), t));
     Linear(w, t, q + 2 * kv, d, OpPart::kQkv);
-    batch_.Push(Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0,
-                       OpPart::kAttnNorm));
+    batch_.Push(
+        Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     if (o_.offload && paged) {
       Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes());
       release = batch_.Push(d2h, {release});
@@ -357,8 +363,8 @@ class PlanWriter {
         // Gradients home once the last kernel has written them, the update on the CPU, the
         // new weights back.
         OpId d2h = batch_.Push(Copy(w, false, 0, g_.grad_bytes()), {batch_.last_compute()});
-        Op update = Kernel(w, OpKind::kAdamW, AdamWCost(params, kBf16Bytes, o_.grad_bytes(), true),
-                           params);
+        Op update =
+            Kernel(w, OpKind::kAdamW, AdamWCost(params, kBf16Bytes, o_.grad_bytes(), true), params);
         update.stream = Stream::kHost;
         OpId host = batch_.Push(update, {d2h});
         batch_.Push(Copy(w, true, 0, params * kBf16Bytes), {host});
@@ -372,8 +378,8 @@ class PlanWriter {
     batch_.Push(Kernel(w, OpKind::kLinearBackwardInput,
                        LinearBackwardInputCost(t, out, in, o_.lora_rank), t, out, in, part));
     batch_.Push(Kernel(w, OpKind::kLinearBackwardWeight,
-                       LinearBackwardWeightCost(t, out, in, o_.lora_rank, o_.grad_bytes()), t,
-                       out, in, part));
+                       LinearBackwardWeightCost(t, out, in, o_.lora_rank, o_.grad_bytes()), t, out,
+                       in, part));
   }
   int64_t PagedTokensRead(const ChunkGeometry& c) const { return g_.paged_tokens_read(c); }
   int64_t LayerDkvBytes() const { return m_.num_hidden_layers * g_.dkv_page_bytes(); }
@@ -405,8 +411,7 @@ class PlanWriter {
 
 }  // namespace
 
-StepPlan::StepPlan(const ModelSpec& model, const RunOptions& options)
-    : geometry_(model, options) {}
+StepPlan::StepPlan(const ModelSpec& model, const RunOptions& options) : geometry_(model, options) {}
 
 Generator<Op> StepPlan::Ops() const {
   PlanWriter writer(geometry_);
@@ -429,7 +434,7 @@ Generator<Op> StepPlan::Ops() const {
     }
   }
 
-  int64_t selected_by_later_chunks = 0;  // T_{i+1}
+  int64_t selected_by_later_chunks = 0;        // T_{i+1}
   for (int32_t i = chunks - 1; i >= 0; --i) {  // pass 2, in reverse chunk order
     const ChunkGeometry chunk = geometry_.Chunk(i);
     const DkvState dkv = geometry_.Dkv(chunk, selected_by_later_chunks);

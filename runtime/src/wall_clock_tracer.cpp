@@ -17,7 +17,9 @@ int64_t WallClockTracer::Now() const {
       .count();
 }
 
-void WallClockTracer::BeforeOp(const Op& /*op*/) { started_ns_ = Now(); }
+void WallClockTracer::BeforeOp(const Op& /*op*/) {
+  started_ns_ = Now();
+}
 
 void WallClockTracer::AfterOp(const Op& op) {
   const int64_t end = Now();
@@ -25,8 +27,8 @@ void WallClockTracer::AfterOp(const Op& op) {
     int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
     total += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
     if (compact_)
-      compact_->Memory({end, static_cast<uint8_t>(op.space), static_cast<uint8_t>(op.category),
-                        total});
+      compact_->Memory(
+          {end, static_cast<uint8_t>(op.space), static_cast<uint8_t>(op.category), total});
     if (chrome_)
       chrome_->Counter(1, op.space == MemSpace::kGpu ? "arena (GiB)" : "pinned host (GiB)",
                        static_cast<double>(end) / 1e3,
@@ -52,11 +54,10 @@ void WallClockTracer::AfterOp(const Op& op) {
       name_ += '.';
       name_ += OpPartName(op.part);
     }
-    chrome_->Complete(1, static_cast<int64_t>(op.stream), name_, PhaseName(op.phase),
-                      static_cast<double>(started_ns_) / 1e3,
-                      static_cast<double>(end - started_ns_) / 1e3,
-                      {{"op_id", static_cast<int64_t>(op.id)}, {"chunk", op.chunk},
-                       {"layer", op.layer}});
+    chrome_->Complete(
+        1, static_cast<int64_t>(op.stream), name_, PhaseName(op.phase),
+        static_cast<double>(started_ns_) / 1e3, static_cast<double>(end - started_ns_) / 1e3,
+        {{"op_id", static_cast<int64_t>(op.id)}, {"chunk", op.chunk}, {"layer", op.layer}});
   }
 }
 

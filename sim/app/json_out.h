@@ -39,7 +39,9 @@ class JsonOut {
     AppendJsonInt(text_, value);
     return *this;
   }
-  JsonOut& Field(std::string_view key, int value) { return Field(key, static_cast<int64_t>(value)); }
+  JsonOut& Field(std::string_view key, int value) {
+    return Field(key, static_cast<int64_t>(value));
+  }
   JsonOut& Field(std::string_view key, bool value) {
     Key(key);
     text_ += value ? "true" : "false";

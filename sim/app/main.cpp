@@ -9,8 +9,8 @@
 //
 // Exit codes: 0 success, 2 bad input (one line on stderr naming what and what is accepted),
 // 1 an internal error (a bug).
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -24,6 +24,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
+#include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
@@ -31,10 +32,9 @@
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/timeline_writer.h"
 #include "ctxplan/sim/trace_recorder.h"
-#include "ctxplan/runtime/run_metadata.h"
-#include "ctxplan/traces/op_trace.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
+#include "ctxplan/traces/op_trace.h"
 #include "json_out.h"
 #include "progress_bar.h"
 #include "report_format.h"
@@ -247,9 +247,10 @@ int RunSweep(SweepFlags f) {
   std::string text;
   JsonOut json;
   if (f.format == "csv") {
-    text = "model,machine,context_tokens,chunk_tokens,page_tokens,page_budget,offload,"
-           "gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits,step_seconds,"
-           "tokens_per_second,bottleneck\n";
+    text =
+        "model,machine,context_tokens,chunk_tokens,page_tokens,page_budget,offload,"
+        "gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits,step_seconds,"
+        "tokens_per_second,bottleneck\n";
   } else {
     json.BeginObject().Field("model", model.name).Field("machine", machine.name);
     json.BeginArray("results");
@@ -258,19 +259,19 @@ int RunSweep(SweepFlags f) {
   for (size_t i = 0; i < grid.size(); ++i) {
     const RunOptions& o = grid[i];
     const StepPlan plan(model, o);
-    const sim::PlanReport r = MakeReport(plan.geometry(), machine, Predict(f.path, plan, time_model));
+    const sim::PlanReport r =
+        MakeReport(plan.geometry(), machine, Predict(f.path, plan, time_model));
     if (f.format == "csv") {
       char row[512];
-      std::snprintf(row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s\n",
-                    model.name.c_str(), machine.name.c_str(),
-                    static_cast<long long>(o.context_tokens), static_cast<long long>(o.chunk_tokens),
-                    static_cast<long long>(o.page_tokens),
-                    o.dense() ? "all" : std::to_string(o.page_budget).c_str(),
-                    o.offload ? "on" : "off", static_cast<long long>(r.gpu_memory.allocated),
-                    static_cast<long long>(r.gpu_memory.device),
-                    static_cast<long long>(r.host_peak), r.fits() ? "yes" : "no",
-                    r.prediction.step_seconds(), r.tokens_per_second,
-                    std::string(sim::BottleneckName(r.bottleneck)).c_str());
+      std::snprintf(
+          row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s\n",
+          model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
+          static_cast<long long>(o.chunk_tokens), static_cast<long long>(o.page_tokens),
+          o.dense() ? "all" : std::to_string(o.page_budget).c_str(), o.offload ? "on" : "off",
+          static_cast<long long>(r.gpu_memory.allocated),
+          static_cast<long long>(r.gpu_memory.device), static_cast<long long>(r.host_peak),
+          r.fits() ? "yes" : "no", r.prediction.step_seconds(), r.tokens_per_second,
+          std::string(sim::BottleneckName(r.bottleneck)).c_str());
       text += row;
     } else {
       json.BeginObject();
@@ -337,7 +338,8 @@ int RunTimeline(const TimelineFlags& f) {
   const RunOptions options = ResolveOptions(f.run, model, true);
   if (f.format == "ctxtrace") return RunCompactTimeline(f, model, machine, options);
   if (f.format != "chrome")
-    throw InputError("--format: '" + f.format + "' is not a trace format; accepted: chrome, "
+    throw InputError("--format: '" + f.format +
+                     "' is not a trace format; accepted: chrome, "
                      "ctxtrace");
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
@@ -373,7 +375,8 @@ int RunReplay(ReplayFlags f) {
   const OpTrace trace = ReadOpTrace(f.trace);
   const auto model_name = trace.metadata.find("model");
   if (model_name == trace.metadata.end())
-    throw InputError(f.trace + ": metadata key 'model' is missing; accepted: a trace written by "
+    throw InputError(f.trace +
+                     ": metadata key 'model' is missing; accepted: a trace written by "
                      "ctxtrain or ctxplan");
   const ModelSpec model = LoadModel(model_name->second);
   if (f.run.machine.empty() && f.run.gpu.empty()) {
@@ -429,9 +432,10 @@ int RunReplay(ReplayFlags f) {
   char line[256];
   std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
                   machine.name + "\n";
-  std::snprintf(line, sizeof line, "step: measured %.6f s, predicted %.6f s (measured/predicted %.3f)\n",
-                r.measured_step_seconds, r.predicted_step_seconds,
-                r.predicted_step_seconds > 0 ? r.measured_step_seconds / r.predicted_step_seconds : 0.0);
+  std::snprintf(
+      line, sizeof line, "step: measured %.6f s, predicted %.6f s (measured/predicted %.3f)\n",
+      r.measured_step_seconds, r.predicted_step_seconds,
+      r.predicted_step_seconds > 0 ? r.measured_step_seconds / r.predicted_step_seconds : 0.0);
   s += line;
   s += "ops: " + FormatCount(static_cast<int64_t>(r.traced_ops)) + " of " +
        FormatCount(static_cast<int64_t>(r.plan_ops)) + " kernels and copies of the plan traced\n";
@@ -475,8 +479,8 @@ int RunList() {
 int Main(int argc, char** argv) {
   CLI::App app{"ctxplan: plan the longest context an LLM can train on a GPU, and how fast"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ctxplan 0.1.0 (step plan v" +
-                                        std::to_string(StepPlan::kVersion) + ")");
+  app.set_version_flag("--version",
+                       "ctxplan 0.1.0 (step plan v" + std::to_string(StepPlan::kVersion) + ")");
 
   PlanFlags plan;
   CLI::App* plan_cmd = app.add_subcommand("plan", "memory, step time and bottleneck of one run");

@@ -15,7 +15,9 @@ std::string Printf(const char* format, double value) {
   return buffer;
 }
 
-std::string Gib(int64_t bytes) { return Printf("%9.2f GiB", static_cast<double>(bytes) / kGiB); }
+std::string Gib(int64_t bytes) {
+  return Printf("%9.2f GiB", static_cast<double>(bytes) / kGiB);
+}
 
 std::string Header(const PlanContext& c) {
   std::string s = c.model.name + " on " + c.machine.name + " (" + c.machine.gpu.display_name +
@@ -47,7 +49,8 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
        FormatGiB(r.gpu_memory.reserved) + " | device " + FormatGiB(r.gpu_memory.device) + " of " +
        FormatGiB(r.gpu_capacity) + (r.fits_gpu ? "  -> fits\n" : "  -> DOES NOT FIT\n");
   s += "Pinned host memory at peak " + FormatGiB(r.host_peak) + " of " +
-       FormatGiB(r.host_capacity) + " usable" + (r.fits_host ? "  -> fits\n" : "  -> DOES NOT FIT\n");
+       FormatGiB(r.host_capacity) + " usable" +
+       (r.fits_host ? "  -> fits\n" : "  -> DOES NOT FIT\n");
   for (int i = 0; i < kMemCategoryCount; ++i) {
     const int64_t bytes = r.prediction.host.at_peak[i];
     if (bytes == 0) continue;
@@ -66,9 +69,12 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += "Bottleneck: " + std::string(sim::BottleneckName(r.bottleneck)) + "\n";
   if (r.run_cost) {
     const sim::RunCost& rc = *r.run_cost;
-    s += "Training on " + FormatCount(rc.train_tokens) + " tokens: " +
-         Printf("%.1f steps", rc.steps) + ", " + Printf("%.1f GPU-hours", rc.gpu_hours);
-    if (rc.cost) s += Printf(", cost %.2f", *rc.cost) + Printf(" at %.2f per GPU-hour", *rc.price_per_gpu_hour);
+    s += "Training on " + FormatCount(rc.train_tokens) +
+         " tokens: " + Printf("%.1f steps", rc.steps) + ", " +
+         Printf("%.1f GPU-hours", rc.gpu_hours);
+    if (rc.cost)
+      s +=
+          Printf(", cost %.2f", *rc.cost) + Printf(" at %.2f per GPU-hour", *rc.price_per_gpu_hour);
     s += "\n";
   }
   return s;
@@ -129,7 +135,8 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .Field("steps", r.run_cost->steps)
         .Field("gpu_hours", r.run_cost->gpu_hours);
     if (r.run_cost->cost)
-      j.Field("price_per_gpu_hour", *r.run_cost->price_per_gpu_hour).Field("cost", *r.run_cost->cost);
+      j.Field("price_per_gpu_hour", *r.run_cost->price_per_gpu_hour)
+          .Field("cost", *r.run_cost->cost);
     j.EndObject();
   }
 }
@@ -154,8 +161,8 @@ std::string CapacityText(const PlanContext& c, const sim::CapacityResult& result
        FormatGiB(r.host_capacity) + " usable (" + FormatGiB(c.machine.host_ram_bytes) +
        " installed)\n";
   if (slope_to > slope_from)
-    s += "  GPU memory slope: " + Printf("%.2f MB per 10K tokens", slope_mb_per_10k) +
-         " (from " + FormatTokens(slope_from) + " to " + FormatTokens(slope_to) + " tokens)\n";
+    s += "  GPU memory slope: " + Printf("%.2f MB per 10K tokens", slope_mb_per_10k) + " (from " +
+         FormatTokens(slope_from) + " to " + FormatTokens(slope_to) + " tokens)\n";
   s += "  step there: " + Printf("%.1f s", r.prediction.step_seconds()) + ", " +
        Printf("%.0f tokens/s", r.tokens_per_second) + ", bottleneck " +
        std::string(sim::BottleneckName(r.bottleneck)) + "\n";

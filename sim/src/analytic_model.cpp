@@ -85,9 +85,11 @@ struct StreamClock {
 
 class TimeRecurrence {
  public:
-  TimeRecurrence(const PlanGeometry& geometry, const KernelTimeModel& model,
-                 StepPrediction& result)
-      : g_(geometry), m_(geometry.model()), o_(geometry.options()), model_(model),
+  TimeRecurrence(const PlanGeometry& geometry, const KernelTimeModel& model, StepPrediction& result)
+      : g_(geometry),
+        m_(geometry.model()),
+        o_(geometry.options()),
+        model_(model),
         result_(result) {}
 
   ForwardLayer Forward(const ChunkGeometry& c, Phase phase) const {
@@ -145,7 +147,8 @@ class TimeRecurrence {
         pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(pre, RmsNormForwardCost(t, d))(
         pre, LinearForwardCost(t, 2 * inter, d, r))(pre, SwigluForwardCost(t, inter));
     auto linear = [&](Segment& s, int64_t out, int64_t in) {
-      add(s, LinearBackwardInputCost(t, out, in, r))(s, LinearBackwardWeightCost(t, out, in, r, gb));
+      add(s, LinearBackwardInputCost(t, out, in, r))(s,
+                                                     LinearBackwardWeightCost(t, out, in, r, gb));
     };
     linear(pre, d, inter);
     add(pre, SwigluBackwardCost(t, inter));
@@ -207,9 +210,9 @@ class TimeRecurrence {
     result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
     result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += layers * b.h2d;
     result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += layers * b.d2h;
-    result_.flops += static_cast<double>(layers) *
-                     (b.zero.flops + b.before_attention.flops + b.attn_paged.flops +
-                      b.dkv_accumulate.flops + b.after.flops);
+    result_.flops +=
+        static_cast<double>(layers) * (b.zero.flops + b.before_attention.flops +
+                                       b.attn_paged.flops + b.dkv_accumulate.flops + b.after.flops);
     result_.h2d_bytes += static_cast<double>(layers) * b.h2d_bytes;
     result_.d2h_bytes += static_cast<double>(layers) * b.d2h_bytes;
   }
@@ -372,7 +375,8 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   MemoryState gpu, host;
   gpu[MemCategory::kWeights] = g.weight_bytes();
   gpu[MemCategory::kGrads] = g.grad_bytes();
-  if (o.optimizer == OptimizerKind::kAdamWGpu) gpu[MemCategory::kOptimizer] = g.optimizer_state_bytes();
+  if (o.optimizer == OptimizerKind::kAdamWGpu)
+    gpu[MemCategory::kOptimizer] = g.optimizer_state_bytes();
   gpu[MemCategory::kActivations] = g.activation_bytes();
   gpu[MemCategory::kWorkspace] = g.workspace_bytes();
   gpu[MemCategory::kPageSlots] = g.page_slot_bytes();
@@ -392,7 +396,8 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   gpu[MemCategory::kPageSummaries] = writers * first.own_pages * layers * g.summary_page_bytes();
   kv_space[MemCategory::kKvPages] = writers * first.own_pages * layers * g.kv_page_bytes();
   if (o.keep_layer_inputs)
-    for (int32_t i = 0; i < chunks; ++i) gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i));
+    for (int32_t i = 0; i < chunks; ++i)
+      gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i));
   Observe(p.gpu, gpu);
   Observe(p.host, host);
 

@@ -8,11 +8,16 @@ namespace ctxplan::sim {
 
 std::string_view CapacityLimitName(CapacityLimit limit) {
   switch (limit) {
-    case CapacityLimit::kGpuMemory: return "gpu-memory";
-    case CapacityLimit::kHostMemory: return "host-memory";
-    case CapacityLimit::kBoth: return "gpu-and-host-memory";
-    case CapacityLimit::kPlannerCap: return "planner-range";
-    case CapacityLimit::kNothingFits: return "nothing-fits";
+    case CapacityLimit::kGpuMemory:
+      return "gpu-memory";
+    case CapacityLimit::kHostMemory:
+      return "host-memory";
+    case CapacityLimit::kBoth:
+      return "gpu-and-host-memory";
+    case CapacityLimit::kPlannerCap:
+      return "planner-range";
+    case CapacityLimit::kNothingFits:
+      return "nothing-fits";
   }
   return "?";
 }
@@ -67,8 +72,10 @@ CapacityResult FindMaxContext(const ModelSpec& model, const MachineSpec& machine
       probe *= 2;
     }
     if (probe >= kCap) {
-      if (search.Fits(kCap)) good = kCap;
-      else bad = kCap;
+      if (search.Fits(kCap))
+        good = kCap;
+      else
+        bad = kCap;
     } else {
       bad = probe;
     }

@@ -38,8 +38,11 @@ class StreamState final : public Event {
 class Engine {
  public:
   Engine(const StepPlan& plan, const KernelTimeModel& time_model, SimObserver* observer)
-      : ops_(plan.Ops()), time_model_(time_model), observer_(observer),
-        done_id_(kCompletionRing, kNoOp), done_at_(kCompletionRing, 0) {
+      : ops_(plan.Ops()),
+        time_model_(time_model),
+        observer_(observer),
+        done_id_(kCompletionRing, kNoOp),
+        done_at_(kCompletionRing, 0) {
     for (int s = 0; s < kStreamCount; ++s) {
       streams_[s].engine = this;
       streams_[s].stream = static_cast<Stream>(s);
@@ -51,9 +54,8 @@ class Engine {
     StartAll();
     while (!queue_.Empty()) queue_.ServiceOne();
     for (const StreamState& s : streams_)
-      CTXPLAN_CHECK(s.waiting.empty() && !s.busy,
-                    "simulation stalled with ops waiting on stream " +
-                        std::string(StreamName(s.stream)));
+      CTXPLAN_CHECK(s.waiting.empty() && !s.busy, "simulation stalled with ops waiting on stream " +
+                                                      std::string(StreamName(s.stream)));
     CTXPLAN_CHECK(exhausted_, "simulation ended before the plan did");
     for (int s = 0; s < kStreamCount; ++s) result_.busy_ticks[s] = streams_[s].busy_ticks;
     result_.gpu.peak_bytes = memory_[0].peak();
@@ -141,7 +143,9 @@ class Engine {
   StepPrediction result_;
 };
 
-void StreamState::Process() { engine->Complete(*this); }
+void StreamState::Process() {
+  engine->Complete(*this);
+}
 
 }  // namespace
 

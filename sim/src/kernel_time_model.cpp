@@ -54,9 +54,9 @@ Tick KernelTimeModel::Duration(const OpCost& cost, Phase phase) const {
     case RateClass::kHostToDevice:
     case RateClass::kDeviceToHost: {
       const bool both_ways = phase == Phase::kBackward;
-      const double per_byte = both_ways ? duplex_seconds_per_byte_
+      const double per_byte = both_ways                               ? duplex_seconds_per_byte_
                               : cost.rate == RateClass::kHostToDevice ? h2d_seconds_per_byte_
-                                                                       : d2h_seconds_per_byte_;
+                                                                      : d2h_seconds_per_byte_;
       seconds = c.copy_latency_seconds + cost.bytes * per_byte;
       break;
     }

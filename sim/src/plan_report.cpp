@@ -6,10 +6,14 @@ namespace ctxplan::sim {
 
 std::string_view BottleneckName(Bottleneck bottleneck) {
   switch (bottleneck) {
-    case Bottleneck::kCompute: return "compute";
-    case Bottleneck::kPcie: return "pcie";
-    case Bottleneck::kGpuMemory: return "gpu-memory";
-    case Bottleneck::kHostMemory: return "host-memory";
+    case Bottleneck::kCompute:
+      return "compute";
+    case Bottleneck::kPcie:
+      return "pcie";
+    case Bottleneck::kGpuMemory:
+      return "gpu-memory";
+    case Bottleneck::kHostMemory:
+      return "host-memory";
   }
   return "?";
 }
@@ -55,7 +59,8 @@ PlanReport MakeReport(const PlanGeometry& geometry, const MachineSpec& machine,
   return r;
 }
 
-void AddRunCost(PlanReport& report, int64_t train_tokens, std::optional<double> price_per_gpu_hour) {
+void AddRunCost(PlanReport& report, int64_t train_tokens,
+                std::optional<double> price_per_gpu_hour) {
   RunCost c;
   c.train_tokens = train_tokens;
   c.steps = static_cast<double>(train_tokens) / static_cast<double>(report.context_tokens);

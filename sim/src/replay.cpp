@@ -30,7 +30,9 @@ class Recorder final : public SimObserver {
   uint64_t timed = 0;
 };
 
-double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+double Seconds(int64_t ns) {
+  return static_cast<double>(ns) * 1e-9;
+}
 
 }  // namespace
 
@@ -82,13 +84,12 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   if (r.traced_ops > 0) r.measured_step_seconds = Seconds(last_end - first_start);
   for (const MemoryRecord& m : trace.memory) {
     int64_t& peak = m.space == static_cast<uint8_t>(MemSpace::kGpu) ? r.measured_gpu_peak
-                                                                     : r.measured_host_peak;
+                                                                    : r.measured_host_peak;
     peak = std::max(peak, m.space_total_bytes);
   }
   for (const auto& [key, k] : by_kind) r.by_kind.push_back(k);
-  std::sort(r.by_kind.begin(), r.by_kind.end(), [](const auto& a, const auto& b) {
-    return a.measured_seconds > b.measured_seconds;
-  });
+  std::sort(r.by_kind.begin(), r.by_kind.end(),
+            [](const auto& a, const auto& b) { return a.measured_seconds > b.measured_seconds; });
   auto error = [](const OpComparison& c) {
     return std::abs(c.measured_seconds - c.predicted_seconds);
   };

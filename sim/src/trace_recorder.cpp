@@ -3,7 +3,9 @@
 namespace ctxplan::sim {
 
 namespace {
-int64_t Nanoseconds(Tick ticks) { return (ticks + kTicksPerNanosecond / 2) / kTicksPerNanosecond; }
+int64_t Nanoseconds(Tick ticks) {
+  return (ticks + kTicksPerNanosecond / 2) / kTicksPerNanosecond;
+}
 }  // namespace
 
 void TraceRecorder::OnOpComplete(const Op& op, Tick start, Tick end) {

@@ -66,7 +66,7 @@ class ScratchDir {
 // stderr captured separately through files, so neither can block on a full pipe. `stdout_path`
 // redirects stdout elsewhere instead (e.g. /dev/full). spawn_errno is set when it cannot start.
 inline RunResult RunArgv(const std::vector<std::string>& argv, const fs::path& scratch,
-                  const std::string& stdout_path = "", int* spawn_errno = nullptr) {
+                         const std::string& stdout_path = "", int* spawn_errno = nullptr) {
   const std::string out_path =
       stdout_path.empty() ? (scratch / ".run.stdout").string() : stdout_path;
   const std::string err_path = (scratch / ".run.stderr").string();

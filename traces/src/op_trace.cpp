@@ -187,7 +187,8 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
       r.part = cursor.Get<uint8_t>("an op record");
       r.chunk = cursor.Get<int32_t>("an op record");
       r.layer = cursor.Get<int32_t>("an op record");
-      if (r.end_ns < r.start_ns) cursor.Fail("op " + std::to_string(r.op_id) + " ends before it starts");
+      if (r.end_ns < r.start_ns)
+        cursor.Fail("op " + std::to_string(r.op_id) + " ends before it starts");
       trace.ops.push_back(r);
     } else if (tag == kMemoryTag) {
       MemoryRecord r;
@@ -201,10 +202,9 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
       const uint64_t ops = cursor.Get<uint64_t>("the footer");
       const uint64_t memory = cursor.Get<uint64_t>("the footer");
       if (ops != trace.ops.size() || memory != trace.memory.size())
-        cursor.Fail("footer counts " + std::to_string(ops) + " ops and " +
-                    std::to_string(memory) + " memory records, the file holds " +
-                    std::to_string(trace.ops.size()) + " and " +
-                    std::to_string(trace.memory.size()));
+        cursor.Fail("footer counts " + std::to_string(ops) + " ops and " + std::to_string(memory) +
+                    " memory records, the file holds " + std::to_string(trace.ops.size()) +
+                    " and " + std::to_string(trace.memory.size()));
       if (!cursor.done()) cursor.Fail("bytes after the footer");
       return trace;
     } else {

@@ -77,8 +77,8 @@ template <typename P, typename G>
 void Launch(P* param, const G* grad, float* m, float* v, int64_t n, const AdamWParams& p,
             cudaStream_t stream) {
   if (n < 0 || p.step < 1) {
-    throw std::invalid_argument(std::string(kName) + ": bad size or step (n=" +
-                                std::to_string(n) + ", step=" + std::to_string(p.step) + ")");
+    throw std::invalid_argument(std::string(kName) + ": bad size or step (n=" + std::to_string(n) +
+                                ", step=" + std::to_string(p.step) + ")");
   }
   if (n == 0) return;
   Coefficients k{};
@@ -93,8 +93,8 @@ void Launch(P* param, const G* grad, float* m, float* v, int64_t n, const AdamWP
                    IsAligned(m, 16) && IsAligned(v, 16);
   const unsigned blocks = static_cast<unsigned>(CeilDiv(CeilDiv(n, kVec), kThreads));
   if (vec) {
-    detail::Launch(AdamWKernel<true, P, G>, dim3(blocks), dim3(kThreads), stream, param, grad, m,
-                   v, n, k);
+    detail::Launch(AdamWKernel<true, P, G>, dim3(blocks), dim3(kThreads), stream, param, grad, m, v,
+                   n, k);
   } else {
     detail::Launch(AdamWKernel<false, P, G>, dim3(blocks), dim3(kThreads), stream, param, grad, m,
                    v, n, k);

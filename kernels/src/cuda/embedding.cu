@@ -1,11 +1,11 @@
 // Token embedding: a row gather forward and a deterministic scatter-add backward.
 //
-// Forward: one thread block per row, up to kForwardChunks 16-byte chunks per thread. Backward: one thread block per
-// (token, slice of hidden). A block whose token id already occurred earlier in the chunk exits
-// (each block scans the chunk's ids once, from L1);
-// the block of the FIRST occurrence sums the d_out rows of every occurrence of its id in token
-// order (fp32 registers) and adds the sum into d_table once. No atomics: the result does not
-// depend on scheduling, and a bf16 d_table is rounded once per chunk, not once per occurrence.
+// Forward: one thread block per row, up to kForwardChunks 16-byte chunks per thread. Backward: one
+// thread block per (token, slice of hidden). A block whose token id already occurred earlier in the
+// chunk exits (each block scans the chunk's ids once, from L1); the block of the FIRST occurrence
+// sums the d_out rows of every occurrence of its id in token order (fp32 registers) and adds the
+// sum into d_table once. No atomics: the result does not depend on scheduling, and a bf16 d_table
+// is rounded once per chunk, not once per occurrence.
 #include <cuda_runtime.h>
 
 #include <limits>
@@ -175,11 +175,11 @@ void LaunchBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens
   if (slices > 65535) throw std::invalid_argument("EmbeddingBackward: hidden too large");
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(slices));
   if (vec) {
-    detail::Launch(EmbeddingBackwardKernel<8, GradT>, grid, dim3(kBackwardThreads), stream,
-                   tokens, d_out, num_tokens, vocab, hidden, d_table);
+    detail::Launch(EmbeddingBackwardKernel<8, GradT>, grid, dim3(kBackwardThreads), stream, tokens,
+                   d_out, num_tokens, vocab, hidden, d_table);
   } else {
-    detail::Launch(EmbeddingBackwardKernel<1, GradT>, grid, dim3(kBackwardThreads), stream,
-                   tokens, d_out, num_tokens, vocab, hidden, d_table);
+    detail::Launch(EmbeddingBackwardKernel<1, GradT>, grid, dim3(kBackwardThreads), stream, tokens,
+                   d_out, num_tokens, vocab, hidden, d_table);
   }
 }
 
@@ -203,13 +203,13 @@ void EmbeddingForward(const int32_t* tokens, const bf16* table, int64_t num_toke
   }
 }
 
-void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens,
-                       int64_t vocab, int64_t hidden, float* d_table, cudaStream_t stream) {
+void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens, int64_t vocab,
+                       int64_t hidden, float* d_table, cudaStream_t stream) {
   LaunchBackward(tokens, d_out, num_tokens, vocab, hidden, d_table, stream);
 }
 
-void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens,
-                       int64_t vocab, int64_t hidden, bf16* d_table, cudaStream_t stream) {
+void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens, int64_t vocab,
+                       int64_t hidden, bf16* d_table, cudaStream_t stream) {
   LaunchBackward(tokens, d_out, num_tokens, vocab, hidden, d_table, stream);
 }
 

@@ -68,8 +68,8 @@ CublasLtGemm::CublasLtGemm(size_t workspace_bytes, int64_t ones)
   if (workspace_bytes_ > 0) CTXPLAN_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
   CTXPLAN_CUDA_CHECK(cudaMalloc(&ones_, static_cast<size_t>(ones_count_) * sizeof(bf16)));
   const std::vector<bf16> host(static_cast<size_t>(ones_count_), __float2bfloat16(1.0f));
-  CTXPLAN_CUDA_CHECK(cudaMemcpy(ones_, host.data(), host.size() * sizeof(bf16),
-                                cudaMemcpyHostToDevice));
+  CTXPLAN_CUDA_CHECK(
+      cudaMemcpy(ones_, host.data(), host.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 }
 
 CublasLtGemm::~CublasLtGemm() {
@@ -99,11 +99,10 @@ void CublasLtGemm::Run(const Problem& p, cudaStream_t stream) {
   // Column-major problem: D^T [n x m] = op(B)^T [n x k] * op(A)^T [k x m].
   const cublasOperation_t op_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // on the B buffer
   const cublasOperation_t op_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // on the A buffer
-  const uint32_t align_a = AlignmentOf(p.b), align_b = AlignmentOf(p.a),
-                 align_d = AlignmentOf(p.d);
-  const Cache::Key key = {p.trans_a, p.trans_b, p.m,           p.n,           p.k,
-                          p.lda,     p.ldb,     p.ldd,         p.d_type,      p.beta != 0.0f,
-                          p.bias != nullptr,    align_a,       align_b,       align_d};
+  const uint32_t align_a = AlignmentOf(p.b), align_b = AlignmentOf(p.a), align_d = AlignmentOf(p.d);
+  const Cache::Key key = {
+      p.trans_a,      p.trans_b,         p.m,     p.n,     p.k,    p.lda, p.ldb, p.ldd, p.d_type,
+      p.beta != 0.0f, p.bias != nullptr, align_a, align_b, align_d};
   auto it = cache_->plans.find(key);
   if (it == cache_->plans.end()) {
     // Built in place; if anything below throws, the half-built entry is destroyed and erased.
@@ -125,8 +124,10 @@ void CublasLtGemm::Run(const Problem& p, cudaStream_t stream) {
       const uint64_t a_cols = op_a == CUBLAS_OP_N ? p.k : p.n;
       const uint64_t b_rows = op_b == CUBLAS_OP_N ? p.k : p.m;
       const uint64_t b_cols = op_b == CUBLAS_OP_N ? p.m : p.k;
-      CTXPLAN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&stored.a, CUDA_R_16BF, a_rows, a_cols, p.ldb));
-      CTXPLAN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&stored.b, CUDA_R_16BF, b_rows, b_cols, p.lda));
+      CTXPLAN_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&stored.a, CUDA_R_16BF, a_rows, a_cols, p.ldb));
+      CTXPLAN_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&stored.b, CUDA_R_16BF, b_rows, b_cols, p.lda));
       CTXPLAN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&stored.d, p.d_type, p.n, p.m, p.ldd));
 
       cublasLtMatmulPreference_t pref = nullptr;
@@ -154,9 +155,9 @@ void CublasLtGemm::Run(const Problem& p, cudaStream_t stream) {
             pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
       }
       if (status == CUBLAS_STATUS_SUCCESS) {
-        status = cublasLtMatmulAlgoGetHeuristic(handle_, stored.desc, stored.a, stored.b,
-                                                stored.d, stored.d, pref, kHeuristicCandidates,
-                                                results, &returned);
+        status = cublasLtMatmulAlgoGetHeuristic(handle_, stored.desc, stored.a, stored.b, stored.d,
+                                                stored.d, pref, kHeuristicCandidates, results,
+                                                &returned);
       }
       cublasLtMatmulPreferenceDestroy(pref);
       CTXPLAN_CUBLAS_CHECK(status);

@@ -6,8 +6,8 @@
 //     logits [rows][cols] fp32 = x_tile W_tile^T                         (cuBLASLt)
 //     LseTileKernel: per row, the tile's max and sum of exp folded into the running
 //     (max, sum) of the row; the label's logit picked up when the label is in the tile
-//   FinalizeKernel: lse = max + log(sum); loss_sum (+)= sum over labelled rows of lse - logit[label]
-//   pass 2, for each vocab tile:
+//   FinalizeKernel: lse = max + log(sum); loss_sum (+)= sum over labelled rows of lse -
+//   logit[label] pass 2, for each vocab tile:
 //     logits recomputed (cuBLASLt)
 //     SoftmaxGradKernel: g [rows][cols] bf16 = (exp(logit - lse) - onehot) * grad_scale
 //                        (0 on rows without a label)
@@ -44,7 +44,9 @@ constexpr size_t kAlign = 256;
 static_assert(kRowThreads % detail::kWarpSize == 0);
 static_assert(kFinalizeThreads % detail::kWarpSize == 0);
 
-__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float NegInf() {
+  return __int_as_float(0xff800000);
+}
 
 // Merges (m2, s2) into (m, s): the log-sum-exp state max and sum of exp(x - max).
 __device__ __forceinline__ void MergeLse(float& m, float& s, float m2, float s2) {
@@ -189,7 +191,9 @@ __global__ void __launch_bounds__(kConvertThreads)
   StoreVec<kVec>(dx + i, v);
 }
 
-size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t AlignUp(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
 
 // The workspace, carved in this order.
 struct Workspace {
@@ -227,9 +231,8 @@ void CheckShape(const LinearCrossEntropyShape& s) {
   if (s.tokens < 0 || s.hidden <= 0 || s.vocab <= 0 || s.token_tile <= 0 || s.vocab_tile <= 0 ||
       s.tokens > 0x7fffffff || s.vocab > 0x7fffffff) {
     throw std::invalid_argument(std::string(kName) + ": bad shape t=" + std::to_string(s.tokens) +
-                                " d=" + std::to_string(s.hidden) + " V=" +
-                                std::to_string(s.vocab) + " tiles " +
-                                std::to_string(s.token_tile) + "x" +
+                                " d=" + std::to_string(s.hidden) + " V=" + std::to_string(s.vocab) +
+                                " tiles " + std::to_string(s.token_tile) + "x" +
                                 std::to_string(s.vocab_tile));
   }
 }
@@ -286,9 +289,8 @@ void Run(CublasLtGemm& gemm, const LinearCrossEntropyShape& s, const bf16* x, co
                      static_cast<int>(cols), tile_labels, v0, v0 == 0, ws.run_max, ws.run_sum,
                      ws.label_logit);
     }
-    detail::Launch(FinalizeKernel, dim3(1), dim3(kFinalizeThreads), stream, ws.run_max,
-                   ws.run_sum, ws.label_logit, tile_labels, rows, s.vocab, t0 > 0, ws.lse,
-                   loss_sum);
+    detail::Launch(FinalizeKernel, dim3(1), dim3(kFinalizeThreads), stream, ws.run_max, ws.run_sum,
+                   ws.label_logit, tile_labels, rows, s.vocab, t0 > 0, ws.lse, loss_sum);
     if (dx == nullptr && d_w == nullptr) continue;
 
     // Pass 2: recompute each logits tile and backpropagate softmax - onehot through it.
@@ -337,7 +339,8 @@ void Run(CublasLtGemm& gemm, const LinearCrossEntropyShape& s, const bf16* x, co
       const int64_t n = rows * d;
       bf16* dx_tile = dx + t0 * d;
       if (d % 8 == 0 && IsAligned(dx_tile, 16)) {
-        detail::Launch(ConvertKernel<8>, dim3(static_cast<unsigned>(CeilDiv(n / 8, kConvertThreads))),
+        detail::Launch(ConvertKernel<8>,
+                       dim3(static_cast<unsigned>(CeilDiv(n / 8, kConvertThreads))),
                        dim3(kConvertThreads), stream, ws.dx_acc, n, dx_tile);
       } else {
         detail::Launch(ConvertKernel<1>, dim3(static_cast<unsigned>(CeilDiv(n, kConvertThreads))),
@@ -361,8 +364,8 @@ void LinearCrossEntropy(CublasLtGemm& gemm, const LinearCrossEntropyShape& shape
 }
 
 void LinearCrossEntropy(CublasLtGemm& gemm, const LinearCrossEntropyShape& shape, const bf16* x,
-                        const bf16* w, const int32_t* labels, float grad_scale, bf16* dx,
-                        bf16* d_w, float* loss_sum, void* workspace, cudaStream_t stream) {
+                        const bf16* w, const int32_t* labels, float grad_scale, bf16* dx, bf16* d_w,
+                        float* loss_sum, void* workspace, cudaStream_t stream) {
   Run(gemm, shape, x, w, labels, grad_scale, dx, d_w, loss_sum, workspace, stream);
 }
 

@@ -20,7 +20,9 @@ using bf16 = __nv_bfloat16;
 
 inline constexpr int kWarpSize = 32;
 
-inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 inline bool IsAligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
@@ -50,8 +52,8 @@ inline bool ProgrammaticLaunchEnabled() {
 // Launches `kernel` on `stream` with the PDL attribute (see above) and `smem` bytes of dynamic
 // shared memory. Launch errors throw.
 template <typename... KernelArgs, typename... Args>
-void Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-            cudaStream_t stream, Args&&... args) {
+void Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -89,8 +91,12 @@ inline int MultiprocessorCount() {
 }
 
 // --- conversions ---------------------------------------------------------------------------
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(float v) {
+  return v;
+}
+__device__ __forceinline__ float ToFloat(bf16 v) {
+  return __bfloat162float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v) {
@@ -167,8 +173,8 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&f)[kVec]) {
     static_assert(kVec % 4 == 0, "fp32 vectors are multiples of 4");
 #pragma unroll
     for (int i = 0; i < kVec / 4; ++i) {
-      reinterpret_cast<float4*>(p)[i] = make_float4(f[4 * i], f[4 * i + 1], f[4 * i + 2],
-                                                    f[4 * i + 3]);
+      reinterpret_cast<float4*>(p)[i] =
+          make_float4(f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]);
     }
   }
 }

@@ -26,8 +26,8 @@ constexpr int kThreads = 256;
 static_assert(kThreads % detail::kWarpSize == 0);
 
 // Element offset of row `in_page` of K (V: + page_tokens * kv_dim) in slot `slot`.
-__device__ __forceinline__ int64_t PageRowOffset(int64_t slot, int64_t in_page,
-                                                 int64_t page_tokens, int64_t kv_dim) {
+__device__ __forceinline__ int64_t PageRowOffset(int64_t slot, int64_t in_page, int64_t page_tokens,
+                                                 int64_t kv_dim) {
   return slot * 2 * page_tokens * kv_dim + in_page * kv_dim;
 }
 
@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = i / chunks_per_row;
   const int64_t c = (i - t * chunks_per_row) * kVec;
   const int64_t page = t / page_tokens;
-  const int64_t dst = PageRowOffset(page_slot[page], t - page * page_tokens, page_tokens, kv_dim) + c;
+  const int64_t dst =
+      PageRowOffset(page_slot[page], t - page * page_tokens, page_tokens, kv_dim) + c;
   CopyVec<kVec>(pool + dst, k + t * row_stride + c);
   CopyVec<kVec>(pool + dst + page_tokens * kv_dim, v + t * row_stride + c);
 }
@@ -71,7 +72,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = i / chunks_per_row;
   const int64_t c = (i - t * chunks_per_row) * kVec;
   const int64_t page = t / page_tokens;
-  const int64_t src = PageRowOffset(page_slot[page], t - page * page_tokens, page_tokens, kv_dim) + c;
+  const int64_t src =
+      PageRowOffset(page_slot[page], t - page * page_tokens, page_tokens, kv_dim) + c;
   const int64_t own = t * row_stride + c;
   float pk[kVec], pv[kVec], ok[kVec], ov[kVec];
   LoadVec<kVec>(pool + src, pk);
@@ -92,9 +94,9 @@ void CheckPages(const char* name, const KvPageShape& s, int64_t tokens, int64_t 
   if (tokens < 0 || s.page_tokens <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0 ||
       row_stride < s.kv_dim()) {
     throw std::invalid_argument(std::string(name) + ": bad shape t=" + std::to_string(tokens) +
-                                " p=" + std::to_string(s.page_tokens) + " kv_dim=" +
-                                std::to_string(s.kv_dim()) + " stride=" +
-                                std::to_string(row_stride));
+                                " p=" + std::to_string(s.page_tokens) +
+                                " kv_dim=" + std::to_string(s.kv_dim()) +
+                                " stride=" + std::to_string(row_stride));
   }
   if (tokens > 0 && (pool == nullptr || page_slot == nullptr)) {
     throw std::invalid_argument(std::string(name) + ": null pool or page table");
@@ -135,24 +137,24 @@ void KvWrite(const bf16* k, const bf16* v, int64_t row_stride, int64_t tokens,
                    IsAligned(k, 16) && IsAligned(v, 16);
   if (vec) {
     const int64_t blocks = CeilDiv(tokens * kv_dim / 8, kThreads);
-    detail::Launch(KvWriteKernel<8>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
-                   k, v, row_stride, tokens, kv_dim, s.page_tokens, own_pages.page_slot,
+    detail::Launch(KvWriteKernel<8>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, k,
+                   v, row_stride, tokens, kv_dim, s.page_tokens, own_pages.page_slot,
                    own_pages.pool);
   } else {
     const int64_t blocks = CeilDiv(tokens * kv_dim, kThreads);
-    detail::Launch(KvWriteKernel<1>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream,
-                   k, v, row_stride, tokens, kv_dim, s.page_tokens, own_pages.page_slot,
+    detail::Launch(KvWriteKernel<1>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, k,
+                   v, row_stride, tokens, kv_dim, s.page_tokens, own_pages.page_slot,
                    own_pages.pool);
   }
 }
 
-void DkvAccumulate(const PagedKv<const float>& own_dkv, int64_t tokens, bf16* dk_own,
-                   bf16* dv_own, int64_t row_stride, cudaStream_t stream) {
+void DkvAccumulate(const PagedKv<const float>& own_dkv, int64_t tokens, bf16* dk_own, bf16* dv_own,
+                   int64_t row_stride, cudaStream_t stream) {
   LaunchDkvAccumulate(own_dkv, tokens, dk_own, dv_own, row_stride, stream);
 }
 
-void DkvAccumulate(const PagedKv<const bf16>& own_dkv, int64_t tokens, bf16* dk_own,
-                   bf16* dv_own, int64_t row_stride, cudaStream_t stream) {
+void DkvAccumulate(const PagedKv<const bf16>& own_dkv, int64_t tokens, bf16* dk_own, bf16* dv_own,
+                   int64_t row_stride, cudaStream_t stream) {
   LaunchDkvAccumulate(own_dkv, tokens, dk_own, dv_own, row_stride, stream);
 }
 

@@ -44,10 +44,14 @@ constexpr int kBackwardTargetThreads = 512;
 constexpr int kMaxElementsPerThread = 16;
 // The backward keeps ~7 floats per element (x, dy for this row and the next, d_add, weight,
 // d_weight): at most 512 threads a block (128 registers).
-constexpr int BackwardMaxThreads(int) { return 512; }
+constexpr int BackwardMaxThreads(int) {
+  return 512;
+}
 // Rows of at most 8 elements per thread (hidden <= 4096 vectorised) fit 64 registers: two blocks
 // of up to 512 threads per multiprocessor.
-constexpr int BackwardMinBlocks(int elements) { return elements <= 8 ? 2 : 1; }
+constexpr int BackwardMinBlocks(int elements) {
+  return elements <= 8 ? 2 : 1;
+}
 constexpr int kMaxBackwardBlocks = 1024;  // bounds the scratch: one fp32 row per block
 constexpr int kColumnSumTile = 32;
 static_assert(kMaxThreads % detail::kWarpSize == 0);
@@ -112,8 +116,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // kPrefetch (rows of at most 8 elements per thread): the next row's x and dy are loaded before
 // the current row's reduction, so the loads of one row overlap the barriers of the previous.
 template <int kVec, int kChunks, bool kAdd>
-__global__ void __launch_bounds__(BackwardMaxThreads(kVec * kChunks),
-                                  BackwardMinBlocks(kVec * kChunks))
+__global__ void __launch_bounds__(BackwardMaxThreads(kVec* kChunks),
+                                  BackwardMinBlocks(kVec* kChunks))
     RmsNormBackwardKernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
                           const float* __restrict__ rstd, const bf16* __restrict__ dy,
                           const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(BackwardMaxThreads(kVec * kChunks),
 #pragma unroll
     for (int e = 0; e < kVec; ++e) dw[i][e] = 0.0f;
   }
-  auto load_row = [&](int64_t row, float (&xv)[kChunks][kVec], float (&g)[kChunks][kVec]) {
+  auto load_row = [&](int64_t row, float(&xv)[kChunks][kVec], float(&g)[kChunks][kVec]) {
     const int64_t base = row * hidden;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -296,7 +300,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 // d_weight[col] += sum over the `rows` partial rows, in a fixed order.
 // grid: ceil(d / 32) blocks of (32, 32) threads.
 template <typename GradT>
-__global__ void __launch_bounds__(kColumnSumTile * kColumnSumTile)
+__global__ void __launch_bounds__(kColumnSumTile* kColumnSumTile)
     ColumnSumKernel(const float* __restrict__ partial, int rows, int64_t hidden,
                     GradT* __restrict__ d_weight) {
   __shared__ float sums[kColumnSumTile][kColumnSumTile + 1];
@@ -331,15 +335,14 @@ RowConfig ChooseRowConfig(const char* name, int64_t row_chunks, int vec, int tar
   for (bool relaxed : {false, true}) {
     for (int chunks : {1, 2, 4, 8, 16}) {
       if (chunks * vec > kMaxElementsPerThread) break;
-      const int limit = relaxed ? max_threads(chunks * vec)
-                                : std::min(target_threads, max_threads(chunks * vec));
-      const int64_t threads = CeilDiv(CeilDiv(row_chunks, chunks), detail::kWarpSize) *
-                              detail::kWarpSize;
+      const int limit =
+          relaxed ? max_threads(chunks * vec) : std::min(target_threads, max_threads(chunks * vec));
+      const int64_t threads =
+          CeilDiv(CeilDiv(row_chunks, chunks), detail::kWarpSize) * detail::kWarpSize;
       if (threads <= limit) return {static_cast<int>(threads), chunks};
     }
   }
-  throw std::invalid_argument(std::string(name) + ": hidden " +
-                              std::to_string(row_chunks * vec) +
+  throw std::invalid_argument(std::string(name) + ": hidden " + std::to_string(row_chunks * vec) +
                               " too wide for the register-cached row kernel");
 }
 
@@ -352,17 +355,16 @@ void CheckShape(const char* name, int64_t tokens, int64_t hidden) {
 
 template <int kVec, bool kResidual>
 void LaunchForward(const bf16* residual, const bf16* x, const bf16* weight, int64_t tokens,
-                   int64_t hidden, float eps, bf16* h, bf16* y, float* rstd,
-                   cudaStream_t stream) {
+                   int64_t hidden, float eps, bf16* h, bf16* y, float* rstd, cudaStream_t stream) {
   const RowConfig cfg = ChooseRowConfig(kForwardName, hidden / kVec, kVec, kForwardTargetThreads,
                                         [](int) { return kMaxThreads; });
   const unsigned grid = static_cast<unsigned>(tokens);
-#define CTXPLAN_RMSNORM_FWD(CHUNKS)                                                      \
-  case CHUNKS:                                                                           \
-    if constexpr (kVec * CHUNKS <= kMaxElementsPerThread) {                              \
-      detail::Launch(RmsNormForwardKernel<kVec, CHUNKS, kResidual>, dim3(grid),          \
-                     dim3(cfg.threads), stream, residual, x, weight, hidden, eps, h, y, rstd); \
-    }                                                                                    \
+#define CTXPLAN_RMSNORM_FWD(CHUNKS)                                                                \
+  case CHUNKS:                                                                                     \
+    if constexpr (kVec * CHUNKS <= kMaxElementsPerThread) {                                        \
+      detail::Launch(RmsNormForwardKernel<kVec, CHUNKS, kResidual>, dim3(grid), dim3(cfg.threads), \
+                     stream, residual, x, weight, hidden, eps, h, y, rstd);                        \
+    }                                                                                              \
     break;
   switch (cfg.chunks) {
     CTXPLAN_RMSNORM_FWD(1)
@@ -428,40 +430,42 @@ bool PipelinedBackwardEnabled() {
   return enabled;
 }
 
-int64_t BackwardBlocks(int64_t tokens) { return std::min<int64_t>(tokens, kMaxBackwardBlocks); }
+int64_t BackwardBlocks(int64_t tokens) {
+  return std::min<int64_t>(tokens, kMaxBackwardBlocks);
+}
 
 template <int kVec, bool kAdd>
 int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
-                       const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
-                       float* partial, cudaStream_t stream) {
+                       const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* partial,
+                       cudaStream_t stream) {
   if constexpr (kVec == 8) {
     if (hidden / kVec <= kPipelinedMaxThreads && PipelinedBackwardEnabled()) {
-      const int threads = static_cast<int>(CeilDiv(hidden / kVec, detail::kWarpSize)) *
-                          detail::kWarpSize;
+      const int threads =
+          static_cast<int>(CeilDiv(hidden / kVec, detail::kWarpSize)) * detail::kWarpSize;
       constexpr int kArrays = kAdd ? 3 : 2;
       const size_t smem = size_t{kStages} * kArrays * threads * 16;
       auto kernel = RmsNormBackwardPipelinedKernel<kAdd>;
       const int per_sm = ResidentBlocks(reinterpret_cast<const void*>(kernel), threads, smem);
-      const int grid = static_cast<int>(
-          std::min<int64_t>(BackwardBlocks(tokens), int64_t{per_sm} * detail::MultiprocessorCount()));
+      const int grid = static_cast<int>(std::min<int64_t>(
+          BackwardBlocks(tokens), int64_t{per_sm} * detail::MultiprocessorCount()));
       detail::Launch(kernel, dim3(grid), dim3(threads), smem, stream, x, weight, rstd, dy, d_add,
                      tokens, hidden, dx, partial);
       return grid;
     }
   }
-  const RowConfig cfg = ChooseRowConfig(kBackwardName, hidden / kVec, kVec,
-                                        kBackwardTargetThreads, BackwardMaxThreads);
+  const RowConfig cfg = ChooseRowConfig(kBackwardName, hidden / kVec, kVec, kBackwardTargetThreads,
+                                        BackwardMaxThreads);
   const int64_t sms = detail::MultiprocessorCount();
   int grid = 0;
-#define CTXPLAN_RMSNORM_BWD(CHUNKS)                                                          \
-  case CHUNKS:                                                                               \
-    if constexpr (kVec * CHUNKS <= kMaxElementsPerThread) {                                    \
-      auto kernel = RmsNormBackwardKernel<kVec, CHUNKS, kAdd>;                                 \
-      const int per_sm = ResidentBlocks(reinterpret_cast<const void*>(kernel), cfg.threads);  \
-      grid = static_cast<int>(std::min<int64_t>(BackwardBlocks(tokens), per_sm * sms));        \
+#define CTXPLAN_RMSNORM_BWD(CHUNKS)                                                             \
+  case CHUNKS:                                                                                  \
+    if constexpr (kVec * CHUNKS <= kMaxElementsPerThread) {                                     \
+      auto kernel = RmsNormBackwardKernel<kVec, CHUNKS, kAdd>;                                  \
+      const int per_sm = ResidentBlocks(reinterpret_cast<const void*>(kernel), cfg.threads);    \
+      grid = static_cast<int>(std::min<int64_t>(BackwardBlocks(tokens), per_sm * sms));         \
       detail::Launch(kernel, dim3(grid), dim3(cfg.threads), stream, x, weight, rstd, dy, d_add, \
-                     tokens, hidden, dx, partial);                                             \
-    }                                                                                          \
+                     tokens, hidden, dx, partial);                                              \
+    }                                                                                           \
     break;
   switch (cfg.chunks) {
     CTXPLAN_RMSNORM_BWD(1)
@@ -486,8 +490,8 @@ void Backward(const bf16* x, const bf16* weight, const float* rstd, const bf16* 
     throw std::invalid_argument("RmsNormBackward: scratch must be 16-byte aligned device memory");
   }
   float* partial = static_cast<float*>(scratch);
-  bool vec = hidden % 8 == 0 && IsAligned(x, 16) && IsAligned(weight, 16) &&
-             IsAligned(dy, 16) && IsAligned(dx, 16);
+  bool vec = hidden % 8 == 0 && IsAligned(x, 16) && IsAligned(weight, 16) && IsAligned(dy, 16) &&
+             IsAligned(dx, 16);
   if (d_add != nullptr) vec = vec && IsAligned(d_add, 16);
   int rows = 0;
   if (d_add != nullptr) {
@@ -514,9 +518,9 @@ void RmsNormForward(const bf16* x, const bf16* weight, int64_t tokens, int64_t h
   Forward(nullptr, x, weight, tokens, hidden, eps, nullptr, y, rstd, stream);
 }
 
-void RmsNormResidualForward(const bf16* residual, const bf16* x, const bf16* weight,
-                            int64_t tokens, int64_t hidden, float eps, bf16* h, bf16* y,
-                            float* rstd, cudaStream_t stream) {
+void RmsNormResidualForward(const bf16* residual, const bf16* x, const bf16* weight, int64_t tokens,
+                            int64_t hidden, float eps, bf16* h, bf16* y, float* rstd,
+                            cudaStream_t stream) {
   if (residual == nullptr || h == nullptr) {
     throw std::invalid_argument("RmsNormResidualForward: residual and h are required");
   }
@@ -529,8 +533,8 @@ size_t RmsNormBackwardScratchBytes(int64_t tokens, int64_t hidden) {
 }
 
 void RmsNormBackward(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
-                     const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
-                     float* d_weight, void* scratch, cudaStream_t stream) {
+                     const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* d_weight,
+                     void* scratch, cudaStream_t stream) {
   Backward(x, weight, rstd, dy, d_add, tokens, hidden, dx, d_weight, scratch, stream);
 }
 

@@ -98,13 +98,11 @@ __global__ void __launch_bounds__(kThreads)
 
 void Launch(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
             int64_t first_position, double theta, float sin_sign, cudaStream_t stream) {
-  if (tokens < 0 || heads < 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-      head_dim / 2 > kMaxHalf || row_stride < heads * head_dim || !(theta > 0.0) ||
-      heads > 0x7fffffff) {
+  if (tokens < 0 || heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim / 2 > kMaxHalf ||
+      row_stride < heads * head_dim || !(theta > 0.0) || heads > 0x7fffffff) {
     throw std::invalid_argument(std::string(kName) + ": bad shape t=" + std::to_string(tokens) +
-                                " H=" + std::to_string(heads) + " d_h=" +
-                                std::to_string(head_dim) + " stride=" +
-                                std::to_string(row_stride));
+                                " H=" + std::to_string(heads) + " d_h=" + std::to_string(head_dim) +
+                                " stride=" + std::to_string(row_stride));
   }
   if (tokens == 0 || heads == 0) return;
   const int half = static_cast<int>(head_dim / 2);

@@ -22,7 +22,9 @@ constexpr const char* kName = "Swiglu";
 constexpr int kThreads = 256;
 static_assert(kThreads % detail::kWarpSize == 0);
 
-__device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
+__device__ __forceinline__ float Sigmoid(float g) {
+  return 1.0f / (1.0f + __expf(-g));
+}
 
 // grid: ceil(t * I / kVec / kThreads).
 template <int kVec>

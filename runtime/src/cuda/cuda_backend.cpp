@@ -34,7 +34,8 @@ class DeviceArray {
   explicit DeviceArray(size_t n) { Resize(n); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceArray(DeviceArray&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(n_, o.n_);
@@ -65,7 +66,8 @@ class PinnedArray {
   PinnedArray() = default;
   PinnedArray(const PinnedArray&) = delete;
   PinnedArray& operator=(const PinnedArray&) = delete;
-  PinnedArray(PinnedArray&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  PinnedArray(PinnedArray&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   ~PinnedArray() {
     if (ptr_) cudaFreeHost(ptr_);
   }
@@ -74,8 +76,8 @@ class PinnedArray {
     ptr_ = nullptr;
     n_ = n;
     if (n > 0) {
-      const cudaError_t status = cudaHostAlloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T),
-                                               cudaHostAllocDefault);
+      const cudaError_t status =
+          cudaHostAlloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T), cudaHostAllocDefault);
       if (status != cudaSuccess)
         throw TrainingError("pinning " + std::to_string(n * sizeof(T)) +
                             " bytes of host memory failed: " + cudaGetErrorString(status));
@@ -152,14 +154,17 @@ class CudaBackend::Impl {
   Impl(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
     if (o_.lora_rank > 0)
-      throw InputError("--lora-rank: the CUDA backend trains full parameters only so far; "
-                       "accepted: 0");
+      throw InputError(
+          "--lora-rank: the CUDA backend trains full parameters only so far; "
+          "accepted: 0");
     if (o_.grad_dtype != GradDtype::kFp32)
-      throw InputError("--grad-dtype: the CUDA backend keeps fp32 gradients and dKV so far; "
-                       "accepted: fp32");
+      throw InputError(
+          "--grad-dtype: the CUDA backend keeps fp32 gradients and dKV so far; "
+          "accepted: fp32");
     if (o_.optimizer == OptimizerKind::kAdamWHost)
-      throw InputError("--optimizer: the CUDA backend steps AdamW on the GPU so far; accepted: "
-                       "adamw-gpu, none");
+      throw InputError(
+          "--optimizer: the CUDA backend steps AdamW on the GPU so far; accepted: "
+          "adamw-gpu, none");
     if (m_.head_dim != 64 && m_.head_dim != 128)
       throw InputError("model head_dim " + std::to_string(m_.head_dim) +
                        ": the CUDA attention kernels take 64 or 128");
@@ -191,8 +196,10 @@ class CudaBackend::Impl {
     if (o_.optimizer == OptimizerKind::kAdamWGpu) {
       adam_m_ = AllocateLike<float>(weights);
       adam_v_ = AllocateLike<float>(weights);
-      adam_m_.ForEach([&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
-      adam_v_.ForEach([&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
+      adam_m_.ForEach(
+          [&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
+      adam_v_.ForEach(
+          [&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
     }
     ZeroGrads();
 
@@ -203,7 +210,8 @@ class CudaBackend::Impl {
       b->Resize(c * static_cast<size_t>(d_));
     qkv_.Resize(c * static_cast<size_t>(qkv_dim_));
     dqkv_.Resize(qkv_.size());
-    for (DeviceArray<bf16>* b : {&q_, &attn_, &dq_, &d_attn_}) b->Resize(c * static_cast<size_t>(q_dim_));
+    for (DeviceArray<bf16>* b : {&q_, &attn_, &dq_, &d_attn_})
+      b->Resize(c * static_cast<size_t>(q_dim_));
     for (DeviceArray<bf16>* b : {&k_, &v_, &dk_, &dv_}) b->Resize(c * static_cast<size_t>(kv_dim_));
     gate_up_.Resize(c * 2 * static_cast<size_t>(inter_));
     d_gate_up_.Resize(gate_up_.size());
@@ -228,7 +236,8 @@ class CudaBackend::Impl {
     labels_.Resize(static_cast<size_t>(o_.context_tokens));
 
     // What pass 2 reads back: per layer of one chunk, or of every chunk when kept.
-    const size_t saved = static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? g_.num_chunks() : 1));
+    const size_t saved =
+        static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? g_.num_chunks() : 1));
     saved_input_.resize(saved);
     saved_attn_.resize(saved);
     saved_lse_.resize(saved);
@@ -250,13 +259,14 @@ class CudaBackend::Impl {
     // Pages: summaries on the GPU; KV and dKV either pinned on the host with slot pools, or in
     // device stores.
     summaries_.resize(static_cast<size_t>(layers_));
-    for (DeviceArray<bf16>& s : summaries_) s.Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_));
+    for (DeviceArray<bf16>& s : summaries_)
+      s.Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_));
     const size_t store = static_cast<size_t>(total_pages_ * pe_);
     identity_.Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1)));
     std::vector<int32_t> identity(identity_.size());
     for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int32_t>(i);
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(identity_.get(), identity.data(), identity_.bytes(),
-                                  cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(identity_.get(), identity.data(), identity_.bytes(), cudaMemcpyHostToDevice));
     if (o_.offload) {
       host_kv_.resize(static_cast<size_t>(layers_));
       host_dkv_.resize(static_cast<size_t>(layers_));
@@ -279,8 +289,8 @@ class CudaBackend::Impl {
     std::vector<int32_t> own_identity(static_cast<size_t>(own_capacity_));
     for (size_t i = 0; i < own_identity.size(); ++i) own_identity[i] = static_cast<int32_t>(i);
     own_identity_.Resize(own_identity.size());
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(own_identity_.get(), own_identity.data(),
-                                  own_identity_.bytes(), cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(own_identity_.get(), own_identity.data(), own_identity_.bytes(),
+                                  cudaMemcpyHostToDevice));
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
@@ -329,17 +339,23 @@ class CudaBackend::Impl {
       throw InternalError("CudaBackend: a step of another plan than the one it was built for");
     for (const int32_t t : inputs.tokens)
       if (t < 0 || t >= vocab_)
-        throw InputError("step inputs: token id " + std::to_string(t) + " is outside the "
-                         "vocabulary; accepted: 0 to " + std::to_string(vocab_ - 1));
+        throw InputError("step inputs: token id " + std::to_string(t) +
+                         " is outside the "
+                         "vocabulary; accepted: 0 to " +
+                         std::to_string(vocab_ - 1));
     for (const int32_t l : inputs.labels)
       if (l >= vocab_)
-        throw InputError("step inputs: label " + std::to_string(l) + " is outside the "
-                         "vocabulary; accepted: -1 (none) or 0 to " + std::to_string(vocab_ - 1));
-    labelled_total_ = std::count_if(inputs.labels.begin(), inputs.labels.end(),
-                                    [](int32_t l) { return l >= 0; });
+        throw InputError("step inputs: label " + std::to_string(l) +
+                         " is outside the "
+                         "vocabulary; accepted: -1 (none) or 0 to " +
+                         std::to_string(vocab_ - 1));
+    labelled_total_ =
+        std::count_if(inputs.labels.begin(), inputs.labels.end(), [](int32_t l) { return l >= 0; });
     labelled_ = labelled_total_;
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(tokens_.get(), inputs.tokens.data(), tokens_.bytes(), cudaMemcpyHostToDevice));
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(labels_.get(), inputs.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(tokens_.get(), inputs.tokens.data(), tokens_.bytes(), cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(labels_.get(), inputs.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
     CTXPLAN_CUDA_CHECK(cudaMemset(loss_.get(), 0, loss_.bytes()));
     if (!o_.offload)
       for (auto& a : device_dkv_) CTXPLAN_CUDA_CHECK(cudaMemset(a.get(), 0, a.bytes()));
@@ -357,7 +373,8 @@ class CudaBackend::Impl {
   StepOutputs EndStep() {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> losses(loss_.size());
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(losses.data(), loss_.get(), loss_.bytes(), cudaMemcpyDeviceToHost));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(losses.data(), loss_.get(), loss_.bytes(), cudaMemcpyDeviceToHost));
     StepOutputs out;
     for (size_t i = 0; i < losses.size(); ++i) {
       if (!std::isfinite(losses[i]))
@@ -396,9 +413,12 @@ class CudaBackend::Impl {
 
   cudaStream_t StreamOf(Stream s) const {
     switch (s) {
-      case Stream::kH2D: return h2d_;
-      case Stream::kD2H: return d2h_;
-      default: return compute_;
+      case Stream::kH2D:
+        return h2d_;
+      case Stream::kD2H:
+        return d2h_;
+      default:
+        return compute_;
     }
   }
 
@@ -417,7 +437,8 @@ class CudaBackend::Impl {
     if (key == layer_key_) return;
     layer_key_ = key;
     parity_ = static_cast<int>(slot_uses_++ & 1);
-    if (op.phase == Phase::kFill && g_.writes_pages(op.chunk)) own_parity_ = static_cast<int>(own_uses_++ & 1);
+    if (op.phase == Phase::kFill && g_.writes_pages(op.chunk))
+      own_parity_ = static_cast<int>(own_uses_++ & 1);
   }
 
   int64_t T() const { return c_.tokens; }
@@ -464,11 +485,21 @@ class CudaBackend::Impl {
         k::EmbeddingBackward(tokens_.get() + c_.start, dh_.get(), T(), vocab_, d_,
                              grads_.embedding.get(), compute_);
         break;
-      case OpKind::kRmsNormForward: NormForward(op); break;
-      case OpKind::kRmsNormBackward: NormBackward(op); break;
-      case OpKind::kLinearForward: LinearForward(op); break;
-      case OpKind::kLinearBackwardInput: LinearBackward(op, true); break;
-      case OpKind::kLinearBackwardWeight: LinearBackward(op, false); break;
+      case OpKind::kRmsNormForward:
+        NormForward(op);
+        break;
+      case OpKind::kRmsNormBackward:
+        NormBackward(op);
+        break;
+      case OpKind::kLinearForward:
+        LinearForward(op);
+        break;
+      case OpKind::kLinearBackwardInput:
+        LinearBackward(op, true);
+        break;
+      case OpKind::kLinearBackwardWeight:
+        LinearBackward(op, false);
+        break;
       case OpKind::kRopeForward:
         k::RopeForward(q_.get(), T(), m_.num_attention_heads, m_.head_dim, q_dim_, c_.start,
                        m_.rope_theta, compute_);
@@ -498,9 +529,15 @@ class CudaBackend::Impl {
                      o_.query_tile, summaries_[static_cast<size_t>(op.layer)].get(),
                      c_.earlier_pages, scores_.get(), score_ws_.get(), score_ws_.bytes(), compute_);
         break;
-      case OpKind::kPageTopK: TopK(op); break;
-      case OpKind::kAttentionForward: AttentionForward(op); break;
-      case OpKind::kAttentionBackward: AttentionBackward(op); break;
+      case OpKind::kPageTopK:
+        TopK(op);
+        break;
+      case OpKind::kAttentionForward:
+        AttentionForward(op);
+        break;
+      case OpKind::kAttentionBackward:
+        AttentionBackward(op);
+        break;
       case OpKind::kDkvAccumulate: {
         PagedKv<float> own = OwnDkv(op.layer);
         k::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages},
@@ -525,9 +562,15 @@ class CudaBackend::Impl {
       }
       case OpKind::kZeroFill:
         break;  // fresh dKV slots are zeroed when the backward's copy stages the union
-      case OpKind::kAdamW: Optimizer(); break;
-      case OpKind::kCopyH2D: CopyIn(op); break;
-      case OpKind::kCopyD2H: CopyOut(op); break;
+      case OpKind::kAdamW:
+        Optimizer();
+        break;
+      case OpKind::kCopyH2D:
+        CopyIn(op);
+        break;
+      case OpKind::kCopyD2H:
+        CopyOut(op);
+        break;
       default:
         throw InternalError("CUDA backend: unexpected op " + std::string(OpKindName(op.kind)));
     }
@@ -539,7 +582,8 @@ class CudaBackend::Impl {
       case OpPart::kAttnNorm: {
         if (op.phase == Phase::kBackward) {
           x_ = saved_input_[S(op)].get();
-          k::RmsNormForward(x_, w->attn_norm.get(), T(), d_, Eps(), xn_.get(), rstd1_.get(), compute_);
+          k::RmsNormForward(x_, w->attn_norm.get(), T(), d_, Eps(), xn_.get(), rstd1_.get(),
+                            compute_);
           break;
         }
         if (has_pending_) {  // h += the previous MLP output, in place
@@ -547,7 +591,8 @@ class CudaBackend::Impl {
                                     h_.get(), xn_.get(), rstd1_.get(), compute_);
           has_pending_ = false;
         } else {
-          k::RmsNormForward(h_.get(), w->attn_norm.get(), T(), d_, Eps(), xn_.get(), rstd1_.get(), compute_);
+          k::RmsNormForward(h_.get(), w->attn_norm.get(), T(), d_, Eps(), xn_.get(), rstd1_.get(),
+                            compute_);
         }
         x_ = h_.get();
         if (Saves(op))
@@ -577,10 +622,11 @@ class CudaBackend::Impl {
           pending = saved_top_pending_[static_cast<size_t>(c_.index)].get();
         }
         if (pending) {
-          k::RmsNormResidualForward(h, pending, weights_.final_norm.get(), T(), d_, Eps(), hf_.get(),
-                                    xnf_.get(), rstdf_.get(), compute_);
+          k::RmsNormResidualForward(h, pending, weights_.final_norm.get(), T(), d_, Eps(),
+                                    hf_.get(), xnf_.get(), rstdf_.get(), compute_);
         } else {
-          CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(hf_.get(), h, static_cast<size_t>(T() * d_) * sizeof(bf16),
+          CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(hf_.get(), h,
+                                             static_cast<size_t>(T() * d_) * sizeof(bf16),
                                              cudaMemcpyDeviceToDevice, compute_));
           k::RmsNormForward(hf_.get(), weights_.final_norm.get(), T(), d_, Eps(), xnf_.get(),
                             rstdf_.get(), compute_);
@@ -602,11 +648,12 @@ class CudaBackend::Impl {
         break;
       case OpPart::kMlpNorm:
         k::RmsNormBackward(hmid_ptr_, W(op).mlp_norm.get(), rstd2_.get(), d_xn2_.get(), dh_.get(),
-                           T(), d_, d_hmid_.get(), G(op).mlp_norm.get(), norm_scratch_.get(), compute_);
+                           T(), d_, d_hmid_.get(), G(op).mlp_norm.get(), norm_scratch_.get(),
+                           compute_);
         break;
       case OpPart::kAttnNorm:
-        k::RmsNormBackward(x_, W(op).attn_norm.get(), rstd1_.get(), d_xn_.get(), d_hmid_.get(),
-                           T(), d_, dh_.get(), G(op).attn_norm.get(), norm_scratch_.get(), compute_);
+        k::RmsNormBackward(x_, W(op).attn_norm.get(), rstd1_.get(), d_xn_.get(), d_hmid_.get(), T(),
+                           d_, dh_.get(), G(op).attn_norm.get(), norm_scratch_.get(), compute_);
         break;
       default:
         throw InternalError("CUDA backend: RMSNorm backward without a part");
@@ -615,10 +662,10 @@ class CudaBackend::Impl {
 
   void Copy2D(bf16* dst, int64_t dst_cols, const bf16* src, int64_t src_cols, int64_t cols,
               cudaStream_t stream) {
-    CTXPLAN_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_cols) * sizeof(bf16), src,
-                                         static_cast<size_t>(src_cols) * sizeof(bf16),
-                                         static_cast<size_t>(cols) * sizeof(bf16),
-                                         static_cast<size_t>(T()), cudaMemcpyDeviceToDevice, stream));
+    CTXPLAN_CUDA_CHECK(cudaMemcpy2DAsync(
+        dst, static_cast<size_t>(dst_cols) * sizeof(bf16), src,
+        static_cast<size_t>(src_cols) * sizeof(bf16), static_cast<size_t>(cols) * sizeof(bf16),
+        static_cast<size_t>(T()), cudaMemcpyDeviceToDevice, stream));
   }
 
   void LinearForward(const Op& op) {
@@ -626,8 +673,9 @@ class CudaBackend::Impl {
     const int64_t t = T();
     switch (op.part) {
       case OpPart::kQkv:
-        k::LinearForward(gemm_, xn_.get(), w.qkv.get(), w.qkv_bias.size() ? w.qkv_bias.get() : nullptr,
-                         t, qkv_dim_, d_, qkv_.get(), compute_);
+        k::LinearForward(gemm_, xn_.get(), w.qkv.get(),
+                         w.qkv_bias.size() ? w.qkv_bias.get() : nullptr, t, qkv_dim_, d_,
+                         qkv_.get(), compute_);
         Copy2D(q_.get(), q_dim_, qkv_.get(), qkv_dim_, q_dim_, compute_);
         Copy2D(k_.get(), kv_dim_, qkv_.get() + q_dim_, qkv_dim_, kv_dim_, compute_);
         Copy2D(v_.get(), kv_dim_, qkv_.get() + q_dim_ + kv_dim_, qkv_dim_, kv_dim_, compute_);
@@ -641,14 +689,16 @@ class CudaBackend::Impl {
                          gate_up_.get(), compute_);
         break;
       case OpPart::kDown:
-        k::LinearForward(gemm_, act_.get(), w.down.get(), nullptr, t, d_, inter_, pending_.get(), compute_);
+        k::LinearForward(gemm_, act_.get(), w.down.get(), nullptr, t, d_, inter_, pending_.get(),
+                         compute_);
         has_pending_ = true;
         if (op.phase == Phase::kFill && o_.keep_layer_inputs && op.layer == layers_ - 1) {
           const size_t bytes = static_cast<size_t>(t * d_) * sizeof(bf16);
-          CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(saved_top_h_[static_cast<size_t>(c_.index)].get(), h_.get(),
-                                             bytes, cudaMemcpyDeviceToDevice, compute_));
-          CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(saved_top_pending_[static_cast<size_t>(c_.index)].get(),
-                                             pending_.get(), bytes, cudaMemcpyDeviceToDevice, compute_));
+          CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(saved_top_h_[static_cast<size_t>(c_.index)].get(),
+                                             h_.get(), bytes, cudaMemcpyDeviceToDevice, compute_));
+          CTXPLAN_CUDA_CHECK(
+              cudaMemcpyAsync(saved_top_pending_[static_cast<size_t>(c_.index)].get(),
+                              pending_.get(), bytes, cudaMemcpyDeviceToDevice, compute_));
         }
         break;
       default:
@@ -662,26 +712,40 @@ class CudaBackend::Impl {
     const int64_t t = T();
     switch (op.part) {
       case OpPart::kDown:
-        if (input) k::LinearBackwardInput(gemm_, dh_.get(), w.down.get(), t, d_, inter_, d_act_.get(), compute_);
-        else k::LinearBackwardWeight(gemm_, act_.get(), dh_.get(), t, d_, inter_, g.down.get(), static_cast<float*>(nullptr), compute_);
+        if (input)
+          k::LinearBackwardInput(gemm_, dh_.get(), w.down.get(), t, d_, inter_, d_act_.get(),
+                                 compute_);
+        else
+          k::LinearBackwardWeight(gemm_, act_.get(), dh_.get(), t, d_, inter_, g.down.get(),
+                                  static_cast<float*>(nullptr), compute_);
         break;
       case OpPart::kGateUp:
-        if (input) k::LinearBackwardInput(gemm_, d_gate_up_.get(), w.gate_up.get(), t, 2 * inter_, d_, d_xn2_.get(), compute_);
-        else k::LinearBackwardWeight(gemm_, xn2_.get(), d_gate_up_.get(), t, 2 * inter_, d_, g.gate_up.get(), static_cast<float*>(nullptr), compute_);
+        if (input)
+          k::LinearBackwardInput(gemm_, d_gate_up_.get(), w.gate_up.get(), t, 2 * inter_, d_,
+                                 d_xn2_.get(), compute_);
+        else
+          k::LinearBackwardWeight(gemm_, xn2_.get(), d_gate_up_.get(), t, 2 * inter_, d_,
+                                  g.gate_up.get(), static_cast<float*>(nullptr), compute_);
         break;
       case OpPart::kO:
-        if (input) k::LinearBackwardInput(gemm_, d_hmid_.get(), w.o.get(), t, d_, q_dim_, d_attn_.get(), compute_);
-        else k::LinearBackwardWeight(gemm_, saved_attn_[S(op)].get(), d_hmid_.get(), t, d_, q_dim_, g.o.get(), static_cast<float*>(nullptr), compute_);
+        if (input)
+          k::LinearBackwardInput(gemm_, d_hmid_.get(), w.o.get(), t, d_, q_dim_, d_attn_.get(),
+                                 compute_);
+        else
+          k::LinearBackwardWeight(gemm_, saved_attn_[S(op)].get(), d_hmid_.get(), t, d_, q_dim_,
+                                  g.o.get(), static_cast<float*>(nullptr), compute_);
         break;
       case OpPart::kQkv:
         if (input) {
           Copy2D(dqkv_.get(), qkv_dim_, dq_.get(), q_dim_, q_dim_, compute_);
           Copy2D(dqkv_.get() + q_dim_, qkv_dim_, dk_.get(), kv_dim_, kv_dim_, compute_);
           Copy2D(dqkv_.get() + q_dim_ + kv_dim_, qkv_dim_, dv_.get(), kv_dim_, kv_dim_, compute_);
-          k::LinearBackwardInput(gemm_, dqkv_.get(), w.qkv.get(), t, qkv_dim_, d_, d_xn_.get(), compute_);
+          k::LinearBackwardInput(gemm_, dqkv_.get(), w.qkv.get(), t, qkv_dim_, d_, d_xn_.get(),
+                                 compute_);
         } else {
-          k::LinearBackwardWeight(gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, g.qkv.get(),
-                                  g.qkv_bias.size() ? g.qkv_bias.get() : static_cast<float*>(nullptr), compute_);
+          k::LinearBackwardWeight(
+              gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, g.qkv.get(),
+              g.qkv_bias.size() ? g.qkv_bias.get() : static_cast<float*>(nullptr), compute_);
         }
         break;
       default:
@@ -724,8 +788,9 @@ class CudaBackend::Impl {
                                         : static_cast<void*>(kv_slots_[parity_].get()));
       p.page_slot = slot_table_[parity_].get();
     } else {
-      p.pool = reinterpret_cast<T*>(dkv ? static_cast<void*>(device_dkv_[static_cast<size_t>(layer)].get())
-                                        : static_cast<void*>(device_kv_[static_cast<size_t>(layer)].get()));
+      p.pool = reinterpret_cast<T*>(
+          dkv ? static_cast<void*>(device_dkv_[static_cast<size_t>(layer)].get())
+              : static_cast<void*>(device_kv_[static_cast<size_t>(layer)].get()));
       p.page_slot = identity_.get();
     }
     return p;
@@ -765,7 +830,9 @@ class CudaBackend::Impl {
   k::AttentionShape Shape() const {
     return {T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim, scale_};
   }
-  bool LastAttentionOp(const Op& op) const { return op.part == OpPart::kPaged || c_.earlier_pages == 0; }
+  bool LastAttentionOp(const Op& op) const {
+    return op.part == OpPart::kPaged || c_.earlier_pages == 0;
+  }
 
   void AttentionForward(const Op& op) {
     if (!LastAttentionOp(op)) return;
@@ -773,8 +840,8 @@ class CudaBackend::Impl {
     float* lse = Saves(op) ? saved_lse_[S(op)].get() : lse_.get();
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
     k::AttentionForward(Shape(), q_.get(), k_.get(), v_.get(),
-                        PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages}, Selection(op),
-                        attn_ptr_, lse, compute_);
+                        PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages},
+                        Selection(op), attn_ptr_, lse, compute_);
   }
 
   void AttentionBackward(const Op& op) {
@@ -799,11 +866,13 @@ class CudaBackend::Impl {
     size_t i = 0;
     while (i < dst_index.size()) {
       size_t run = 1;
-      while (i + run < dst_index.size() && dst_index[i + run] == dst_index[i] + static_cast<int64_t>(run) &&
+      while (i + run < dst_index.size() &&
+             dst_index[i + run] == dst_index[i] + static_cast<int64_t>(run) &&
              src_index[i + run] == src_index[i] + static_cast<int64_t>(run))
         ++run;
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(dst_base + dst_index[i] * pe_, src_base + src_index[i] * pe_,
-                                         run * page_bytes, kind, stream));
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(dst_base + dst_index[i] * pe_,
+                                         src_base + src_index[i] * pe_, run * page_bytes, kind,
+                                         stream));
       i += run;
     }
   }
@@ -813,10 +882,11 @@ class CudaBackend::Impl {
     const size_t l = static_cast<size_t>(op.layer);
     union_ = UnionPages(op);
     if (static_cast<int64_t>(union_.size()) > slot_capacity_)
-      throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
-                       std::to_string(l) + " need " + std::to_string(union_.size()) +
-                       " page slots but the plan provisioned " + std::to_string(slot_capacity_) +
-                       "; accepted: a selection model that bounds the union (--selection disjoint)");
+      throw InputError(
+          "page selections of chunk " + std::to_string(c_.index) + " layer " + std::to_string(l) +
+          " need " + std::to_string(union_.size()) + " page slots but the plan provisioned " +
+          std::to_string(slot_capacity_) +
+          "; accepted: a selection model that bounds the union (--selection disjoint)");
     // The host staging of this parity's table was last read by a copy two layers ago: it must
     // have finished before the host rewrites the table.
     const OpId previous = table_user_[parity_];
@@ -835,7 +905,8 @@ class CudaBackend::Impl {
       CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot_table_[parity_].get(), table,
                                          static_cast<size_t>(c_.earlier_pages) * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, h2d_));
-    CopyPages(kv_slots_[parity_].get(), slots, host_kv_[l].get(), pages, cudaMemcpyHostToDevice, h2d_);
+    CopyPages(kv_slots_[parity_].get(), slots, host_kv_[l].get(), pages, cudaMemcpyHostToDevice,
+              h2d_);
     if (op.phase != Phase::kBackward) return;
     // dKV: pages that hold some come in, the others start at zero; then the chunk's own dKV.
     const size_t page_bytes = static_cast<size_t>(pe_) * sizeof(float);
@@ -845,10 +916,12 @@ class CudaBackend::Impl {
         in_slots.push_back(static_cast<int64_t>(j));
         in_pages.push_back(union_[j]);
       } else {
-        CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dkv_slots_[parity_].get() + j * pe_, 0, page_bytes, h2d_));
+        CTXPLAN_CUDA_CHECK(
+            cudaMemsetAsync(dkv_slots_[parity_].get() + j * pe_, 0, page_bytes, h2d_));
       }
     }
-    CopyPages(dkv_slots_[parity_].get(), in_slots, host_dkv_[l].get(), in_pages, cudaMemcpyHostToDevice, h2d_);
+    CopyPages(dkv_slots_[parity_].get(), in_slots, host_dkv_[l].get(), in_pages,
+              cudaMemcpyHostToDevice, h2d_);
     for (int64_t j = 0; j < c_.own_pages; ++j) {
       const int64_t page = c_.earlier_pages + j;
       float* slot = own_dkv_slots_[parity_].get() + j * pe_;
@@ -864,10 +937,9 @@ class CudaBackend::Impl {
     if (op.phase == Phase::kOptimizer) return;
     const size_t l = static_cast<size_t>(op.layer);
     if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host_kv_[l].get() + c_.earlier_pages * pe_,
-                                         own_kv_slots_[own_parity_].get(),
-                                         static_cast<size_t>(c_.own_pages * pe_) * sizeof(bf16),
-                                         cudaMemcpyDeviceToHost, d2h_));
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(
+          host_kv_[l].get() + c_.earlier_pages * pe_, own_kv_slots_[own_parity_].get(),
+          static_cast<size_t>(c_.own_pages * pe_) * sizeof(bf16), cudaMemcpyDeviceToHost, d2h_));
       return;
     }
     std::vector<int64_t> slots(union_.size()), pages(union_.size());
@@ -876,7 +948,8 @@ class CudaBackend::Impl {
       pages[j] = union_[j];
       dkv_present_[l][static_cast<size_t>(union_[j])] = 1;
     }
-    CopyPages(host_dkv_[l].get(), pages, dkv_slots_[parity_].get(), slots, cudaMemcpyDeviceToHost, d2h_);
+    CopyPages(host_dkv_[l].get(), pages, dkv_slots_[parity_].get(), slots, cudaMemcpyDeviceToHost,
+              d2h_);
   }
 
   void Optimizer() {
@@ -941,9 +1014,9 @@ class CudaBackend::Impl {
 
   std::vector<DeviceArray<bf16>> summaries_;  // [layer][pages][kv_dim]
   DeviceArray<int32_t> identity_, own_identity_;
-  std::vector<PinnedArray<bf16>> host_kv_;     // offload on: [layer][pages][page elements]
+  std::vector<PinnedArray<bf16>> host_kv_;  // offload on: [layer][pages][page elements]
   std::vector<PinnedArray<float>> host_dkv_;
-  std::vector<DeviceArray<bf16>> device_kv_;   // offload off
+  std::vector<DeviceArray<bf16>> device_kv_;  // offload off
   std::vector<DeviceArray<float>> device_dkv_;
   DeviceArray<bf16> kv_slots_[2], own_kv_slots_[2];
   DeviceArray<float> dkv_slots_[2], own_dkv_slots_[2];
@@ -967,11 +1040,23 @@ class CudaBackend::Impl {
 CudaBackend::CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw)
     : impl_(std::make_unique<Impl>(plan, weights, adamw)) {}
 CudaBackend::~CudaBackend() = default;
-void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) { impl_->BeginStep(plan, inputs); }
-void CudaBackend::Execute(const Op& op) { impl_->Execute(op); }
-StepOutputs CudaBackend::EndStep() { return impl_->EndStep(); }
-void CudaBackend::ZeroGrads() { impl_->ZeroGrads(); }
-ModelWeights CudaBackend::DownloadWeights() const { return impl_->DownloadWeights(); }
-ModelWeights CudaBackend::DownloadGrads() const { return impl_->DownloadGrads(); }
+void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
+  impl_->BeginStep(plan, inputs);
+}
+void CudaBackend::Execute(const Op& op) {
+  impl_->Execute(op);
+}
+StepOutputs CudaBackend::EndStep() {
+  return impl_->EndStep();
+}
+void CudaBackend::ZeroGrads() {
+  impl_->ZeroGrads();
+}
+ModelWeights CudaBackend::DownloadWeights() const {
+  return impl_->DownloadWeights();
+}
+ModelWeights CudaBackend::DownloadGrads() const {
+  return impl_->DownloadGrads();
+}
 
 }  // namespace ctxplan

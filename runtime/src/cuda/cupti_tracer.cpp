@@ -126,14 +126,22 @@ std::string Demangle(const char* name) {
 
 std::string_view MemcpyKindName(uint32_t kind) {
   switch (kind) {
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "Memcpy HtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "Memcpy DtoH";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "Memcpy DtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "Memcpy HtoH";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "Memcpy PtoP";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA: return "Memcpy HtoA";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH: return "Memcpy AtoH";
-    default: return "Memcpy";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "Memcpy HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "Memcpy DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "Memcpy DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH:
+      return "Memcpy HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "Memcpy PtoP";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:
+      return "Memcpy HtoA";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
+      return "Memcpy AtoH";
+    default:
+      return "Memcpy";
   }
 }
 
@@ -158,9 +166,12 @@ constexpr CUpti_CallbackId kQuietRuntimeApis[] = {
 };
 
 constexpr CUpti_ActivityKind kKinds[] = {
-    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-    CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_RUNTIME,
-    CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_MEMORY2,
+    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+    CUPTI_ACTIVITY_KIND_MEMCPY,
+    CUPTI_ACTIVITY_KIND_MEMSET,
+    CUPTI_ACTIVITY_KIND_RUNTIME,
+    CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+    CUPTI_ACTIVITY_KIND_MEMORY2,
 };
 
 }  // namespace
@@ -172,8 +183,8 @@ class CuptiTracer::Impl {
   // --- state shared with the CUPTI callbacks (guarded by g_mutex) ---
   Collected collected;
   std::unordered_map<const char*, uint32_t> name_index;  // CUPTI's kernel name pointer -> index
-  std::vector<std::string> names;                         // demangled kernel names
-  bool keep_api_calls = false;                            // only the Chrome trace shows them
+  std::vector<std::string> names;                        // demangled kernel names
+  bool keep_api_calls = false;                           // only the Chrome trace shows them
 
   void Parse(uint8_t* buffer, size_t valid_size);
 
@@ -233,8 +244,8 @@ namespace {
 
 // No CUPTI call is made while g_mutex is held (except cuptiActivityGetNextRecord, which only
 // walks a buffer we own), so CUPTI's own locks and ours can never be taken in opposite orders.
-std::mutex g_mutex;                          // guards g_active and what the callbacks write into it
-CuptiTracer::Impl* g_active = nullptr;       // the enabled tracer, if any
+std::mutex g_mutex;                     // guards g_active and what the callbacks write into it
+CuptiTracer::Impl* g_active = nullptr;  // the enabled tracer, if any
 std::atomic<int> g_max_buffers_in_flight{64};  // of the enabled tracer
 
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -246,7 +257,8 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream_id, uint8_t* buffer,
                               size_t /*size*/, size_t valid_size) {
   size_t dropped = 0;
-  const CUptiResult dropped_status = cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
+  const CUptiResult dropped_status =
+      cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_active != nullptr) {
@@ -326,8 +338,8 @@ void CuptiTracer::Impl::Parse(uint8_t* buffer, size_t valid_size) {
         ++collected.api_calls;
         if (!keep_api_calls) break;
         const auto* api = reinterpret_cast<const CUpti_ActivityAPI*>(record);
-        collected.api.push_back({api->start, api->end, api->correlationId, api->cbid,
-                                 api->threadId, record->kind == CUPTI_ACTIVITY_KIND_DRIVER});
+        collected.api.push_back({api->start, api->end, api->correlationId, api->cbid, api->threadId,
+                                 record->kind == CUPTI_ACTIVITY_KIND_DRIVER});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -391,7 +403,8 @@ CuptiTracer::CuptiTracer(const CuptiTracerOptions& options) : enabled_(options.e
         throw CuptiError(
             "cannot trace: CUPTI is already in use by another tool in this process "
             "(compute-sanitizer, Nsight Systems, Nsight Compute or another profiler): run "
-            "without that tool, or with tracing off (" + CuptiResultString(status) + ")",
+            "without that tool, or with tracing off (" +
+                CuptiResultString(status) + ")",
             status);
       CTXPLAN_CUPTI_CHECK(status);
       registered = true;  // only ever touched here, by one constructing thread at a time
@@ -562,9 +575,15 @@ TraceStepSummary CuptiTracer::EndStep() {
 
   for (const GpuActivity& a : c.gpu) {
     switch (a.kind) {
-      case GpuKind::kKernel: ++summary.kernels; break;
-      case GpuKind::kMemcpy: ++summary.memcpys; break;
-      case GpuKind::kMemset: ++summary.memsets; break;
+      case GpuKind::kKernel:
+        ++summary.kernels;
+        break;
+      case GpuKind::kMemcpy:
+        ++summary.memcpys;
+        break;
+      case GpuKind::kMemset:
+        ++summary.memsets;
+        break;
     }
     auto it = ext.find(a.correlation);
     if (it == ext.end() && a.runtime_correlation != 0) it = ext.find(a.runtime_correlation);
@@ -611,15 +630,14 @@ TraceStepSummary CuptiTracer::EndStep() {
   summary.step_start_ns = rel(s.step_start);
   summary.step_end_ns = rel(step_end);
 
-  std::stable_sort(s.memory.begin(), s.memory.end(),
-                   [](const Impl::MemoryEvent& a, const Impl::MemoryEvent& b) {
-                     return a.time < b.time;
-                   });
+  std::stable_sort(
+      s.memory.begin(), s.memory.end(),
+      [](const Impl::MemoryEvent& a, const Impl::MemoryEvent& b) { return a.time < b.time; });
   if (s.compact) {
     for (const OpRecord& r : summary.ops) s.compact->Op(r);
     for (const Impl::MemoryEvent& m : s.memory)
-      s.compact->Memory({rel(m.time), static_cast<uint8_t>(m.space),
-                         static_cast<uint8_t>(m.category), m.total});
+      s.compact->Memory(
+          {rel(m.time), static_cast<uint8_t>(m.space), static_cast<uint8_t>(m.category), m.total});
   }
   if (s.chrome) s.WriteChrome(c, kernel_names, ext, ops);
   s.memory.clear();
@@ -690,12 +708,16 @@ void CuptiTracer::Impl::WriteChrome(const Collected& c,
       case GpuKind::kMemcpy:
         w.Complete(kPidGpu, a.stream, MemcpyKindName(a.detail), "memcpy", Us(a.start),
                    dur(a.start, a.end),
-                   {{"op_id", op}, {"correlation", a.correlation}, {"bytes", a.bytes},
+                   {{"op_id", op},
+                    {"correlation", a.correlation},
+                    {"bytes", a.bytes},
                     {"device", a.device}});
         break;
       case GpuKind::kMemset:
         w.Complete(kPidGpu, a.stream, "Memset", "memset", Us(a.start), dur(a.start, a.end),
-                   {{"op_id", op}, {"correlation", a.correlation}, {"bytes", a.bytes},
+                   {{"op_id", op},
+                    {"correlation", a.correlation},
+                    {"bytes", a.bytes},
                     {"device", a.device}});
         break;
     }
@@ -711,8 +733,8 @@ void CuptiTracer::Impl::WriteChrome(const Collected& c,
 
   // The runtime's own memory events, and the driver's allocations as CUPTI saw them.
   for (const MemoryEvent& m : memory)
-    w.Counter(kPidStep, m.space == MemSpace::kGpu ? "arena (GiB)" : "pinned host (GiB)",
-              Us(m.time), {{"allocated", static_cast<double>(m.total) / kGiB}});
+    w.Counter(kPidStep, m.space == MemSpace::kGpu ? "arena (GiB)" : "pinned host (GiB)", Us(m.time),
+              {{"allocated", static_cast<double>(m.total) / kGiB}});
   for (const DriverMemory& m : c.driver_memory) {
     if (m.allocation) {
       driver_live[m.address] = m.bytes;

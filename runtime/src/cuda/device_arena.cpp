@@ -168,7 +168,9 @@ const DeviceBuffer& DeviceArena::Named(std::string_view name) const {
   return it->second;
 }
 
-bool DeviceArena::HasNamed(std::string_view name) const { return named_.find(name) != named_.end(); }
+bool DeviceArena::HasNamed(std::string_view name) const {
+  return named_.find(name) != named_.end();
+}
 
 void DeviceArena::FreeNamed(std::string_view name) {
   const auto it = named_.find(name);

@@ -62,9 +62,9 @@ void PinnedPageStore::PinBlock(uint64_t pages) {
   const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky; keep it out of the next launch check
-    throw PinnedMemoryError(bytes, pinned_bytes_,
-                            std::string(cudaGetErrorName(status)) + ": " +
-                                cudaGetErrorString(status));
+    throw PinnedMemoryError(
+        bytes, pinned_bytes_,
+        std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
   }
   const uint64_t first = blocks_.size() * pages_per_block_;
   blocks_.push_back({static_cast<std::byte*>(ptr), pages});

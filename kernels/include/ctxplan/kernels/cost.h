@@ -42,8 +42,8 @@ OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_ra
 
 OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden);
 OpCost EmbeddingBackwardCost(int64_t tokens, int64_t hidden, int64_t grad_bytes);
-OpCost RmsNormForwardCost(int64_t tokens, int64_t hidden);   // with the residual add
-OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden);  // with the residual's gradient
+OpCost RmsNormForwardCost(int64_t tokens, int64_t hidden);       // with the residual add
+OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden);      // with the residual's gradient
 OpCost RopeCost(int64_t tokens, int64_t q_dim, int64_t kv_dim);  // forward or backward
 OpCost KvWriteCost(int64_t tokens, int64_t kv_dim);
 OpCost PageSummaryCost(int64_t pages, int64_t page_tokens, int64_t kv_dim);
@@ -62,8 +62,8 @@ OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
 // Fused linear + cross-entropy over `tokens` positions and a `vocab` x `hidden` head:
 // logits computed twice (LSE pass, gradient pass), dX, and dW accumulated.
-OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab,
-                               bool head_trainable, int64_t grad_bytes);
+OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bool head_trainable,
+                               int64_t grad_bytes);
 OpCost ZeroFillCost(int64_t bytes);
 // AdamW over `params` with fp32 moments.
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host);

@@ -9,27 +9,27 @@ namespace ctxplan {
 
 enum class OpKind : uint8_t {
   // --- compute kernels (compute stream) ---
-  kEmbeddingForward,      // gather c rows of the embedding table
-  kEmbeddingBackward,     // scatter-add c rows into the embedding gradient
-  kRmsNormForward,        // fused with the residual add that precedes it
+  kEmbeddingForward,   // gather c rows of the embedding table
+  kEmbeddingBackward,  // scatter-add c rows into the embedding gradient
+  kRmsNormForward,     // fused with the residual add that precedes it
   kRmsNormBackward,
   kLinearForward,         // GEMM [tokens x in] * [in x out] (+bias), cuBLASLt
   kLinearBackwardInput,   // dX = dY * W^T
   kLinearBackwardWeight,  // dW += X^T * dY (accumulates across chunks)
   kRopeForward,
   kRopeBackward,
-  kKvWrite,               // write the chunk's post-RoPE K and V into its KV pages
-  kPageSummary,           // mean key per filled page, layer and KV head
-  kPageScore,             // query tiles against page summaries
-  kPageTopK,              // top-k pages per query tile
-  kAttentionForward,      // paged attention: output and log-sum-exp
-  kAttentionBackward,     // dQ, dK/dV of own positions, dK/dV added into dKV pages
-  kDkvAccumulate,         // add the dKV that later chunks accumulated into own dK/dV
+  kKvWrite,            // write the chunk's post-RoPE K and V into its KV pages
+  kPageSummary,        // mean key per filled page, layer and KV head
+  kPageScore,          // query tiles against page summaries
+  kPageTopK,           // top-k pages per query tile
+  kAttentionForward,   // paged attention: output and log-sum-exp
+  kAttentionBackward,  // dQ, dK/dV of own positions, dK/dV added into dKV pages
+  kDkvAccumulate,      // add the dKV that later chunks accumulated into own dK/dV
   kSwigluForward,
   kSwigluBackward,
-  kLossForwardBackward,   // fused, tiled linear + cross-entropy, forward and backward
-  kZeroFill,              // first-touch initialisation of dKV pages
-  kAdamW,                 // optimizer step (on the GPU, or on the host stream)
+  kLossForwardBackward,  // fused, tiled linear + cross-entropy, forward and backward
+  kZeroFill,             // first-touch initialisation of dKV pages
+  kAdamW,                // optimizer step (on the GPU, or on the host stream)
   // --- copies (copy engines) ---
   kCopyH2D,
   kCopyD2H,

@@ -34,7 +34,7 @@ struct KvPageShape {
 template <typename T>
 struct PagedKv {
   KvPageShape shape;
-  T* pool = nullptr;                  // [slots][2][p][H_kv][d_h]
+  T* pool = nullptr;                   // [slots][2][p][H_kv][d_h]
   const int32_t* page_slot = nullptr;  // [num_pages]: logical page -> slot
   int64_t num_pages = 0;
 };
@@ -42,9 +42,9 @@ struct PagedKv {
 // Which earlier pages each query tile attends. pages == nullptr means dense: every tile attends
 // every earlier page.
 struct PageSelection {
-  int64_t query_tile = 128;         // b
-  int64_t pages_per_tile = 0;       // entries per tile
-  const int32_t* pages = nullptr;   // [tiles][pages_per_tile] logical page ids, ascending
+  int64_t query_tile = 128;        // b
+  int64_t pages_per_tile = 0;      // entries per tile
+  const int32_t* pages = nullptr;  // [tiles][pages_per_tile] logical page ids, ascending
 };
 
 }  // namespace ctxplan::kernels

@@ -21,11 +21,11 @@ class InternalError : public std::logic_error {
 };
 
 // Checks an invariant of our own code; failing it is a bug, never a user error.
-#define CTXPLAN_CHECK(condition, message)                                                  \
-  do {                                                                                     \
-    if (!(condition))                                                                      \
+#define CTXPLAN_CHECK(condition, message)                                                     \
+  do {                                                                                        \
+    if (!(condition))                                                                         \
       throw ::ctxplan::InternalError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                                     ": invariant failed: " #condition ": " + (message));  \
+                                     ": invariant failed: " #condition ": " + (message));     \
   } while (false)
 
 }  // namespace ctxplan

@@ -19,9 +19,9 @@ int64_t ParseBytes(std::string_view text, std::string_view what);
 // context lengths are quoted (8K = 8192). Throws InputError naming `what`.
 int64_t ParseTokens(std::string_view text, std::string_view what);
 
-std::string FormatBytes(int64_t bytes);     // "15.23 GB (14.18 GiB)"
-std::string FormatGiB(int64_t bytes);       // "14.18 GiB"
-std::string FormatTokens(int64_t tokens);   // "1,048,576 (1M)"
-std::string FormatCount(int64_t value);     // "1,048,576"
+std::string FormatBytes(int64_t bytes);    // "15.23 GB (14.18 GiB)"
+std::string FormatGiB(int64_t bytes);      // "14.18 GiB"
+std::string FormatTokens(int64_t tokens);  // "1,048,576 (1M)"
+std::string FormatCount(int64_t value);    // "1,048,576"
 
 }  // namespace ctxplan

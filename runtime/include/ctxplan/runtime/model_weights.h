@@ -23,7 +23,7 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<float> embedding;   // [V][d]
+  std::vector<float> embedding;  // [V][d]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [d]
   std::vector<float> lm_head;     // [V][d]; empty when tied to the embedding

@@ -39,8 +39,8 @@ enum class OpPart : uint8_t {
   kGateUp,  // fused gate and up projections
   kDown,
   kLmHead,
-  kOwn,     // attention among the chunk's own positions (causal)
-  kPaged,   // attention over earlier positions held in KV pages
+  kOwn,        // attention among the chunk's own positions (causal)
+  kPaged,      // attention over earlier positions held in KV pages
   kAttnNorm,   // RMSNorm before attention (fused with the residual add before it)
   kMlpNorm,    // RMSNorm before the MLP
   kFinalNorm,  // RMSNorm before the LM head
@@ -74,8 +74,8 @@ struct Op {
   Phase phase = Phase::kSetup;
   OpPart part = OpPart::kNone;
   uint8_t num_deps = 0;
-  int32_t chunk = -1;  // -1: not tied to a chunk
-  int32_t layer = -1;  // -1: not tied to a layer
+  int32_t chunk = -1;                 // -1: not tied to a chunk
+  int32_t layer = -1;                 // -1: not tied to a layer
   std::array<OpId, kMaxDeps> deps{};  // ops of other streams this op waits for
 
   // Shapes. GEMMs: m tokens, n out features, k in features. Attention: m query tokens,

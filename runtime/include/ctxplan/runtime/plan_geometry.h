@@ -17,12 +17,12 @@ namespace ctxplan {
 
 struct ChunkGeometry {
   int32_t index = 0;
-  int64_t start = 0;          // first position
-  int64_t tokens = 0;         // c, or less for the last chunk
-  int64_t own_pages = 0;      // pages holding this chunk's positions (last one maybe partial)
-  int64_t earlier_pages = 0;  // E_i: pages of earlier positions (all full)
-  int64_t tiles = 0;          // query tiles of b queries
-  bool sparse = false;        // page selection applies (budget < earlier pages)
+  int64_t start = 0;           // first position
+  int64_t tokens = 0;          // c, or less for the last chunk
+  int64_t own_pages = 0;       // pages holding this chunk's positions (last one maybe partial)
+  int64_t earlier_pages = 0;   // E_i: pages of earlier positions (all full)
+  int64_t tiles = 0;           // query tiles of b queries
+  bool sparse = false;         // page selection applies (budget < earlier pages)
   int64_t pages_per_tile = 0;  // earlier pages one query tile attends (sinks included)
   int64_t union_pages = 0;     // U_i: pages any tile attends: what crosses PCIe per layer
   double pairs_own = 0.0;      // causal (query, key) pairs inside the chunk
@@ -64,9 +64,9 @@ class PlanGeometry {
   DkvState Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const;
 
   // --- bytes of one page of one layer ---
-  int64_t kv_page_bytes() const;      // K and V, bf16
-  int64_t dkv_page_bytes() const;     // dK and dV, grad dtype
-  int64_t summary_page_bytes() const; // mean key, bf16
+  int64_t kv_page_bytes() const;       // K and V, bf16
+  int64_t dkv_page_bytes() const;      // dK and dV, grad dtype
+  int64_t summary_page_bytes() const;  // mean key, bf16
 
   // --- parameter-sized buffers ---
   int64_t trainable_params() const;

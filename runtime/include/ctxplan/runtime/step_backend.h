@@ -26,9 +26,9 @@ struct StepInputs {
 };
 
 struct StepOutputs {
-  double loss_sum = 0.0;       // summed cross-entropy over labelled positions
-  int64_t labelled = 0;        // positions with a label
-  uint64_t ops_executed = 0;   // kernels and copies
+  double loss_sum = 0.0;         // summed cross-entropy over labelled positions
+  int64_t labelled = 0;          // positions with a label
+  uint64_t ops_executed = 0;     // kernels and copies
   int64_t peak_arena_bytes = 0;  // GPU arena allocated at the peak (as the plan's ops say)
   int64_t peak_host_bytes = 0;   // pinned host memory at the peak
   double mean_loss() const { return labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0; }

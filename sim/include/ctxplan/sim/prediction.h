@@ -47,8 +47,8 @@ struct MemoryPeak {
 struct StepPrediction {
   Tick step_ticks = 0;
   std::array<Tick, kStreamCount> busy_ticks{};  // time each stream spent running ops
-  MemoryPeak gpu;   // our arena: allocated bytes
-  MemoryPeak host;  // pinned host memory
+  MemoryPeak gpu;                               // our arena: allocated bytes
+  MemoryPeak host;                              // pinned host memory
   double flops = 0.0;
   double h2d_bytes = 0.0;
   double d2h_bytes = 0.0;

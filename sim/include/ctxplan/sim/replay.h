@@ -16,7 +16,7 @@ struct KindComparison {
   OpKind kind = OpKind::kAlloc;
   OpPart part = OpPart::kNone;
   int64_t count = 0;
-  double measured_seconds = 0.0;   // summed durations
+  double measured_seconds = 0.0;  // summed durations
   double predicted_seconds = 0.0;
 };
 
@@ -27,14 +27,14 @@ struct OpComparison {
 };
 
 struct ReplayResult {
-  double measured_step_seconds = 0.0;   // first start to last end in the trace
+  double measured_step_seconds = 0.0;  // first start to last end in the trace
   double predicted_step_seconds = 0.0;
-  int64_t measured_gpu_peak = 0;        // from the trace's memory records (0 if none)
+  int64_t measured_gpu_peak = 0;  // from the trace's memory records (0 if none)
   int64_t measured_host_peak = 0;
   int64_t predicted_gpu_peak = 0;
   int64_t predicted_host_peak = 0;
-  uint64_t plan_ops = 0;      // kernels and copies in the plan
-  uint64_t traced_ops = 0;    // of which the trace holds this many
+  uint64_t plan_ops = 0;                // kernels and copies in the plan
+  uint64_t traced_ops = 0;              // of which the trace holds this many
   std::vector<KindComparison> by_kind;  // sorted by measured time, largest first
   std::vector<OpComparison> worst;      // largest |measured - predicted|, at most 10
 };

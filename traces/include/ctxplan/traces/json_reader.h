@@ -5,9 +5,9 @@
 
 #include <cstdint>
 #include <set>
-#include <tuple>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 

@@ -37,8 +37,8 @@ struct OpRecord {
 
 struct MemoryRecord {
   int64_t time_ns = 0;
-  uint8_t space = 0;     // MemSpace
-  uint8_t category = 0;  // MemCategory of the event
+  uint8_t space = 0;              // MemSpace
+  uint8_t category = 0;           // MemCategory of the event
   int64_t space_total_bytes = 0;  // allocated in that space after the event
 };
 

@@ -15,8 +15,8 @@ namespace ctxplan::kernels::cpu {
 
 // --- embedding ---
 // out[t][d] = table[tokens[t]][d]
-void EmbeddingForward(std::span<const int32_t> tokens, const float* table /*[V][d]*/,
-                      int64_t vocab, int64_t hidden, float* out /*[t][d]*/);
+void EmbeddingForward(std::span<const int32_t> tokens, const float* table /*[V][d]*/, int64_t vocab,
+                      int64_t hidden, float* out /*[t][d]*/);
 // d_table[tokens[t]] += d_out[t] (accumulate)
 void EmbeddingBackward(std::span<const int32_t> tokens, const float* d_out /*[t][d]*/,
                        int64_t vocab, int64_t hidden, float* d_table /*[V][d]*/);
@@ -39,8 +39,8 @@ void LinearBackward(const float* x, const float* w, const float* dy /*[m][n]*/, 
 
 // --- RoPE (Hugging Face rotate_half convention), in place on x[t][heads][head_dim] ---
 // Position of row i is first_position + i; inv_freq[j] = theta^(-2j/head_dim).
-void RopeForward(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
-                 int64_t first_position, double theta);
+void RopeForward(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t first_position,
+                 double theta);
 // The transpose (inverse rotation): gradients flow back through RoPE.
 void RopeBackward(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
                   int64_t first_position, double theta);
@@ -79,13 +79,13 @@ void PageSummary(const PagedKv<const float>& kv, float* summaries);
 // scores[tile][page] = sum over the tile's queries and all query heads of q . summary of the
 // query head's KV head (heads of a GQA group summed).
 void PageScore(const float* q /*[t][H_q][d_h]*/, int64_t tokens, int64_t num_heads,
-               int64_t num_kv_heads, int64_t head_dim, int64_t query_tile,
-               const float* summaries, int64_t pages, float* scores /*[tiles][pages]*/);
+               int64_t num_kv_heads, int64_t head_dim, int64_t query_tile, const float* summaries,
+               int64_t pages, float* scores /*[tiles][pages]*/);
 // selected[tile] = the first `sinks` pages, then the `budget` best-scoring other pages (ties:
 // lower page first), ascending; when pages <= sinks + budget, every page.
 // Returns pages_per_tile = min(pages, sinks + budget).
-int64_t PageTopK(const float* scores, int64_t tiles, int64_t pages, int64_t budget,
-                 int64_t sinks, int32_t* selected /*[tiles][pages_per_tile]*/);
+int64_t PageTopK(const float* scores, int64_t tiles, int64_t pages, int64_t budget, int64_t sinks,
+                 int32_t* selected /*[tiles][pages_per_tile]*/);
 
 // --- fused linear + cross-entropy over a chunk, tiled over tokens and vocabulary ---
 // logits = x W^T never exist whole; returns the summed loss over labelled positions (label -1:

@@ -28,11 +28,11 @@ inline void ThrowCublas(cublasStatus_t status, const char* call, const char* fil
 
 }  // namespace ctxplan::kernels
 
-#define CTXPLAN_CUDA_CHECK(call)                                                   \
-  do {                                                                             \
-    const cudaError_t ctxplan_status_ = (call);                                    \
-    if (ctxplan_status_ != cudaSuccess)                                            \
-      ::ctxplan::kernels::ThrowCuda(ctxplan_status_, #call, __FILE__, __LINE__);   \
+#define CTXPLAN_CUDA_CHECK(call)                                                 \
+  do {                                                                           \
+    const cudaError_t ctxplan_status_ = (call);                                  \
+    if (ctxplan_status_ != cudaSuccess)                                          \
+      ::ctxplan::kernels::ThrowCuda(ctxplan_status_, #call, __FILE__, __LINE__); \
   } while (false)
 
 #define CTXPLAN_CUBLAS_CHECK(call)                                                 \

@@ -43,8 +43,8 @@ class CublasLtGemm {
     int64_t lda = 0;
     const __nv_bfloat16* b = nullptr;
     int64_t ldb = 0;
-    void* d = nullptr;                     // bf16 or fp32, per d_type
-    cudaDataType_t d_type = CUDA_R_16BF;   // CUDA_R_16BF or CUDA_R_32F
+    void* d = nullptr;                    // bf16 or fp32, per d_type
+    cudaDataType_t d_type = CUDA_R_16BF;  // CUDA_R_16BF or CUDA_R_32F
     int64_t ldd = 0;
     float alpha = 1.0f;
     float beta = 0.0f;

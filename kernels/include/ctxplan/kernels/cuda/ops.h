@@ -47,10 +47,10 @@ void EmbeddingForward(const int32_t* tokens, const bf16* table, int64_t num_toke
 // of each id sums the rows of all its occurrences in token order (fp32) and adds them once.
 // Ids outside [0, vocab) are skipped.
 //   tokens [t] int32; d_out [t][d] bf16; d_table [V][d] fp32 or bf16 (accumulated)
-void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens,
-                       int64_t vocab, int64_t hidden, float* d_table, cudaStream_t stream);
-void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens,
-                       int64_t vocab, int64_t hidden, bf16* d_table, cudaStream_t stream);
+void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens, int64_t vocab,
+                       int64_t hidden, float* d_table, cudaStream_t stream);
+void EmbeddingBackward(const int32_t* tokens, const bf16* d_out, int64_t num_tokens, int64_t vocab,
+                       int64_t hidden, bf16* d_table, cudaStream_t stream);
 
 // --- RMSNorm (rmsnorm.cu): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps) ----------
 // A row is held in registers: hidden <= 16384 (forward) and <= 8192 (backward); wider rows throw
@@ -63,9 +63,9 @@ void RmsNormForward(const bf16* x, const bf16* weight, int64_t tokens, int64_t h
 // stored h. `h` may alias `residual` (in-place update of the residual stream).
 //   residual [t][d] bf16; x [t][d] bf16; weight [d] bf16; h [t][d] bf16; y [t][d] bf16;
 //   rstd [t] fp32
-void RmsNormResidualForward(const bf16* residual, const bf16* x, const bf16* weight,
-                            int64_t tokens, int64_t hidden, float eps, bf16* h, bf16* y,
-                            float* rstd, cudaStream_t stream);
+void RmsNormResidualForward(const bf16* residual, const bf16* x, const bf16* weight, int64_t tokens,
+                            int64_t hidden, float eps, bf16* h, bf16* y, float* rstd,
+                            cudaStream_t stream);
 
 // Scratch of RmsNormBackward: one fp32 row of d_weight partial sums per thread block.
 size_t RmsNormBackwardScratchBytes(int64_t tokens, int64_t hidden);
@@ -76,8 +76,8 @@ size_t RmsNormBackwardScratchBytes(int64_t tokens, int64_t hidden);
 //   d_add [t][d] bf16 or null; dx [t][d] bf16; d_weight [d] fp32 or bf16 (accumulated);
 //   scratch: RmsNormBackwardScratchBytes(tokens, hidden) bytes
 void RmsNormBackward(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
-                     const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
-                     float* d_weight, void* scratch, cudaStream_t stream);
+                     const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* d_weight,
+                     void* scratch, cudaStream_t stream);
 void RmsNormBackward(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
                      const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, bf16* d_weight,
                      void* scratch, cudaStream_t stream);
@@ -115,10 +115,10 @@ void KvWrite(const bf16* k, const bf16* v, int64_t row_stride, int64_t tokens,
 // dk_own / dv_own += the dKV that later chunks accumulated in the chunk's own pages.
 //   own_dkv.pool [slots][2][p][H_kv][d_h] fp32 or bf16; own_dkv.page_slot [ceil(t / p)] int32
 //   dk_own, dv_own: rows of kv_dim bf16 at + i * row_stride (accumulated)
-void DkvAccumulate(const PagedKv<const float>& own_dkv, int64_t tokens, bf16* dk_own,
-                   bf16* dv_own, int64_t row_stride, cudaStream_t stream);
-void DkvAccumulate(const PagedKv<const bf16>& own_dkv, int64_t tokens, bf16* dk_own,
-                   bf16* dv_own, int64_t row_stride, cudaStream_t stream);
+void DkvAccumulate(const PagedKv<const float>& own_dkv, int64_t tokens, bf16* dk_own, bf16* dv_own,
+                   int64_t row_stride, cudaStream_t stream);
+void DkvAccumulate(const PagedKv<const bf16>& own_dkv, int64_t tokens, bf16* dk_own, bf16* dv_own,
+                   int64_t row_stride, cudaStream_t stream);
 
 // --- linear layers (gemm.cu), cuBLASLt; W in Hugging Face layout [out][in] ---------------------
 // y = x W^T + bias (bias fused as the cuBLASLt epilogue).
@@ -146,9 +146,9 @@ void LinearBackwardWeight(CublasLtGemm& gemm, const bf16* x, const bf16* dy, int
 // Labels < 0 (e.g. -1, -100) and >= vocab carry no loss and no gradient (the CPU reference throws
 // on >= vocab: validate on the host).
 struct LinearCrossEntropyShape {
-  int64_t tokens = 0;       // t
-  int64_t hidden = 0;       // d
-  int64_t vocab = 0;        // V
+  int64_t tokens = 0;  // t
+  int64_t hidden = 0;  // d
+  int64_t vocab = 0;   // V
   int64_t token_tile = 4096;
   int64_t vocab_tile = 8192;
 };
@@ -162,8 +162,8 @@ void LinearCrossEntropy(CublasLtGemm& gemm, const LinearCrossEntropyShape& shape
                         const bf16* w, const int32_t* labels, float grad_scale, bf16* dx,
                         float* d_w, float* loss_sum, void* workspace, cudaStream_t stream);
 void LinearCrossEntropy(CublasLtGemm& gemm, const LinearCrossEntropyShape& shape, const bf16* x,
-                        const bf16* w, const int32_t* labels, float grad_scale, bf16* dx,
-                        bf16* d_w, float* loss_sum, void* workspace, cudaStream_t stream);
+                        const bf16* w, const int32_t* labels, float grad_scale, bf16* dx, bf16* d_w,
+                        float* loss_sum, void* workspace, cudaStream_t stream);
 
 // --- AdamW (adamw.cu), torch.optim.AdamW semantics, fp32 moments --------------------------------
 struct AdamWParams {

@@ -36,9 +36,9 @@ inline std::string CuptiResultString(CUptiResult result) {
 
 }  // namespace ctxplan::gpu
 
-#define CTXPLAN_CUPTI_CHECK(call)                                               \
-  do {                                                                          \
-    const CUptiResult ctxplan_cupti_status_ = (call);                           \
-    if (ctxplan_cupti_status_ != CUPTI_SUCCESS)                                 \
+#define CTXPLAN_CUPTI_CHECK(call)                                                   \
+  do {                                                                              \
+    const CUptiResult ctxplan_cupti_status_ = (call);                               \
+    if (ctxplan_cupti_status_ != CUPTI_SUCCESS)                                     \
       ::ctxplan::gpu::ThrowCupti(ctxplan_cupti_status_, #call, __FILE__, __LINE__); \
   } while (false)

@@ -58,14 +58,14 @@ struct CuptiTracerOptions {
 };
 
 struct TraceStepSummary {
-  std::vector<OpRecord> ops;  // one per op pushed in the step, sorted by op id
+  std::vector<OpRecord> ops;                       // one per op pushed in the step, sorted by op id
   uint64_t kernels = 0, memcpys = 0, memsets = 0;  // GPU activities received
   uint64_t api_calls = 0;                          // runtime + driver API records
   uint64_t external_correlations = 0;
   uint64_t driver_memory_events = 0;  // MEMORY2 records
   uint64_t memory_events = 0;         // the runtime's own (OnMemoryEvent)
-  uint64_t unattributed = 0;  // GPU activities launched outside any PushOp..PopOp
-  uint64_t untimed = 0;       // GPU activities CUPTI could not time (start = end = 0)
+  uint64_t unattributed = 0;          // GPU activities launched outside any PushOp..PopOp
+  uint64_t untimed = 0;               // GPU activities CUPTI could not time (start = end = 0)
   uint64_t dropped_records = 0;
   bool driver_memory_traced = false;  // MEMORY2 could be enabled (not on every virtualised GPU)
   int64_t step_start_ns = 0, step_end_ns = 0;  // from the trace origin

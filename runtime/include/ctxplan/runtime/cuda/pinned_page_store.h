@@ -142,8 +142,8 @@ struct PageCopy {
 };
 
 struct CopyStats {
-  uint64_t calls = 0;          // CopyIn / CopyOut calls
-  uint64_t memcpy_calls = 0;   // cudaMemcpyAsync calls they issued (after coalescing)
+  uint64_t calls = 0;         // CopyIn / CopyOut calls
+  uint64_t memcpy_calls = 0;  // cudaMemcpyAsync calls they issued (after coalescing)
   uint64_t pages = 0;
   uint64_t bytes = 0;
 };
