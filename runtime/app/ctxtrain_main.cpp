@@ -4,8 +4,8 @@
 //   ctxtrain --backend cpu --model tiny --context 2K --chunk 256 --page 64 --task retrieval \
 //            --steps 20 --trace step.ctxtrace --save run.ckpt
 //
-// Exit codes: 0 success, 2 bad input (one line), 3 the run failed (NaN loss, a device error),
-// 1 an internal error. A failed run never touches an existing checkpoint.
+// Exit codes: 0 success, 2 bad input (one line), 3 the run failed (NaN loss, a CUDA error,
+// pinned memory refused), 1 an internal error. A failed run never touches an existing checkpoint.
 #include <unistd.h>
 
 #include <chrono>
@@ -27,6 +27,7 @@
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
 #include <cuda_runtime_api.h>
 
+#include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/cuda/cupti_tracer.h"
 #endif
@@ -451,7 +452,14 @@ int main(int argc, char** argv) {
   } catch (const ctxplan::TrainingError& e) {
     std::cerr << "ctxtrain: " << e.what() << "\n";
     return 3;
-  } catch (const std::exception& e) {
+  }
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  catch (const ctxplan::kernels::CudaError& e) {  // the device failed: the run did, not our code
+    std::cerr << "ctxtrain: CUDA error: " << e.what() << "\n";
+    return 3;
+  }
+#endif
+  catch (const std::exception& e) {
     std::cerr << "ctxtrain: internal error: " << e.what() << "\n";
     return 1;
   }
