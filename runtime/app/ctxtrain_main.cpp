@@ -1,7 +1,7 @@
 // ctxtrain: chunk-recurrent training — the real runtime the planner predicts. It executes the
 // step plan op by op (the same plan `ctxplan` simulates) on a backend, and records what it did.
 //
-//   ctxtrain --backend cpu --model tiny --context 2K --chunk 256 --page 64 --task retrieval \
+//   ctxtrain --backend cpu --model tiny --context 2K --chunk 256 --page 64 --task retrieval
 //            --steps 20 --trace step.ctxtrace --save run.ckpt
 //
 // Exit codes: 0 success, 2 bad input (one line), 3 the run failed (NaN loss, a CUDA error,
