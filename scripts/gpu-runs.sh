@@ -25,3 +25,17 @@ run qwen2.5-7b 8K on all 4
 run qwen2.5-7b 32K on all 3
 run qwen2.5-7b 128K off 64 2
 run qwen2.5-7b 8K off all 3
+
+# Gradients against PyTorch autograd (transformers' Qwen2), Qwen2.5-0.5B shape, same weights
+# through safetensors, same tokens.
+here=$(cd "$(dirname "$0")" && pwd)
+for n in 8192 32768; do
+  python3 -c "import numpy as np; np.random.seed(1); np.random.randint(0, 151936, $n + 1).astype(np.uint32).tofile('/tmp/ctxplan-tokens.bin')"
+  rm -rf /tmp/ctxplan-hf
+  echo "=== ctxtrain vs transformers, qwen2.5-0.5b, $n tokens"
+  "$ctxtrain" --backend cuda --model qwen2.5-0.5b --context $n --chunk 4096 --page 128 --budget all \
+      --query-tile 128 --optimizer none --grad-dtype fp32 --data /tmp/ctxplan-tokens.bin \
+      --export-weights /tmp/ctxplan-hf --dump-grads /tmp/ctxplan-grads.safetensors 2>&1 | grep loss
+  python3 "$here/hf_grad_check.py" /tmp/ctxplan-hf /tmp/ctxplan-tokens.bin \
+      /tmp/ctxplan-grads.safetensors $n 2>&1 | grep -E "^loss|^worst"
+done

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -64,6 +65,8 @@ struct Flags {
   std::string save, resume;
   bool json = false;
   bool force = false;
+  std::string export_weights;  // a folder: model.safetensors + config.json of the initial weights
+  std::string dump_grads;      // the first step's gradients, as safetensors with HF names
 
   Flags() {  // small defaults: the CPU backend trains the tiny model in seconds
     run.model = "tiny";
@@ -191,6 +194,33 @@ std::string UtcNow() {
   return text;
 }
 
+// A Hugging Face model folder of `weights`: what transformers' from_pretrained reads.
+void ExportHuggingFace(const std::string& folder, const ModelSpec& m, const ModelWeights& weights) {
+  std::filesystem::create_directories(folder);
+  WriteSafetensorsWeights(std::filesystem::path(folder) / "model.safetensors", m, weights,
+                          SafetensorsDtype::kF32);
+  const bool llama = m.model_type == "llama" || m.model_type == "mistral";
+  char json[2048];
+  std::snprintf(
+      json, sizeof json,
+      "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"hidden_size\": %lld, "
+      "\"intermediate_size\": %lld, \"num_hidden_layers\": %lld, \"num_attention_heads\": %lld, "
+      "\"num_key_value_heads\": %lld, \"head_dim\": %lld, \"vocab_size\": %lld, "
+      "\"max_position_embeddings\": %lld, \"rope_theta\": %.17g, \"rms_norm_eps\": %.17g, "
+      "\"tie_word_embeddings\": %s, \"attention_bias\": %s, \"hidden_act\": \"silu\", "
+      "\"torch_dtype\": \"float32\"}\n",
+      llama ? "LlamaForCausalLM" : "Qwen2ForCausalLM", llama ? "llama" : "qwen2",
+      static_cast<long long>(m.hidden_size), static_cast<long long>(m.intermediate_size),
+      static_cast<long long>(m.num_hidden_layers), static_cast<long long>(m.num_attention_heads),
+      static_cast<long long>(m.num_key_value_heads), static_cast<long long>(m.head_dim),
+      static_cast<long long>(m.vocab_size), static_cast<long long>(m.max_position_embeddings),
+      m.rope_theta, m.rms_norm_eps, m.tie_word_embeddings ? "true" : "false",
+      m.attention_bias ? "true" : "false");
+  AtomicFileWriter file(std::filesystem::path(folder) / "config.json");
+  file.stream() << json;
+  file.Commit();
+}
+
 int64_t HostPhysicalBytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
          static_cast<int64_t>(sysconf(_SC_PAGESIZE));
@@ -215,6 +245,11 @@ int Main(int argc, char** argv) {
   app.add_option("--resume", f.resume, "resume from a checkpoint");
   app.add_flag("--json", f.json, "print the result as JSON");
   app.add_flag("--force", f.force, "run even if the planner predicts it will not fit");
+  app.add_option("--export-weights", f.export_weights,
+                 "write the initial weights as a Hugging Face folder (model.safetensors + "
+                 "config.json), e.g. to check gradients against transformers");
+  app.add_option("--dump-grads", f.dump_grads,
+                 "write the first step's parameter gradients (fp32 safetensors, HF names)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -286,6 +321,7 @@ int Main(int argc, char** argv) {
     optimizer.params.step = first_step + 1;
   }
   const DataSource data(f, model, options.context_tokens);
+  if (!f.export_weights.empty()) ExportHuggingFace(f.export_weights, model, weights);
 
   ModelWeights grads = cuda ? ModelWeights{} : ZeroWeights(model);
   std::unique_ptr<StepBackend> owned;
@@ -383,6 +419,12 @@ int Main(int argc, char** argv) {
     if (s > first_step) steady_seconds += seconds;
     last_loss = last.mean_loss();
     progress.EndStep(last_loss, seconds);
+    if (s == first_step && !f.dump_grads.empty()) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+      if (cuda_backend) grads = cuda_backend->DownloadGrads();
+#endif
+      WriteSafetensorsWeights(f.dump_grads, model, grads, SafetensorsDtype::kF32);
+    }
     if (!f.json && isatty(STDERR_FILENO) != 1)
       std::fprintf(stderr, "step %lld: loss %.6f, %.3f s\n", static_cast<long long>(s), last_loss,
                    seconds);
