@@ -114,3 +114,39 @@ TEST(CtxtrainCli, TraceReplaysAgainstThePlan) {
 
 }  // namespace
 }  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// The Hugging Face export and the gradient dump that the transformers check reads.
+TEST(CtxtrainCli, ExportsWeightsAndDumpsGradients) {
+  ScratchDir dir;
+  const std::string folder = (dir.path() / "hf").string();
+  const std::string grads = (dir.path() / "grads.safetensors").string();
+  const RunResult r = Ctxtrain({"--export-weights", folder, "--dump-grads", grads, "--optimizer",
+                                "none", "--task", "random", "--seed", "4"},
+                               dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const ModelSpec tiny = LoadModel("tiny");
+  // The exported weights are the run's initial weights, exactly (fp32).
+  ModelWeights exported = LoadSafetensorsWeights(folder + "/model.safetensors", tiny);
+  ModelWeights expected = RandomWeights(tiny, 4);
+  EXPECT_EQ(exported.embedding, expected.embedding);
+  EXPECT_EQ(exported.layers[1].qkv, expected.layers[1].qkv);
+  // config.json describes the same shape: it loads as the tiny model's.
+  const ModelSpec config = LoadModel(folder + "/config.json");
+  EXPECT_EQ(config.hidden_size, tiny.hidden_size);
+  EXPECT_EQ(config.num_key_value_heads, tiny.num_key_value_heads);
+  EXPECT_EQ(config.attention_bias, tiny.attention_bias);
+  // The gradients have the weights' shapes and are not all zero.
+  ModelWeights g = LoadSafetensorsWeights(grads, tiny);
+  double norm = 0;
+  g.ForEach([&](const std::string&, std::vector<float>& t) {
+    for (float x : t) norm += double(x) * x;
+  });
+  EXPECT_GT(norm, 0.0);
+  EXPECT_TRUE(std::isfinite(norm));
+}
+
+}  // namespace
+}  // namespace ctxplan
