@@ -10,9 +10,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -159,14 +159,12 @@ class CuptiStepObserver final : public StepObserver {
   void AfterOp(const Op& op) override {
     tracer_.PopOp();
     if (!IsMemory(op.kind)) return;
-    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
-    total += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
-    tracer_.OnMemoryEvent(op.space, op.category, total);
+    tracer_.OnMemoryEvent(op.space, op.category, memory_.Apply(op));
   }
 
  private:
   gpu::CuptiTracer& tracer_;
-  int64_t gpu_bytes_ = 0, host_bytes_ = 0;
+  PlanMemoryTally memory_;
 };
 #endif
 

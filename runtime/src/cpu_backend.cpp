@@ -40,12 +40,6 @@ class CpuBackend::Impl {
     geometry_.emplace(m_, o_);
     tokens_ = inputs.tokens;
     labels_ = inputs.labels;
-    for (const int32_t t : tokens_)
-      if (t < 0 || t >= vocab_)
-        throw InputError("step inputs: token id " + std::to_string(t) +
-                         " is outside the "
-                         "vocabulary; accepted: 0 to " +
-                         std::to_string(vocab_ - 1));
     labelled_total_ =
         std::count_if(labels_.begin(), labels_.end(), [](int32_t l) { return l >= 0; });
     shape_ = KvPageShape{o_.page_tokens, m_.num_key_value_heads, m_.head_dim};
@@ -76,7 +70,7 @@ class CpuBackend::Impl {
     loss_sum_ = 0.0;
     labelled_ = 0;
     ops_ = 0;
-    gpu_bytes_ = host_bytes_ = peak_gpu_ = peak_host_ = 0;
+    memory_ = {};
     chunk_index_ = -1;
   }
 
@@ -85,14 +79,14 @@ class CpuBackend::Impl {
     out.loss_sum = loss_sum_;
     out.labelled = labelled_;
     out.ops_executed = ops_;
-    out.peak_arena_bytes = peak_gpu_;
-    out.peak_host_bytes = peak_host_;
+    out.peak_arena_bytes = memory_.peak(MemSpace::kGpu);
+    out.peak_host_bytes = memory_.peak(MemSpace::kHost);
     return out;
   }
 
   void Execute(const Op& op) {
     if (IsMemory(op.kind)) {
-      Account(op);
+      memory_.Apply(op);
       return;
     }
     ++ops_;
@@ -204,14 +198,6 @@ class CpuBackend::Impl {
   }
   LayerWeights& W(const Op& op) { return w_.layers[L(op)]; }
   LayerWeights& G(const Op& op) { return g_.layers[L(op)]; }
-
-  void Account(const Op& op) {
-    const int64_t delta = op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
-    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
-    int64_t& peak = op.space == MemSpace::kGpu ? peak_gpu_ : peak_host_;
-    total += delta;
-    peak = std::max(peak, total);
-  }
 
   void StartChunk(int32_t index) {
     chunk_index_ = index;
@@ -655,7 +641,7 @@ class CpuBackend::Impl {
   double loss_sum_ = 0.0;
   int64_t labelled_ = 0;
   uint64_t ops_ = 0;
-  int64_t gpu_bytes_ = 0, host_bytes_ = 0, peak_gpu_ = 0, peak_host_ = 0;
+  PlanMemoryTally memory_;
 };
 
 CpuBackend::CpuBackend(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,

@@ -13,6 +13,16 @@ StepOutputs RunStep(const StepPlan& plan, const StepInputs& inputs, StepBackend&
                      std::to_string(inputs.labels.size()) + " labels for a context of " +
                      std::to_string(n) +
                      "; accepted: exactly one token and one label per position");
+  const int64_t vocab = plan.model().vocab_size;
+  for (const int32_t t : inputs.tokens)
+    if (t < 0 || t >= vocab)
+      throw InputError("step inputs: token id " + std::to_string(t) +
+                       " is outside the vocabulary; accepted: 0 to " + std::to_string(vocab - 1));
+  for (const int32_t l : inputs.labels)
+    if (l >= vocab)
+      throw InputError("step inputs: label " + std::to_string(l) +
+                       " is outside the vocabulary; accepted: -1 (none) or 0 to " +
+                       std::to_string(vocab - 1));
   backend.BeginStep(plan, inputs);
   Generator<Op> ops = plan.Ops();
   while (ops.Next()) {

@@ -24,8 +24,7 @@ void WallClockTracer::BeforeOp(const Op& /*op*/) {
 void WallClockTracer::AfterOp(const Op& op) {
   const int64_t end = Now();
   if (IsMemory(op.kind)) {
-    int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
-    total += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+    const int64_t total = memory_.Apply(op);
     if (compact_)
       compact_->Memory(
           {end, static_cast<uint8_t>(op.space), static_cast<uint8_t>(op.category), total});

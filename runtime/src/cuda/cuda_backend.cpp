@@ -337,18 +337,6 @@ class CudaBackend::Impl {
     if (plan.options().context_tokens != o_.context_tokens ||
         plan.options().chunk_tokens != o_.chunk_tokens)
       throw InternalError("CudaBackend: a step of another plan than the one it was built for");
-    for (const int32_t t : inputs.tokens)
-      if (t < 0 || t >= vocab_)
-        throw InputError("step inputs: token id " + std::to_string(t) +
-                         " is outside the "
-                         "vocabulary; accepted: 0 to " +
-                         std::to_string(vocab_ - 1));
-    for (const int32_t l : inputs.labels)
-      if (l >= vocab_)
-        throw InputError("step inputs: label " + std::to_string(l) +
-                         " is outside the "
-                         "vocabulary; accepted: -1 (none) or 0 to " +
-                         std::to_string(vocab_ - 1));
     labelled_total_ =
         std::count_if(inputs.labels.begin(), inputs.labels.end(), [](int32_t l) { return l >= 0; });
     labelled_ = labelled_total_;
@@ -362,7 +350,7 @@ class CudaBackend::Impl {
     dkv_present_.assign(static_cast<size_t>(layers_),
                         std::vector<char>(static_cast<size_t>(total_pages_), 0));
     std::fill(event_op_.begin(), event_op_.end(), kNoOp);
-    gpu_bytes_ = host_bytes_ = peak_gpu_ = peak_host_ = 0;
+    memory_ = {};
     ops_ = 0;
     chunk_index_ = -1;
     slot_uses_ = own_uses_ = 0;
@@ -384,18 +372,14 @@ class CudaBackend::Impl {
     }
     out.labelled = labelled_;
     out.ops_executed = ops_;
-    out.peak_arena_bytes = peak_gpu_;
-    out.peak_host_bytes = peak_host_;
+    out.peak_arena_bytes = memory_.peak(MemSpace::kGpu);
+    out.peak_host_bytes = memory_.peak(MemSpace::kHost);
     return out;
   }
 
   void Execute(const Op& op) {
     if (IsMemory(op.kind)) {
-      const int64_t delta = op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
-      int64_t& total = op.space == MemSpace::kGpu ? gpu_bytes_ : host_bytes_;
-      int64_t& peak = op.space == MemSpace::kGpu ? peak_gpu_ : peak_host_;
-      total += delta;
-      peak = std::max(peak, total);
+      memory_.Apply(op);
       return;
     }
     ++ops_;
@@ -1034,7 +1018,7 @@ class CudaBackend::Impl {
   int parity_ = 0, own_parity_ = 0;
   int64_t labelled_total_ = 0, labelled_ = 0;
   uint64_t ops_ = 0;
-  int64_t gpu_bytes_ = 0, host_bytes_ = 0, peak_gpu_ = 0, peak_host_ = 0;
+  PlanMemoryTally memory_;
 };
 
 CudaBackend::CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw)

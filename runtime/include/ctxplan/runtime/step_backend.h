@@ -3,6 +3,7 @@
 // backend (tests, CI) runs them one after another; the CUDA backend enqueues them on streams.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -34,6 +35,26 @@ struct StepOutputs {
   double mean_loss() const { return labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0; }
 };
 
+// The plan's own memory accounting: what its alloc and free ops say each space holds, and the
+// peak. Backends report it; tracers write it next to what they measure.
+class PlanMemoryTally {
+ public:
+  // Applies a kAlloc / kFree op (others are ignored) and returns its space's new total.
+  int64_t Apply(const Op& op) {
+    if (!IsMemory(op.kind)) return total(op.space);
+    const size_t s = op.space == MemSpace::kGpu ? 0 : 1;
+    total_[s] += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+    peak_[s] = std::max(peak_[s], total_[s]);
+    return total_[s];
+  }
+  int64_t total(MemSpace space) const { return total_[space == MemSpace::kGpu ? 0 : 1]; }
+  int64_t peak(MemSpace space) const { return peak_[space == MemSpace::kGpu ? 0 : 1]; }
+
+ private:
+  int64_t total_[2] = {0, 0};
+  int64_t peak_[2] = {0, 0};
+};
+
 class StepBackend {
  public:
   virtual ~StepBackend() = default;
@@ -50,7 +71,8 @@ class StepObserver {
   virtual void AfterOp(const Op& /*op*/) {}
 };
 
-// Runs one step: every op of the plan, in plan order, on the backend.
+// Runs one step: every op of the plan, in plan order, on the backend. The inputs are checked
+// here, once for every backend: one token and one label per position, ids in the vocabulary.
 StepOutputs RunStep(const StepPlan& plan, const StepInputs& inputs, StepBackend& backend,
                     StepObserver* observer = nullptr);
 

@@ -27,7 +27,7 @@ class WallClockTracer final : public StepObserver {
   ChromeTraceWriter* chrome_;
   std::chrono::steady_clock::time_point origin_;
   int64_t started_ns_ = 0;
-  int64_t gpu_bytes_ = 0, host_bytes_ = 0;
+  PlanMemoryTally memory_;
   std::string name_;
 };
 
