@@ -305,13 +305,16 @@ int Main(int argc, char** argv) {
   // Weights, optimizer state, first step.
   ModelWeights weights =
       f.weights.empty() ? RandomWeights(model, f.seed) : LoadSafetensorsWeights(f.weights, model);
-  OptimizerState optimizer{ZeroWeights(model), ZeroWeights(model), {}};
+  // The CPU backend's AdamW moments live on the host; the CUDA backend keeps its own on the GPU
+  // (at 7B the host copies alone would take 61 GB of the RAM that pinned pages need).
+  OptimizerState optimizer;
+  if (!cuda) optimizer = {ZeroWeights(model), ZeroWeights(model), {}};
   optimizer.params.lr = static_cast<float>(f.lr);
   int64_t first_step = 0;
   if (!f.resume.empty()) {
     TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
     weights = std::move(checkpoint.weights);
-    if (checkpoint.has_optimizer_state()) {
+    if (checkpoint.has_optimizer_state() && !cuda) {
       optimizer.m = std::move(checkpoint.adam_m);
       optimizer.v = std::move(checkpoint.adam_v);
     }
@@ -329,9 +332,10 @@ int Main(int argc, char** argv) {
   if (cuda) {
     CudaAdamW adamw;
     adamw.lr = static_cast<float>(f.lr);
-    auto b = std::make_unique<CudaBackend>(plan, weights, adamw);
+    auto b = std::make_unique<CudaBackend>(plan, weights, adamw, f.json ? nullptr : &std::cerr);
     cuda_backend = b.get();
     owned = std::move(b);
+    weights = ModelWeights{};  // on the GPU now; the host RAM is the pinned pages'
   }
 #endif
   if (!cuda) {
@@ -432,10 +436,10 @@ int Main(int argc, char** argv) {
     TrainingCheckpoint checkpoint;
     checkpoint.step = first_step + f.steps;
     checkpoint.seed = f.seed;
-    checkpoint.weights = weights;
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
 #endif
+    if (!cuda) checkpoint.weights = weights;
     if (!cuda && options.optimizer != OptimizerKind::kNone) {
       checkpoint.adam_m = optimizer.m;
       checkpoint.adam_v = optimizer.v;
@@ -449,33 +453,50 @@ int Main(int argc, char** argv) {
   const double tokens_per_second =
       f.steps > 1 ? static_cast<double>(options.context_tokens * (f.steps - 1)) / steady_seconds
                   : static_cast<double>(options.context_tokens) / total_seconds;
-  const int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) /
-                           sim::kArenaGranularity * sim::kArenaGranularity;
+  // Memory three ways. CUDA: what the arena really carved out (allocated, at the peak), its one
+  // cudaMalloc (reserved), and the device-level figure nvidia-smi shows (CUDA context, cuBLASLt
+  // workspace and all), sampled after each step; pinned host memory as the page stores pinned it.
+  // CPU: the plan's own accounting (its "GPU arena" is host memory). The plan's figures are
+  // printed beside the measured ones either way.
+  int64_t allocated = last.peak_arena_bytes;
+  int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) / sim::kArenaGranularity *
+                     sim::kArenaGranularity;
+  int64_t device_used = -1;
+  int64_t pinned = last.peak_host_bytes;
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  if (cuda_backend) {
+    const CudaMemoryReport memory = cuda_backend->Memory();
+    allocated = memory.arena_allocated_peak_bytes;
+    reserved = memory.arena_reserved_bytes;
+    device_used = memory.device_used_peak_bytes;
+    pinned = memory.pinned_bytes;
+  }
+#endif
   if (f.json) {
     std::printf(
-        "{\"backend\":\"%s\",\"model\":\"%s\",\"steps\":%lld,\"loss\":%.6f,"
-        "\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
-        "\"arena_reserved_bytes\":%lld,\"device_bytes\":null,\"pinned_host_peak_bytes\":%lld}\n",
-        f.backend.c_str(), model.name.c_str(), static_cast<long long>(f.steps), last_loss,
-        tokens_per_second, static_cast<long long>(last.peak_arena_bytes),
-        static_cast<long long>(reserved), static_cast<long long>(last.peak_host_bytes));
+        "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
+        "\"loss\":%.6f,\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
+        "\"arena_reserved_bytes\":%lld,\"device_bytes\":%s,\"pinned_host_peak_bytes\":%lld,"
+        "\"plan_gpu_peak_bytes\":%lld,\"plan_host_peak_bytes\":%lld}\n",
+        f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
+        static_cast<long long>(f.steps), last_loss, tokens_per_second,
+        static_cast<long long>(allocated), static_cast<long long>(reserved),
+        device_used >= 0 ? std::to_string(device_used).c_str() : "null",
+        static_cast<long long>(pinned), static_cast<long long>(last.peak_arena_bytes),
+        static_cast<long long>(last.peak_host_bytes));
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
                 static_cast<long long>(f.steps));
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
-    std::printf("  arena allocated peak %s (as the plan accounts it), reserved %s\n",
-                FormatGiB(last.peak_arena_bytes).c_str(), FormatGiB(reserved).c_str());
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-    if (cuda) {
-      size_t free_bytes = 0, total_bytes = 0;
-      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
-        std::printf("  device-level used %s of %s (as nvidia-smi counts it)\n",
-                    FormatGiB(static_cast<int64_t>(total_bytes - free_bytes)).c_str(),
-                    FormatGiB(static_cast<int64_t>(total_bytes)).c_str());
-    }
-#endif
-    std::printf("  pinned host peak %s\n", FormatGiB(last.peak_host_bytes).c_str());
+    std::printf("  GPU memory: arena allocated peak %s, reserved %s", FormatGiB(allocated).c_str(),
+                FormatGiB(reserved).c_str());
+    if (device_used >= 0)
+      std::printf(", device-level peak %s (as nvidia-smi counts it)",
+                  FormatGiB(device_used).c_str());
+    std::printf("; the plan's ops account %s\n", FormatGiB(last.peak_arena_bytes).c_str());
+    std::printf("  pinned host memory %s; the plan's ops account %s\n", FormatGiB(pinned).c_str(),
+                FormatGiB(last.peak_host_bytes).c_str());
   }
   return 0;
 }

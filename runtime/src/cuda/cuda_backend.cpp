@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ctxplan/kernels/cuda/attention.h"
@@ -14,6 +16,9 @@
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/cuda/device_arena.h"
+#include "ctxplan/runtime/cuda/pinned_page_store.h"
+#include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/runtime/plan_geometry.h"
 
 namespace ctxplan {
@@ -26,37 +31,51 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-// One device allocation, made when the backend is built and never inside a step.
+// A typed piece of the GPU arena. The backend asks for every buffer while it is built (Want), then
+// carves them all out of one DeviceArena (Commit): one cudaMalloc, sized up front, printed at
+// start; nothing is allocated inside a step.
 template <typename T>
 class DeviceArray {
  public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t n) { Resize(n); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~DeviceArray() {
-    if (ptr_) cudaFree(ptr_);  // destructors cannot throw; a failing free is reported nowhere
-  }
-  void Resize(size_t n) {
-    if (ptr_) CTXPLAN_CUDA_CHECK(cudaFree(ptr_));
-    ptr_ = nullptr;
-    n_ = n;
-    if (n > 0) CTXPLAN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
-  }
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
 
  private:
+  friend class ArenaPlan;
   T* ptr_ = nullptr;
   size_t n_ = 0;
+};
+
+class ArenaPlan {
+ public:
+  template <typename T>
+  void Want(DeviceArray<T>& array, size_t n, MemCategory category, const char* name) {
+    array.n_ = n;
+    array.ptr_ = nullptr;
+    requests_.push_back({reinterpret_cast<void**>(&array.ptr_), n * sizeof(T), category, name});
+  }
+
+  // Reserves the arena for everything asked for and points every array into it. The arrays must
+  // not have moved since Want.
+  std::unique_ptr<gpu::DeviceArena> Commit(std::ostream* log) {
+    gpu::DeviceArena::Reservations reservations{};
+    for (const Request& r : requests_)
+      reservations[static_cast<size_t>(r.category)] += gpu::AlignUp(r.bytes);
+    auto arena = std::make_unique<gpu::DeviceArena>(reservations, log);
+    for (const Request& r : requests_) *r.slot = arena->Allocate(r.category, r.bytes, r.name).ptr;
+    requests_.clear();
+    return arena;
+  }
+
+ private:
+  struct Request {
+    void** slot;
+    uint64_t bytes;
+    MemCategory category;
+    const char* name;
+  };
+  std::vector<Request> requests_;
 };
 
 // Pinned host memory: the home of offloaded pages and the staging of small tables.
@@ -120,25 +139,26 @@ struct DeviceWeights {
   }
 };
 
+// Asks for device tensors shaped like `host`'s, all in one category (so that, e.g., all gradients
+// are one contiguous region that one memset clears).
 template <typename T>
-DeviceWeights<T> AllocateLike(const ModelWeights& host) {
-  DeviceWeights<T> d;
-  d.embedding.Resize(host.embedding.size());
+void WantLike(ArenaPlan& arena, DeviceWeights<T>& d, const ModelWeights& host, MemCategory category,
+              const char* name) {
   d.layers.resize(host.layers.size());
+  arena.Want(d.embedding, host.embedding.size(), category, name);
   for (size_t i = 0; i < host.layers.size(); ++i) {
     const LayerWeights& h = host.layers[i];
     DeviceLayer<T>& l = d.layers[i];
-    l.attn_norm.Resize(h.attn_norm.size());
-    l.qkv.Resize(h.qkv.size());
-    l.qkv_bias.Resize(h.qkv_bias.size());
-    l.o.Resize(h.o.size());
-    l.mlp_norm.Resize(h.mlp_norm.size());
-    l.gate_up.Resize(h.gate_up.size());
-    l.down.Resize(h.down.size());
+    arena.Want(l.attn_norm, h.attn_norm.size(), category, name);
+    arena.Want(l.qkv, h.qkv.size(), category, name);
+    arena.Want(l.qkv_bias, h.qkv_bias.size(), category, name);
+    arena.Want(l.o, h.o.size(), category, name);
+    arena.Want(l.mlp_norm, h.mlp_norm.size(), category, name);
+    arena.Want(l.gate_up, h.gate_up.size(), category, name);
+    arena.Want(l.down, h.down.size(), category, name);
   }
-  d.final_norm.Resize(host.final_norm.size());
-  d.lm_head.Resize(host.lm_head.size());
-  return d;
+  arena.Want(d.final_norm, host.final_norm.size(), category, name);
+  arena.Want(d.lm_head, host.lm_head.size(), category, name);
 }
 
 std::vector<std::vector<float>*> HostTensors(ModelWeights& w) {
@@ -147,20 +167,46 @@ std::vector<std::vector<float>*> HostTensors(ModelWeights& w) {
   return all;
 }
 
+// What a fault-injection run asks for (CTXPLAN_INJECT_FAULT): the real error paths of a failing
+// pin or a failing kernel, driven end to end through ctxtrain by tests.
+enum class InjectedFault { kNone, kPinnedAlloc, kCudaError };
+
+InjectedFault FaultFromEnvironment() {
+  const char* value = std::getenv("CTXPLAN_INJECT_FAULT");
+  if (value == nullptr || *value == '\0') return InjectedFault::kNone;
+  const std::string v(value);
+  if (v == "pinned-alloc") return InjectedFault::kPinnedAlloc;
+  if (v == "cuda-error") return InjectedFault::kCudaError;
+  throw InputError("CTXPLAN_INJECT_FAULT: '" + v +
+                   "' is not a fault; accepted: pinned-alloc, cuda-error (or unset)");
+}
+
 }  // namespace
 
+// The backend's interface; TypedImpl<G> implements it for G = float or bf16 gradients and dKV.
 class CudaBackend::Impl {
  public:
-  Impl(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw)
+  virtual ~Impl() = default;
+  virtual void BeginStep(const StepPlan& plan, const StepInputs& inputs) = 0;
+  virtual void Execute(const Op& op) = 0;
+  virtual StepOutputs EndStep() = 0;
+  virtual void ZeroGrads() = 0;
+  virtual ModelWeights DownloadWeights() = 0;
+  virtual ModelWeights DownloadGrads() = 0;
+  virtual CudaMemoryReport Memory() = 0;
+};
+
+namespace {
+
+template <typename G>  // gradients and dKV pages: float or bf16 (the run's grad dtype)
+class TypedImpl final : public CudaBackend::Impl {
+ public:
+  TypedImpl(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw, std::ostream* log)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
     if (o_.lora_rank > 0)
       throw InputError(
           "--lora-rank: the CUDA backend trains full parameters only so far; "
           "accepted: 0");
-    if (o_.grad_dtype != GradDtype::kFp32)
-      throw InputError(
-          "--grad-dtype: the CUDA backend keeps fp32 gradients and dKV so far; "
-          "accepted: fp32");
     if (o_.optimizer == OptimizerKind::kAdamWHost)
       throw InputError(
           "--optimizer: the CUDA backend steps AdamW on the GPU so far; accepted: "
@@ -168,6 +214,7 @@ class CudaBackend::Impl {
     if (m_.head_dim != 64 && m_.head_dim != 128)
       throw InputError("model head_dim " + std::to_string(m_.head_dim) +
                        ": the CUDA attention kernels take 64 or 128");
+    fault_ = FaultFromEnvironment();
     d_ = m_.hidden_size;
     q_dim_ = m_.q_dim();
     kv_dim_ = m_.kv_dim();
@@ -189,125 +236,187 @@ class CudaBackend::Impl {
       CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     event_op_.assign(kEventRing, kNoOp);
 
-    // Weights in bf16, gradients and moments in fp32.
-    weights_ = AllocateLike<bf16>(weights);
-    grads_ = AllocateLike<float>(weights);
-    Upload(weights);
+    // Every device buffer, by category, then one arena for all of them.
+    ArenaPlan want;
+    WantLike(want, weights_, weights, MemCategory::kWeights, "weights");  // bf16
+    WantLike(want, grads_, weights, MemCategory::kGrads, "gradients");    // G
     if (o_.optimizer == OptimizerKind::kAdamWGpu) {
-      adam_m_ = AllocateLike<float>(weights);
-      adam_v_ = AllocateLike<float>(weights);
-      adam_m_.ForEach(
-          [&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
-      adam_v_.ForEach(
-          [&](DeviceArray<float>& t) { CTXPLAN_CUDA_CHECK(cudaMemset(t.get(), 0, t.bytes())); });
+      WantLike(want, adam_m_, weights, MemCategory::kOptimizer, "AdamW m");  // fp32
+      WantLike(want, adam_v_, weights, MemCategory::kOptimizer, "AdamW v");
     }
-    ZeroGrads();
 
-    // Per-chunk buffers (c tokens).
-    const size_t c = static_cast<size_t>(o_.chunk_tokens);
+    // One layer's activations and their gradients, for c tokens.
+    const auto c = static_cast<size_t>(o_.chunk_tokens);
+    constexpr MemCategory kAct = MemCategory::kActivations;
     for (DeviceArray<bf16>* b : {&h_, &h_alt_, &pending_, &xn_, &o_out_, &hmid_, &xn2_, &xnf_, &hf_,
                                  &dh_, &d_hmid_, &d_xn2_, &d_xn_, &d_xnf_})
-      b->Resize(c * static_cast<size_t>(d_));
-    qkv_.Resize(c * static_cast<size_t>(qkv_dim_));
-    dqkv_.Resize(qkv_.size());
+      want.Want(*b, c * static_cast<size_t>(d_), kAct, "[c][d] activation");
+    want.Want(qkv_, c * static_cast<size_t>(qkv_dim_), kAct, "qkv [c][q+2kv]");
+    want.Want(dqkv_, qkv_.size(), kAct, "dqkv [c][q+2kv]");
     for (DeviceArray<bf16>* b : {&q_, &attn_, &dq_, &d_attn_})
-      b->Resize(c * static_cast<size_t>(q_dim_));
-    for (DeviceArray<bf16>* b : {&k_, &v_, &dk_, &dv_}) b->Resize(c * static_cast<size_t>(kv_dim_));
-    gate_up_.Resize(c * 2 * static_cast<size_t>(inter_));
-    d_gate_up_.Resize(gate_up_.size());
-    act_.Resize(c * static_cast<size_t>(inter_));
-    d_act_.Resize(act_.size());
-    lse_.Resize(c * static_cast<size_t>(m_.num_attention_heads));
-    for (DeviceArray<float>* b : {&rstd1_, &rstd2_, &rstdf_}) b->Resize(c);
-    norm_scratch_.Resize(k::RmsNormBackwardScratchBytes(o_.chunk_tokens, d_));
-    k::AttentionShape full{o_.chunk_tokens, m_.num_attention_heads, m_.num_key_value_heads,
-                           m_.head_dim, scale_};
-    attention_ws_.Resize(k::AttentionBackwardWorkspaceBytes(full));
-    score_ws_.Resize(k::PageScoreWorkspaceBytes(o_.chunk_tokens, m_.num_key_value_heads,
-                                                m_.head_dim, o_.query_tile));
+      want.Want(*b, c * static_cast<size_t>(q_dim_), kAct, "[c][H_q*d_h] activation");
+    for (DeviceArray<bf16>* b : {&k_, &v_, &dk_, &dv_})
+      want.Want(*b, c * static_cast<size_t>(kv_dim_), kAct, "[c][H_kv*d_h] activation");
+    want.Want(gate_up_, c * 2 * static_cast<size_t>(inter_), kAct, "gate_up [c][2i]");
+    want.Want(d_gate_up_, gate_up_.size(), kAct, "d_gate_up [c][2i]");
+    want.Want(act_, c * static_cast<size_t>(inter_), kAct, "act [c][i]");
+    want.Want(d_act_, act_.size(), kAct, "d_act [c][i]");
+    want.Want(lse_, c * static_cast<size_t>(m_.num_attention_heads), kAct, "lse [c][H_q]");
+    for (DeviceArray<float>* b : {&rstd1_, &rstd2_, &rstdf_}) want.Want(*b, c, kAct, "rstd [c]");
     const int64_t tiles = (o_.chunk_tokens + o_.query_tile - 1) / o_.query_tile;
-    scores_.Resize(static_cast<size_t>(tiles * std::max<int64_t>(total_pages_, 1)));
+    want.Want(scores_, static_cast<size_t>(tiles * std::max<int64_t>(total_pages_, 1)), kAct,
+              "page scores [tiles][pages]");
     const int64_t per_tile = o_.dense() ? 1 : o_.page_budget + o_.sink_pages;
-    selected_.Resize(static_cast<size_t>(tiles * per_tile));
+    want.Want(selected_, static_cast<size_t>(tiles * per_tile), kAct, "selection [tiles][k+s]");
     selected_host_.Resize(selected_.size());
-    loss_ws_.Resize(k::LinearCrossEntropyWorkspaceBytes(LossShape(o_.chunk_tokens)));
-    loss_.Resize(static_cast<size_t>(g_.num_chunks()));
-    tokens_.Resize(static_cast<size_t>(o_.context_tokens));
-    labels_.Resize(static_cast<size_t>(o_.context_tokens));
+
+    // Workspaces.
+    constexpr MemCategory kWs = MemCategory::kWorkspace;
+    want.Want(norm_scratch_, k::RmsNormBackwardScratchBytes(o_.chunk_tokens, d_), kWs,
+              "RMSNorm backward scratch");
+    const k::AttentionShape full{o_.chunk_tokens, m_.num_attention_heads, m_.num_key_value_heads,
+                                 m_.head_dim, scale_};
+    want.Want(attention_ws_, k::AttentionBackwardWorkspaceBytes(full), kWs,
+              "attention backward workspace");
+    want.Want(score_ws_,
+              k::PageScoreWorkspaceBytes(o_.chunk_tokens, m_.num_key_value_heads, m_.head_dim,
+                                         o_.query_tile),
+              kWs, "page score workspace");
+    want.Want(loss_ws_, k::LinearCrossEntropyWorkspaceBytes(LossShape(o_.chunk_tokens)), kWs,
+              "loss workspace");
+    want.Want(loss_, static_cast<size_t>(g_.num_chunks()), kWs, "loss per chunk");
+    want.Want(tokens_, static_cast<size_t>(o_.context_tokens), kWs, "tokens [n]");
+    want.Want(labels_, static_cast<size_t>(o_.context_tokens), kWs, "labels [n]");
 
     // What pass 2 reads back: per layer of one chunk, or of every chunk when kept.
-    const size_t saved =
-        static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? g_.num_chunks() : 1));
+    const auto saved = static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? g_.num_chunks() : 1));
     saved_input_.resize(saved);
     saved_attn_.resize(saved);
     saved_lse_.resize(saved);
     saved_selection_.resize(saved);
     saved_selection_host_.resize(saved);
+    constexpr MemCategory kIn = MemCategory::kLayerInputs;
     for (size_t i = 0; i < saved; ++i) {
-      saved_input_[i].Resize(c * static_cast<size_t>(d_));
-      saved_attn_[i].Resize(c * static_cast<size_t>(q_dim_));
-      saved_lse_[i].Resize(lse_.size());
-      saved_selection_[i].Resize(selected_.size());
+      want.Want(saved_input_[i], c * static_cast<size_t>(d_), kIn, "layer input [c][d]");
+      want.Want(saved_attn_[i], c * static_cast<size_t>(q_dim_), kIn, "attention out [c][q]");
+      want.Want(saved_lse_[i], lse_.size(), kIn, "lse [c][H_q]");
+      want.Want(saved_selection_[i], selected_.size(), kIn, "selection [tiles][k+s]");
     }
     if (o_.keep_layer_inputs) {
       saved_top_h_.resize(static_cast<size_t>(g_.num_chunks()));
       saved_top_pending_.resize(static_cast<size_t>(g_.num_chunks()));
       for (auto* v : {&saved_top_h_, &saved_top_pending_})
-        for (DeviceArray<bf16>& b : *v) b.Resize(c * static_cast<size_t>(d_));
+        for (DeviceArray<bf16>& b : *v)
+          want.Want(b, c * static_cast<size_t>(d_), kIn, "top [c][d]");
     }
 
-    // Pages: summaries on the GPU; KV and dKV either pinned on the host with slot pools, or in
-    // device stores.
+    // Pages: summaries on the GPU; KV and dKV either in pinned host page stores with GPU slot
+    // pools, or in device stores.
     summaries_.resize(static_cast<size_t>(layers_));
     for (DeviceArray<bf16>& s : summaries_)
-      s.Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_));
-    const size_t store = static_cast<size_t>(total_pages_ * pe_);
-    identity_.Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1)));
-    std::vector<int32_t> identity(identity_.size());
-    for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int32_t>(i);
-    CTXPLAN_CUDA_CHECK(
-        cudaMemcpy(identity_.get(), identity.data(), identity_.bytes(), cudaMemcpyHostToDevice));
+      want.Want(s, static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_),
+                MemCategory::kPageSummaries, "summaries [pages][H_kv][d_h]");
+    want.Want(identity_, static_cast<size_t>(std::max<int64_t>(total_pages_, 1)), kWs,
+              "identity page table");
+    want.Want(own_identity_, static_cast<size_t>(own_capacity_), kWs, "own page table");
+    const auto store = static_cast<size_t>(total_pages_ * pe_);
     if (o_.offload) {
-      host_kv_.resize(static_cast<size_t>(layers_));
-      host_dkv_.resize(static_cast<size_t>(layers_));
-      for (auto& a : host_kv_) a.Resize(store);
-      for (auto& a : host_dkv_) a.Resize(store);
       for (int p = 0; p < 2; ++p) {
-        kv_slots_[p].Resize(static_cast<size_t>(slot_capacity_ * pe_));
-        dkv_slots_[p].Resize(static_cast<size_t>(slot_capacity_ * pe_));
-        own_kv_slots_[p].Resize(static_cast<size_t>(own_capacity_ * pe_));
-        own_dkv_slots_[p].Resize(static_cast<size_t>(own_capacity_ * pe_));
-        slot_table_[p].Resize(static_cast<size_t>(std::max<int64_t>(total_pages_, 1)));
+        const auto slots = static_cast<size_t>(slot_capacity_ * pe_);
+        const auto own = static_cast<size_t>(own_capacity_ * pe_);
+        want.Want(kv_slots_[p], slots, MemCategory::kPageSlots, "KV slots");
+        want.Want(dkv_slots_[p], slots, MemCategory::kPageSlots, "dKV slots");
+        want.Want(own_kv_slots_[p], own, MemCategory::kPageSlots, "own KV slots");
+        want.Want(own_dkv_slots_[p], own, MemCategory::kPageSlots, "own dKV slots");
+        want.Want(slot_table_[p], static_cast<size_t>(std::max<int64_t>(total_pages_, 1)),
+                  MemCategory::kPageSlots, "slot table [pages]");
         slot_table_host_[p].Resize(slot_table_[p].size());
       }
     } else {
       device_kv_.resize(static_cast<size_t>(layers_));
       device_dkv_.resize(static_cast<size_t>(layers_));
-      for (auto& a : device_kv_) a.Resize(store);
-      for (auto& a : device_dkv_) a.Resize(store);
+      for (auto& a : device_kv_) want.Want(a, store, MemCategory::kKvPages, "KV pages");
+      for (auto& a : device_dkv_) want.Want(a, store, MemCategory::kDkvPages, "dKV pages");
     }
-    std::vector<int32_t> own_identity(static_cast<size_t>(own_capacity_));
-    for (size_t i = 0; i < own_identity.size(); ++i) own_identity[i] = static_cast<int32_t>(i);
-    own_identity_.Resize(own_identity.size());
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(own_identity_.get(), own_identity.data(), own_identity_.bytes(),
+    arena_ = want.Commit(log);
+
+    Upload(weights);
+    if (o_.optimizer == OptimizerKind::kAdamWGpu) {
+      ClearRegion(MemCategory::kOptimizer);
+    }
+    ZeroGrads();
+    std::vector<int32_t> identity(identity_.size());
+    for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int32_t>(i);
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(identity_.get(), identity.data(), identity_.bytes(), cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(own_identity_.get(), identity.data(), own_identity_.bytes(),
                                   cudaMemcpyHostToDevice));
+
+    // Pinned host homes of the pages: pinned up front (pinning synchronises the device), pages
+    // handed out as chunks write them; dKV pages only on their first write.
+    if (o_.offload) {
+      try {
+        gpu::PinnedPageStoreOptions kv;
+        kv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(bf16);
+        kv.capacity_pages = static_cast<uint64_t>(layers_ * total_pages_);
+        kv.category = MemCategory::kKvPages;
+        if (fault_ == InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
+          kv.block_bytes = uint64_t{1} << 50;
+          kv.capacity_pages = kv.block_bytes / kv.page_bytes;
+        }
+        kv_store_ = std::make_unique<gpu::PinnedPageStore>(kv, log);
+        gpu::PinnedPageStoreOptions dkv;
+        dkv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(G);
+        dkv.capacity_pages = static_cast<uint64_t>(
+            layers_ * std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1));
+        dkv.category = MemCategory::kDkvPages;
+        dkv_store_ = std::make_unique<gpu::PinnedPageStore>(dkv, log);
+      } catch (const gpu::PinnedMemoryError& e) {
+        throw TrainingError(std::string("cannot pin the host page stores: ") + e.what());
+      }
+      kv_page_.assign(static_cast<size_t>(layers_),
+                      std::vector<gpu::PageId>(static_cast<size_t>(total_pages_), gpu::kNoPage));
+      dkv_page_ = kv_page_;
+    }
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    arena_->SampleDeviceUsed();
   }
 
-  ~Impl() {
+  ~TypedImpl() override {
     cudaDeviceSynchronize();
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (cudaStream_t s : {compute_, h2d_, d2h_}) cudaStreamDestroy(s);
   }
 
-  void ZeroGrads() {
-    grads_.ForEach([&](DeviceArray<float>& t) {
-      CTXPLAN_CUDA_CHECK(cudaMemsetAsync(t.get(), 0, t.bytes(), compute_));
-    });
+  CudaMemoryReport Memory() override {
+    CudaMemoryReport r;
+    r.arena_reserved_bytes = static_cast<int64_t>(arena_->reserved_bytes());
+    r.arena_allocated_peak_bytes = static_cast<int64_t>(arena_->peak_allocated_bytes());
+    arena_->SampleDeviceUsed();
+    r.device_used_peak_bytes = static_cast<int64_t>(arena_->peak_device_used_bytes());
+    if (kv_store_) {
+      r.pinned_bytes =
+          static_cast<int64_t>(kv_store_->peak_pinned_bytes() + dkv_store_->peak_pinned_bytes());
+      r.pinned_pages_peak_bytes =
+          static_cast<int64_t>(kv_store_->peak_in_use_bytes() + dkv_store_->peak_in_use_bytes());
+    }
+    return r;
+  }
+
+  // Zeroes one category's whole region of the arena (its buffers are contiguous in it).
+  void ClearRegion(MemCategory category) {
+    const gpu::ArenaCategoryStats s = arena_->category_stats(category);
+    if (s.reserved_bytes == 0) return;
+    CTXPLAN_CUDA_CHECK(cudaMemsetAsync(arena_->base() + arena_->region_offset(category), 0,
+                                       s.reserved_bytes, compute_));
+  }
+
+  void ZeroGrads() override {
+    ClearRegion(MemCategory::kGrads);
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
 
-  ModelWeights DownloadWeights() {
+  ModelWeights DownloadWeights() override {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     ModelWeights out = ZeroWeights(m_);
     std::vector<std::vector<float>*> host = HostTensors(out);
@@ -321,19 +430,21 @@ class CudaBackend::Impl {
     return out;
   }
 
-  ModelWeights DownloadGrads() {
+  ModelWeights DownloadGrads() override {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     ModelWeights out = ZeroWeights(m_);
     std::vector<std::vector<float>*> host = HostTensors(out);
     size_t i = 0;
-    grads_.ForEach([&](DeviceArray<float>& t) {
-      CTXPLAN_CUDA_CHECK(cudaMemcpy(host[i]->data(), t.get(), t.bytes(), cudaMemcpyDeviceToHost));
+    grads_.ForEach([&](DeviceArray<G>& t) {
+      std::vector<G> staging(t.size());
+      CTXPLAN_CUDA_CHECK(cudaMemcpy(staging.data(), t.get(), t.bytes(), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < staging.size(); ++j) (*host[i])[j] = static_cast<float>(staging[j]);
       ++i;
     });
     return out;
   }
 
-  void BeginStep(const StepPlan& plan, const StepInputs& inputs) {
+  void BeginStep(const StepPlan& plan, const StepInputs& inputs) override {
     if (plan.options().context_tokens != o_.context_tokens ||
         plan.options().chunk_tokens != o_.chunk_tokens)
       throw InternalError("CudaBackend: a step of another plan than the one it was built for");
@@ -345,10 +456,17 @@ class CudaBackend::Impl {
     CTXPLAN_CUDA_CHECK(
         cudaMemcpy(labels_.get(), inputs.labels.data(), labels_.bytes(), cudaMemcpyHostToDevice));
     CTXPLAN_CUDA_CHECK(cudaMemset(loss_.get(), 0, loss_.bytes()));
-    if (!o_.offload)
-      for (auto& a : device_dkv_) CTXPLAN_CUDA_CHECK(cudaMemset(a.get(), 0, a.bytes()));
-    dkv_present_.assign(static_cast<size_t>(layers_),
-                        std::vector<char>(static_cast<size_t>(total_pages_), 0));
+    if (o_.offload) {
+      // dKV starts at zero each step. Releasing in reverse allocation order restores the free
+      // list exactly, so every step lays its pages out as the first did (and copies coalesce).
+      for (auto it = dkv_allocated_.rbegin(); it != dkv_allocated_.rend(); ++it)
+        dkv_store_->Release(*it);
+      dkv_allocated_.clear();
+      for (std::vector<gpu::PageId>& layer : dkv_page_)
+        std::fill(layer.begin(), layer.end(), gpu::kNoPage);
+    } else {
+      ClearRegion(MemCategory::kDkvPages);
+    }
     std::fill(event_op_.begin(), event_op_.end(), kNoOp);
     memory_ = {};
     ops_ = 0;
@@ -358,8 +476,9 @@ class CudaBackend::Impl {
     table_user_[0] = table_user_[1] = kNoOp;
   }
 
-  StepOutputs EndStep() {
+  StepOutputs EndStep() override {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    arena_->SampleDeviceUsed();
     std::vector<float> losses(loss_.size());
     CTXPLAN_CUDA_CHECK(
         cudaMemcpy(losses.data(), loss_.get(), loss_.bytes(), cudaMemcpyDeviceToHost));
@@ -377,7 +496,7 @@ class CudaBackend::Impl {
     return out;
   }
 
-  void Execute(const Op& op) {
+  void Execute(const Op& op) override {
     if (IsMemory(op.kind)) {
       memory_.Apply(op);
       return;
@@ -388,6 +507,8 @@ class CudaBackend::Impl {
     const cudaStream_t stream = StreamOf(op.stream);
     for (int i = 0; i < op.num_deps; ++i) Wait(stream, op.deps[i]);
     Run(op);
+    if (fault_ == InjectedFault::kCudaError && op.kind == OpKind::kAttentionBackward)
+      gpu::LaunchProbeKernel(reinterpret_cast<float*>(uintptr_t{256}), 1, 1.0f, 0.0f, stream);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(events_[op.id % kEventRing], stream));
     event_op_[op.id % kEventRing] = op.id;
   }
@@ -433,7 +554,7 @@ class CudaBackend::Impl {
     return op.phase == Phase::kRecompute || (op.phase == Phase::kFill && o_.keep_layer_inputs);
   }
   DeviceLayer<bf16>& W(const Op& op) { return weights_.layers[static_cast<size_t>(op.layer)]; }
-  DeviceLayer<float>& G(const Op& op) { return grads_.layers[static_cast<size_t>(op.layer)]; }
+  DeviceLayer<G>& Grad(const Op& op) { return grads_.layers[static_cast<size_t>(op.layer)]; }
   float Eps() const { return static_cast<float>(m_.rms_norm_eps); }
   k::LinearCrossEntropyShape LossShape(int64_t tokens) const {
     return {tokens, d_, vocab_, std::max<int64_t>(tokens, 1),
@@ -523,9 +644,9 @@ class CudaBackend::Impl {
         AttentionBackward(op);
         break;
       case OpKind::kDkvAccumulate: {
-        PagedKv<float> own = OwnDkv(op.layer);
-        k::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages},
-                         T(), dk_.get(), dv_.get(), kv_dim_, compute_);
+        PagedKv<G> own = OwnDkv(op.layer);
+        k::DkvAccumulate(PagedKv<const G>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
+                         dk_.get(), dv_.get(), kv_dim_, compute_);
         break;
       }
       case OpKind::kSwigluForward:
@@ -632,12 +753,12 @@ class CudaBackend::Impl {
         break;
       case OpPart::kMlpNorm:
         k::RmsNormBackward(hmid_ptr_, W(op).mlp_norm.get(), rstd2_.get(), d_xn2_.get(), dh_.get(),
-                           T(), d_, d_hmid_.get(), G(op).mlp_norm.get(), norm_scratch_.get(),
+                           T(), d_, d_hmid_.get(), Grad(op).mlp_norm.get(), norm_scratch_.get(),
                            compute_);
         break;
       case OpPart::kAttnNorm:
         k::RmsNormBackward(x_, W(op).attn_norm.get(), rstd1_.get(), d_xn_.get(), d_hmid_.get(), T(),
-                           d_, dh_.get(), G(op).attn_norm.get(), norm_scratch_.get(), compute_);
+                           d_, dh_.get(), Grad(op).attn_norm.get(), norm_scratch_.get(), compute_);
         break;
       default:
         throw InternalError("CUDA backend: RMSNorm backward without a part");
@@ -692,7 +813,7 @@ class CudaBackend::Impl {
 
   void LinearBackward(const Op& op, bool input) {
     DeviceLayer<bf16>& w = W(op);
-    DeviceLayer<float>& g = G(op);
+    DeviceLayer<G>& g = Grad(op);
     const int64_t t = T();
     switch (op.part) {
       case OpPart::kDown:
@@ -701,7 +822,7 @@ class CudaBackend::Impl {
                                  compute_);
         else
           k::LinearBackwardWeight(gemm_, act_.get(), dh_.get(), t, d_, inter_, g.down.get(),
-                                  static_cast<float*>(nullptr), compute_);
+                                  static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kGateUp:
         if (input)
@@ -709,7 +830,7 @@ class CudaBackend::Impl {
                                  d_xn2_.get(), compute_);
         else
           k::LinearBackwardWeight(gemm_, xn2_.get(), d_gate_up_.get(), t, 2 * inter_, d_,
-                                  g.gate_up.get(), static_cast<float*>(nullptr), compute_);
+                                  g.gate_up.get(), static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kO:
         if (input)
@@ -717,7 +838,7 @@ class CudaBackend::Impl {
                                  compute_);
         else
           k::LinearBackwardWeight(gemm_, saved_attn_[S(op)].get(), d_hmid_.get(), t, d_, q_dim_,
-                                  g.o.get(), static_cast<float*>(nullptr), compute_);
+                                  g.o.get(), static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kQkv:
         if (input) {
@@ -727,9 +848,9 @@ class CudaBackend::Impl {
           k::LinearBackwardInput(gemm_, dqkv_.get(), w.qkv.get(), t, qkv_dim_, d_, d_xn_.get(),
                                  compute_);
         } else {
-          k::LinearBackwardWeight(
-              gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, g.qkv.get(),
-              g.qkv_bias.size() ? g.qkv_bias.get() : static_cast<float*>(nullptr), compute_);
+          k::LinearBackwardWeight(gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, g.qkv.get(),
+                                  g.qkv_bias.size() ? g.qkv_bias.get() : static_cast<G*>(nullptr),
+                                  compute_);
         }
         break;
       default:
@@ -752,8 +873,8 @@ class CudaBackend::Impl {
     return p;
   }
 
-  PagedKv<float> OwnDkv(int32_t layer) {
-    PagedKv<float> p;
+  PagedKv<G> OwnDkv(int32_t layer) {
+    PagedKv<G> p;
     p.shape = shape_;
     p.num_pages = c_.own_pages;
     p.page_slot = own_identity_.get();
@@ -831,39 +952,61 @@ class CudaBackend::Impl {
   void AttentionBackward(const Op& op) {
     if (!LastAttentionOp(op)) return;
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
-    PagedKv<float> de = Earlier<float>(op.layer, true);
+    PagedKv<G> de = Earlier<G>(op.layer, true);
     k::AttentionBackward(Shape(), q_.get(), k_.get(), v_.get(),
                          PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages},
                          Selection(op), saved_attn_[S(op)].get(), saved_lse_[S(op)].get(),
                          d_attn_.get(), dq_.get(), dk_.get(), dv_.get(), de, attention_ws_.get(),
                          attention_ws_.bytes(), compute_);
-    if (!o_.offload)
-      for (const int32_t page : UnionPages(op))
-        dkv_present_[static_cast<size_t>(op.layer)][static_cast<size_t>(page)] = 1;
   }
 
-  // Copies runs of consecutive pages at once.
-  template <typename T>
-  void CopyPages(T* dst_base, const std::vector<int64_t>& dst_index, const T* src_base,
-                 const std::vector<int64_t>& src_index, cudaMemcpyKind kind, cudaStream_t stream) {
-    const size_t page_bytes = static_cast<size_t>(pe_) * sizeof(T);
+  struct PagePair {  // one page copy: device slot <-> pinned host page
+    std::byte* dst;
+    const std::byte* src;
+  };
+
+  // One cudaMemcpyAsync per run of pages that are contiguous on both sides.
+  void CopyRuns(const std::vector<PagePair>& pairs, size_t page_bytes, cudaMemcpyKind kind,
+                cudaStream_t stream) {
     size_t i = 0;
-    while (i < dst_index.size()) {
+    while (i < pairs.size()) {
       size_t run = 1;
-      while (i + run < dst_index.size() &&
-             dst_index[i + run] == dst_index[i] + static_cast<int64_t>(run) &&
-             src_index[i + run] == src_index[i] + static_cast<int64_t>(run))
+      while (i + run < pairs.size() && pairs[i + run].dst == pairs[i].dst + run * page_bytes &&
+             pairs[i + run].src == pairs[i].src + run * page_bytes)
         ++run;
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(dst_base + dst_index[i] * pe_,
-                                         src_base + src_index[i] * pe_, run * page_bytes, kind,
-                                         stream));
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpyAsync(pairs[i].dst, pairs[i].src, run * page_bytes, kind, stream));
       i += run;
     }
   }
 
+  // Zeroes the slots listed (ascending), one memset per run of consecutive slots.
+  void ZeroSlots(std::byte* base, const std::vector<int64_t>& slots, size_t slot_bytes,
+                 cudaStream_t stream) {
+    size_t i = 0;
+    while (i < slots.size()) {
+      size_t run = 1;
+      while (i + run < slots.size() && slots[i + run] == slots[i] + static_cast<int64_t>(run))
+        ++run;
+      CTXPLAN_CUDA_CHECK(cudaMemsetAsync(base + static_cast<size_t>(slots[i]) * slot_bytes, 0,
+                                         run * slot_bytes, stream));
+      i += run;
+    }
+  }
+
+  // The host page of dKV page `page` of layer `l`, allocated on its first write of the step.
+  gpu::PageId DkvHome(size_t l, int64_t page) {
+    gpu::PageId& home = dkv_page_[l][static_cast<size_t>(page)];
+    if (home == gpu::kNoPage) {
+      home = dkv_store_->Allocate();
+      dkv_allocated_.push_back(home);
+    }
+    return home;
+  }
+
   void CopyIn(const Op& op) {
     if (op.phase == Phase::kOptimizer) return;
-    const size_t l = static_cast<size_t>(op.layer);
+    const auto l = static_cast<size_t>(op.layer);
     union_ = UnionPages(op);
     if (static_cast<int64_t>(union_.size()) > slot_capacity_)
       throw InputError(
@@ -879,61 +1022,66 @@ class CudaBackend::Impl {
     table_user_[parity_] = op.id;
     int32_t* table = slot_table_host_[parity_].get();
     std::fill(table, table + std::max<int64_t>(c_.earlier_pages, 0), -1);
-    std::vector<int64_t> slots(union_.size()), pages(union_.size());
-    for (size_t j = 0; j < union_.size(); ++j) {
-      table[union_[j]] = static_cast<int32_t>(j);
-      slots[j] = static_cast<int64_t>(j);
-      pages[j] = union_[j];
-    }
+    for (size_t j = 0; j < union_.size(); ++j) table[union_[j]] = static_cast<int32_t>(j);
     if (c_.earlier_pages > 0)
       CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot_table_[parity_].get(), table,
                                          static_cast<size_t>(c_.earlier_pages) * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, h2d_));
-    CopyPages(kv_slots_[parity_].get(), slots, host_kv_[l].get(), pages, cudaMemcpyHostToDevice,
-              h2d_);
-    if (op.phase != Phase::kBackward) return;
-    // dKV: pages that hold some come in, the others start at zero; then the chunk's own dKV.
-    const size_t page_bytes = static_cast<size_t>(pe_) * sizeof(float);
-    std::vector<int64_t> in_slots, in_pages;
+    const size_t kv_bytes = static_cast<size_t>(pe_) * sizeof(bf16);
+    auto* kv_slots = reinterpret_cast<std::byte*>(kv_slots_[parity_].get());
+    pairs_.clear();
     for (size_t j = 0; j < union_.size(); ++j) {
-      if (dkv_present_[l][static_cast<size_t>(union_[j])]) {
-        in_slots.push_back(static_cast<int64_t>(j));
-        in_pages.push_back(union_[j]);
-      } else {
-        CTXPLAN_CUDA_CHECK(
-            cudaMemsetAsync(dkv_slots_[parity_].get() + j * pe_, 0, page_bytes, h2d_));
-      }
+      const gpu::PageId home = kv_page_[l][static_cast<size_t>(union_[j])];
+      CTXPLAN_CHECK(home != gpu::kNoPage, "CUDA backend: KV page " + std::to_string(union_[j]) +
+                                              " of layer " + std::to_string(l) +
+                                              " is read before the fill wrote it home");
+      pairs_.push_back({kv_slots + j * kv_bytes, kv_store_->HostPtr(home)});
     }
-    CopyPages(dkv_slots_[parity_].get(), in_slots, host_dkv_[l].get(), in_pages,
-              cudaMemcpyHostToDevice, h2d_);
-    for (int64_t j = 0; j < c_.own_pages; ++j) {
-      const int64_t page = c_.earlier_pages + j;
-      float* slot = own_dkv_slots_[parity_].get() + j * pe_;
-      if (dkv_present_[l][static_cast<size_t>(page)])
-        CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot, host_dkv_[l].get() + page * pe_, page_bytes,
-                                           cudaMemcpyHostToDevice, h2d_));
-      else
-        CTXPLAN_CUDA_CHECK(cudaMemsetAsync(slot, 0, page_bytes, h2d_));
+    CopyRuns(pairs_, kv_bytes, cudaMemcpyHostToDevice, h2d_);
+    if (op.phase != Phase::kBackward) return;
+
+    // dKV: pages written earlier this step come in, the others start at zero; then the same for
+    // the chunk's own pages.
+    const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
+    for (int own = 0; own < 2; ++own) {
+      auto* slots = reinterpret_cast<std::byte*>(own ? own_dkv_slots_[parity_].get()
+                                                     : dkv_slots_[parity_].get());
+      const size_t count = own ? static_cast<size_t>(c_.own_pages) : union_.size();
+      pairs_.clear();
+      zero_.clear();
+      for (size_t j = 0; j < count; ++j) {
+        const int64_t page = own ? c_.earlier_pages + static_cast<int64_t>(j) : union_[j];
+        const gpu::PageId home = dkv_page_[l][static_cast<size_t>(page)];
+        if (home == gpu::kNoPage)
+          zero_.push_back(static_cast<int64_t>(j));
+        else
+          pairs_.push_back({slots + j * dkv_bytes, dkv_store_->HostPtr(home)});
+      }
+      ZeroSlots(slots, zero_, dkv_bytes, h2d_);
+      CopyRuns(pairs_, dkv_bytes, cudaMemcpyHostToDevice, h2d_);
     }
   }
 
   void CopyOut(const Op& op) {
     if (op.phase == Phase::kOptimizer) return;
-    const size_t l = static_cast<size_t>(op.layer);
+    const auto l = static_cast<size_t>(op.layer);
+    pairs_.clear();
     if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(
-          host_kv_[l].get() + c_.earlier_pages * pe_, own_kv_slots_[own_parity_].get(),
-          static_cast<size_t>(c_.own_pages * pe_) * sizeof(bf16), cudaMemcpyDeviceToHost, d2h_));
+      const size_t kv_bytes = static_cast<size_t>(pe_) * sizeof(bf16);
+      auto* slots = reinterpret_cast<std::byte*>(own_kv_slots_[own_parity_].get());
+      for (int64_t j = 0; j < c_.own_pages; ++j) {
+        gpu::PageId& home = kv_page_[l][static_cast<size_t>(c_.earlier_pages + j)];
+        if (home == gpu::kNoPage) home = kv_store_->Allocate();  // kept for every later step
+        pairs_.push_back({kv_store_->HostPtr(home), slots + static_cast<size_t>(j) * kv_bytes});
+      }
+      CopyRuns(pairs_, kv_bytes, cudaMemcpyDeviceToHost, d2h_);
       return;
     }
-    std::vector<int64_t> slots(union_.size()), pages(union_.size());
-    for (size_t j = 0; j < union_.size(); ++j) {
-      slots[j] = static_cast<int64_t>(j);
-      pages[j] = union_[j];
-      dkv_present_[l][static_cast<size_t>(union_[j])] = 1;
-    }
-    CopyPages(host_dkv_[l].get(), pages, dkv_slots_[parity_].get(), slots, cudaMemcpyDeviceToHost,
-              d2h_);
+    const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
+    auto* slots = reinterpret_cast<std::byte*>(dkv_slots_[parity_].get());
+    for (size_t j = 0; j < union_.size(); ++j)
+      pairs_.push_back({dkv_store_->HostPtr(DkvHome(l, union_[j])), slots + j * dkv_bytes});
+    CopyRuns(pairs_, dkv_bytes, cudaMemcpyDeviceToHost, d2h_);
   }
 
   void Optimizer() {
@@ -946,9 +1094,10 @@ class CudaBackend::Impl {
     p.weight_decay = adamw_.weight_decay;
     p.step = adam_step_;
     std::vector<DeviceArray<bf16>*> w;
-    std::vector<DeviceArray<float>*> g, m, v;
+    std::vector<DeviceArray<G>*> g;
+    std::vector<DeviceArray<float>*> m, v;
     weights_.ForEach([&](DeviceArray<bf16>& t) { w.push_back(&t); });
-    grads_.ForEach([&](DeviceArray<float>& t) { g.push_back(&t); });
+    grads_.ForEach([&](DeviceArray<G>& t) { g.push_back(&t); });
     adam_m_.ForEach([&](DeviceArray<float>& t) { m.push_back(&t); });
     adam_v_.ForEach([&](DeviceArray<float>& t) { v.push_back(&t); });
     for (size_t i = 0; i < w.size(); ++i)
@@ -973,7 +1122,9 @@ class CudaBackend::Impl {
   k::CublasLtGemm gemm_;
 
   DeviceWeights<bf16> weights_;
-  DeviceWeights<float> grads_, adam_m_, adam_v_;
+  std::unique_ptr<gpu::DeviceArena> arena_;  // every device buffer below lives in it
+  DeviceWeights<G> grads_;
+  DeviceWeights<float> adam_m_, adam_v_;
 
   DeviceArray<int32_t> tokens_, labels_;
   DeviceArray<bf16> h_, h_alt_, pending_, xn_, qkv_, q_, k_, v_, attn_, o_out_, hmid_, xn2_,
@@ -998,16 +1149,20 @@ class CudaBackend::Impl {
 
   std::vector<DeviceArray<bf16>> summaries_;  // [layer][pages][kv_dim]
   DeviceArray<int32_t> identity_, own_identity_;
-  std::vector<PinnedArray<bf16>> host_kv_;  // offload on: [layer][pages][page elements]
-  std::vector<PinnedArray<float>> host_dkv_;
-  std::vector<DeviceArray<bf16>> device_kv_;  // offload off
-  std::vector<DeviceArray<float>> device_dkv_;
-  DeviceArray<bf16> kv_slots_[2], own_kv_slots_[2];
-  DeviceArray<float> dkv_slots_[2], own_dkv_slots_[2];
+  // Offload on: the pinned host homes of KV (bf16) and dKV (G) pages, and which store page holds
+  // each [layer][logical page] (kNoPage: not written yet this step, for dKV).
+  std::unique_ptr<gpu::PinnedPageStore> kv_store_, dkv_store_;
+  std::vector<std::vector<gpu::PageId>> kv_page_, dkv_page_;
+  std::vector<DeviceArray<bf16>> device_kv_;  // offload off: [layer][pages][page elements]
+  std::vector<DeviceArray<G>> device_dkv_;
+  DeviceArray<bf16> kv_slots_[2], own_kv_slots_[2];  // [slots][2][p][H_kv][d_h]
+  DeviceArray<G> dkv_slots_[2], own_dkv_slots_[2];
   DeviceArray<int32_t> slot_table_[2];
   PinnedArray<int32_t> slot_table_host_[2];
   std::vector<int32_t> union_;
-  std::vector<std::vector<char>> dkv_present_;
+  std::vector<gpu::PageId> dkv_allocated_;  // this step's dKV pages, in allocation order
+  std::vector<PagePair> pairs_;             // scratch of CopyIn / CopyOut
+  std::vector<int64_t> zero_;
   OpId table_user_[2] = {kNoOp, kNoOp};  // the copy that last read each staging table
 
   int32_t chunk_index_ = -1;
@@ -1019,10 +1174,18 @@ class CudaBackend::Impl {
   int64_t labelled_total_ = 0, labelled_ = 0;
   uint64_t ops_ = 0;
   PlanMemoryTally memory_;
+  InjectedFault fault_ = InjectedFault::kNone;
 };
 
-CudaBackend::CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw)
-    : impl_(std::make_unique<Impl>(plan, weights, adamw)) {}
+}  // namespace
+
+CudaBackend::CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw,
+                         std::ostream* log) {
+  if (plan.options().grad_dtype == GradDtype::kFp32)
+    impl_ = std::make_unique<TypedImpl<float>>(plan, weights, adamw, log);
+  else
+    impl_ = std::make_unique<TypedImpl<bf16>>(plan, weights, adamw, log);
+}
 CudaBackend::~CudaBackend() = default;
 void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
   impl_->BeginStep(plan, inputs);
@@ -1041,6 +1204,9 @@ ModelWeights CudaBackend::DownloadWeights() const {
 }
 ModelWeights CudaBackend::DownloadGrads() const {
   return impl_->DownloadGrads();
+}
+CudaMemoryReport CudaBackend::Memory() const {
+  return impl_->Memory();
 }
 
 }  // namespace ctxplan

@@ -3,12 +3,20 @@
 // cross-stream waits are exactly the plan's dependencies (one CUDA event per op, in a ring that
 // covers the plan's dependency window).
 //
-// Version 1 scope: full fine-tune, fp32 parameter gradients and fp32 dKV, AdamW on the GPU or no
-// optimizer, dense or page-sparse attention (the tiles' selections are read back to the host to
-// issue the union's copies), offload on or off, layer inputs recomputed or kept. Buffers are
-// allocated once, when the backend is built; pinned host pages with offload on.
+// Scope: full fine-tune; parameter gradients and dKV in the run's grad dtype (bf16 or fp32);
+// AdamW on the GPU or no optimizer; dense or page-sparse attention (the tiles' selections are read
+// back to the host to issue the union's copies); offload on or off; layer inputs recomputed or
+// kept. Memory: every device buffer is carved out of one DeviceArena reserved when the backend is
+// built (nothing is allocated inside a step); with offload, KV and dKV pages live in pinned
+// PinnedPageStores pinned up front, dKV pages handed out on their first write of a step.
+//
+// Fault injection for tests (environment CTXPLAN_INJECT_FAULT): "pinned-alloc" makes the pinning
+// ask for a PiB, so the real cudaHostAlloc failure path runs; "cuda-error" launches a kernel that
+// writes to an invalid address after the first attention backward, a real sticky CUDA error.
 #pragma once
 
+#include <cstdint>
+#include <iosfwd>
 #include <memory>
 
 #include "ctxplan/runtime/model_weights.h"
@@ -20,10 +28,21 @@ struct CudaAdamW {
   float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
 };
 
+// Measured memory, next to what the plan's own ops account (StepOutputs).
+struct CudaMemoryReport {
+  int64_t arena_reserved_bytes = 0;        // the arena's one cudaMalloc
+  int64_t arena_allocated_peak_bytes = 0;  // carved out of it at the peak
+  int64_t device_used_peak_bytes = 0;      // cudaMemGetInfo total - free, sampled: nvidia-smi's
+  int64_t pinned_bytes = 0;                // pinned by the page stores (offload on)
+  int64_t pinned_pages_peak_bytes = 0;     // of which pages in use at the peak
+};
+
 class CudaBackend final : public StepBackend {
  public:
-  // Sized for `plan` (its model and options); `weights` are uploaded in bf16.
-  CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw = {});
+  // Sized for `plan` (its model and options); `weights` are uploaded in bf16 and not kept, so the
+  // caller may free them. The arena's and page stores' sizes are printed on `log` (nullptr: not).
+  CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw = {},
+              std::ostream* log = nullptr);
   ~CudaBackend() override;
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) override;
@@ -32,10 +51,12 @@ class CudaBackend final : public StepBackend {
 
   void ZeroGrads();
   ModelWeights DownloadWeights() const;  // bf16 on the GPU, widened to fp32
-  ModelWeights DownloadGrads() const;    // fp32
+  ModelWeights DownloadGrads() const;    // widened to fp32
+  CudaMemoryReport Memory() const;       // samples device-level memory now
+
+  class Impl;  // cuda_backend.cpp
 
  private:
-  class Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -126,6 +126,8 @@ class DeviceArena {
   uint64_t allocated_bytes() const { return allocated_; }
   uint64_t peak_allocated_bytes() const { return peak_allocated_; }
   ArenaCategoryStats category_stats(MemCategory category) const;
+  // Where `category`'s region starts: base() + region_offset(category).
+  uint64_t region_offset(MemCategory category) const { return region(category).begin; }
   // Restarts peak tracking (overall and per category) at the current allocated figures.
   void ResetPeak();
 

@@ -1,0 +1,108 @@
+// The ctxtrain program end to end on the CUDA backend: the memory it reports three ways, and its
+// faults — a pinned-memory allocation that fails and a CUDA error in the middle of a step — each
+// end the run with one line and exit code 3, leaving the checkpoint it would have replaced intact.
+// The faults are real (a PiB pin request; a kernel writing to an invalid address), triggered by
+// CTXPLAN_INJECT_FAULT (runtime/include/ctxplan/runtime/cuda/cuda_backend.h).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ctxplan/traces/json_reader.h"
+#include "support/process.h"
+
+namespace ctxplan {
+namespace {
+
+using test::ReadAll;
+using test::RunArgv;
+using test::RunResult;
+using test::ScratchDir;
+
+bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// The binary: CTXTRAIN_EXE from the environment (binaries carried to a GPU machine), else the one
+// this build made.
+std::string CtxtrainExe() {
+  const char* env = std::getenv("CTXTRAIN_EXE");
+  return env != nullptr && *env != '\0' ? env : CTXTRAIN_EXE;
+}
+
+// Qwen2.5-0.5B (head_dim 64) over 2K tokens: small, and a shape the CUDA kernels take.
+RunResult Ctxtrain(const std::vector<std::string>& extra, const ScratchDir& dir,
+                   const char* fault = nullptr) {
+  std::vector<std::string> argv = {CtxtrainExe(), "--backend", "cuda",    "--model", "qwen2.5-0.5b",
+                                   "--context",   "2048",      "--chunk", "512",     "--page",
+                                   "64",          "--budget",  "4",       "--steps", "2",
+                                   "--json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  if (fault != nullptr)
+    setenv("CTXPLAN_INJECT_FAULT", fault, 1);
+  else
+    unsetenv("CTXPLAN_INJECT_FAULT");
+  RunResult r = RunArgv(argv, dir.path());
+  unsetenv("CTXPLAN_INJECT_FAULT");
+  return r;
+}
+
+// A number member of ctxtrain's --json object.
+double Number(const JsonValue& object, const std::string& key) {
+  for (const auto& [name, value] : object.members)
+    if (name == key && value.kind == JsonValue::Kind::kNumber) return std::stod(value.text);
+  ADD_FAILURE() << "no number '" << key << "' in ctxtrain's JSON";
+  return 0.0;
+}
+
+void ExpectOneLine(const RunResult& r, int code, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("ctxtrain: ", 0), 0u) << r.err;
+  for (const std::string& needle : needles)
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "missing '" << needle << "' in " << r.err;
+}
+
+TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  ScratchDir dir;
+  for (const char* grads : {"fp32", "bf16"}) {
+    const RunResult r = Ctxtrain({"--grad-dtype", grads}, dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const JsonValue v = JsonParser(r.out, "ctxtrain --json", 0).ParseDocument();
+    const double allocated = Number(v, "arena_allocated_peak_bytes");
+    const double reserved = Number(v, "arena_reserved_bytes");
+    const double device = Number(v, "device_bytes");
+    const double pinned = Number(v, "pinned_host_peak_bytes");
+    EXPECT_GT(allocated, 0.0);
+    EXPECT_LE(allocated, reserved);
+    EXPECT_GE(device, reserved);
+    // KV (bf16) + dKV (grad dtype) of the context's pages, all layers, pinned.
+    EXPECT_GT(pinned, 0.0);
+    EXPECT_NEAR(Number(v, "loss"), std::log(151936.0), 1.0);  // random weights: about ln V
+    std::printf("  %s: arena %.0f MiB of %.0f reserved, device %.0f MiB, pinned %.0f MiB\n", grads,
+                allocated / 1048576, reserved / 1048576, device / 1048576, pinned / 1048576);
+  }
+}
+
+TEST(CtxtrainCuda, FaultsEndTheRunWithOneLineAndKeepTheCheckpoint) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  ScratchDir dir;
+  const std::string checkpoint = dir.Write("run.ckpt", "an earlier checkpoint");
+  ExpectOneLine(Ctxtrain({"--save", checkpoint}, dir, "pinned-alloc"), 3, {"pin", "host"});
+  EXPECT_EQ(ReadAll(checkpoint), "an earlier checkpoint");
+  ExpectOneLine(Ctxtrain({"--save", checkpoint}, dir, "cuda-error"), 3, {"CUDA error"});
+  EXPECT_EQ(ReadAll(checkpoint), "an earlier checkpoint");
+  ExpectOneLine(Ctxtrain({"--save", checkpoint}, dir, "gremlins"), 2,
+                {"CTXPLAN_INJECT_FAULT", "pinned-alloc"});
+  EXPECT_EQ(ReadAll(checkpoint), "an earlier checkpoint");
+}
+
+}  // namespace
+}  // namespace ctxplan
