@@ -39,10 +39,10 @@ std::string CtxtrainExe() {
 // Qwen2.5-0.5B (head_dim 64) over 2K tokens: small, and a shape the CUDA kernels take.
 RunResult Ctxtrain(const std::vector<std::string>& extra, const ScratchDir& dir,
                    const char* fault = nullptr) {
-  std::vector<std::string> argv = {CtxtrainExe(), "--backend", "cuda",    "--model", "qwen2.5-0.5b",
-                                   "--context",   "2048",      "--chunk", "512",     "--page",
-                                   "64",          "--budget",  "4",       "--steps", "2",
-                                   "--json"};
+  std::vector<std::string> argv = {
+      CtxtrainExe(), "--backend", "cuda",   "--model", "qwen2.5-0.5b", "--context", "2048",
+      "--chunk",     "512",       "--page", "64",      "--budget",     "4",         "--query-tile",
+      "128",         "--steps",   "2",      "--json"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   if (fault != nullptr)
     setenv("CTXPLAN_INJECT_FAULT", fault, 1);

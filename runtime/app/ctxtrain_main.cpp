@@ -332,10 +332,11 @@ int Main(int argc, char** argv) {
   if (cuda) {
     CudaAdamW adamw;
     adamw.lr = static_cast<float>(f.lr);
-    auto b = std::make_unique<CudaBackend>(plan, weights, adamw, f.json ? nullptr : &std::cerr);
+    // The weights move in: freed once on the GPU, before the host pages are pinned.
+    auto b = std::make_unique<CudaBackend>(plan, std::move(weights), adamw,
+                                           f.json ? nullptr : &std::cerr);
     cuda_backend = b.get();
     owned = std::move(b);
-    weights = ModelWeights{};  // on the GPU now; the host RAM is the pinned pages'
   }
 #endif
   if (!cuda) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -201,7 +202,7 @@ namespace {
 template <typename G>  // gradients and dKV pages: float or bf16 (the run's grad dtype)
 class TypedImpl final : public CudaBackend::Impl {
  public:
-  TypedImpl(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw, std::ostream* log)
+  TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
     if (o_.lora_rank > 0)
       throw InputError(
@@ -214,6 +215,10 @@ class TypedImpl final : public CudaBackend::Impl {
     if (m_.head_dim != 64 && m_.head_dim != 128)
       throw InputError("model head_dim " + std::to_string(m_.head_dim) +
                        ": the CUDA attention kernels take 64 or 128");
+    if (!o_.dense() && o_.query_tile % 128 != 0)
+      throw InputError("--query-tile " + std::to_string(o_.query_tile) +
+                       ": the CUDA page-sparse attention selects pages per 128 queries; accepted: "
+                       "a multiple of 128");
     fault_ = FaultFromEnvironment();
     d_ = m_.hidden_size;
     q_dim_ = m_.q_dim();
@@ -340,7 +345,7 @@ class TypedImpl final : public CudaBackend::Impl {
     }
     arena_ = want.Commit(log);
 
-    Upload(weights);
+    Upload(weights);  // and frees them: the host RAM is for the pinned pages pinned next
     if (o_.optimizer == OptimizerKind::kAdamWGpu) {
       ClearRegion(MemCategory::kOptimizer);
     }
@@ -567,14 +572,25 @@ class TypedImpl final : public CudaBackend::Impl {
     has_pending_ = false;
   }
 
-  void Upload(const ModelWeights& w) {
-    // ForEach only reads here.
-    std::vector<std::vector<float>*> host = HostTensors(const_cast<ModelWeights&>(w));
+  // Rounds each tensor to bf16 on the host (in parallel: 7.6B values at 7B) and copies it up.
+  void Upload(ModelWeights& w) {
+    std::vector<std::vector<float>*> host = HostTensors(w);
+    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
     size_t i = 0;
+    std::vector<bf16> staging;
     weights_.ForEach([&](DeviceArray<bf16>& t) {
-      std::vector<bf16> staging(host[i]->size());
-      for (size_t j = 0; j < staging.size(); ++j) staging[j] = __float2bfloat16((*host[i])[j]);
+      const std::vector<float>& from = *host[i];
+      staging.resize(from.size());
+      const size_t per = (from.size() + threads - 1) / threads;
+      std::vector<std::thread> pool;
+      for (unsigned p = 0; p < threads && p * per < from.size(); ++p)
+        pool.emplace_back([&, p] {
+          const size_t end = std::min(from.size(), (p + 1) * per);
+          for (size_t j = p * per; j < end; ++j) staging[j] = __float2bfloat16(from[j]);
+        });
+      for (std::thread& thread : pool) thread.join();
       CTXPLAN_CUDA_CHECK(cudaMemcpy(t.get(), staging.data(), t.bytes(), cudaMemcpyHostToDevice));
+      std::vector<float>().swap(*host[i]);  // frees the host copy as soon as it is up
       ++i;
     });
   }
@@ -1179,12 +1195,12 @@ class TypedImpl final : public CudaBackend::Impl {
 
 }  // namespace
 
-CudaBackend::CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw,
+CudaBackend::CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw,
                          std::ostream* log) {
   if (plan.options().grad_dtype == GradDtype::kFp32)
-    impl_ = std::make_unique<TypedImpl<float>>(plan, weights, adamw, log);
+    impl_ = std::make_unique<TypedImpl<float>>(plan, std::move(weights), adamw, log);
   else
-    impl_ = std::make_unique<TypedImpl<bf16>>(plan, weights, adamw, log);
+    impl_ = std::make_unique<TypedImpl<bf16>>(plan, std::move(weights), adamw, log);
 }
 CudaBackend::~CudaBackend() = default;
 void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {

@@ -39,9 +39,10 @@ struct CudaMemoryReport {
 
 class CudaBackend final : public StepBackend {
  public:
-  // Sized for `plan` (its model and options); `weights` are uploaded in bf16 and not kept, so the
-  // caller may free them. The arena's and page stores' sizes are printed on `log` (nullptr: not).
-  CudaBackend(const StepPlan& plan, const ModelWeights& weights, CudaAdamW adamw = {},
+  // Sized for `plan` (its model and options). `weights` are uploaded in bf16 and freed before the
+  // host pages are pinned (pass them with std::move at large contexts: host RAM is the limit).
+  // The arena's and page stores' sizes are printed on `log` (nullptr: not).
+  CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw = {},
               std::ostream* log = nullptr);
   ~CudaBackend() override;
 
