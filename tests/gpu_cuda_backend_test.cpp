@@ -148,5 +148,46 @@ TEST(CudaBackend, TrainsAndTheLossFalls) {
   }
 }
 
+// AdamW on the host (gradients staged home, the update on CPU threads, weights copied back)
+// takes the same steps as AdamW on the GPU.
+TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const ModelSpec model = Small();
+  const ModelWeights initial = RandomWeights(model, 2);
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 4);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  CudaAdamW adamw;
+  adamw.lr = 1e-2f;
+  adamw.weight_decay = 0.1f;
+  std::vector<ModelWeights> after;
+  std::vector<double> losses;
+  for (const OptimizerKind optimizer : {OptimizerKind::kAdamWGpu, OptimizerKind::kAdamWHost}) {
+    RunOptions o = Options(RunOptions::kAllPages, true, false, GradDtype::kBf16);
+    o.optimizer = optimizer;
+    const StepPlan plan(model, o);
+    CudaBackend gpu(plan, initial, adamw);
+    for (int s = 0; s < 3; ++s) {
+      gpu.ZeroGrads();
+      losses.push_back(RunStep(plan, {tokens, labels}, gpu).mean_loss());
+    }
+    after.push_back(gpu.DownloadWeights());
+  }
+  for (int s = 0; s < 3; ++s) EXPECT_NEAR(losses[s], losses[3 + s], 1e-3 * losses[s]) << s;
+  EXPECT_LT(losses[2], losses[0]);
+  std::vector<std::vector<float>*> gpu_w, host_w, init_w;
+  after[0].ForEach([&](const std::string&, std::vector<float>& t) { gpu_w.push_back(&t); });
+  after[1].ForEach([&](const std::string&, std::vector<float>& t) { host_w.push_back(&t); });
+  ModelWeights start = initial;
+  start.ForEach([&](const std::string&, std::vector<float>& t) { init_w.push_back(&t); });
+  for (size_t i = 0; i < gpu_w.size(); ++i) {
+    // The steps moved the weights (by far more than the two optimizers differ).
+    const double moved = RelativeError(*gpu_w[i], *init_w[i]);
+    const double differ = RelativeError(*host_w[i], *gpu_w[i]);
+    EXPECT_GT(moved, 1e-3) << i;
+    EXPECT_LT(differ, 0.05 * moved + 4e-3) << i << " moved " << moved;
+  }
+}
+
 }  // namespace
 }  // namespace ctxplan

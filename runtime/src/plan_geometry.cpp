@@ -113,6 +113,9 @@ int64_t PlanGeometry::grad_bytes() const {
 int64_t PlanGeometry::optimizer_state_bytes() const {
   return trainable_params() * 2 * kFp32Bytes;
 }
+int64_t PlanGeometry::host_optimizer_bytes() const {
+  return optimizer_state_bytes() + trainable_params() * kBf16Bytes;
+}
 
 int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
   const ModelSpec& m = model_;

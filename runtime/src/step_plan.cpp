@@ -119,7 +119,7 @@ class PlanWriter {
     gpu(MemCategory::kWorkspace, g_.workspace_bytes());
     gpu(MemCategory::kPageSlots, g_.page_slot_bytes());
     if (o_.optimizer == OptimizerKind::kAdamWHost) {
-      host(MemCategory::kOptimizer, g_.optimizer_state_bytes());
+      host(MemCategory::kOptimizer, g_.host_optimizer_bytes());
       host(MemCategory::kGradStaging, g_.grad_bytes());
     }
   }

@@ -381,7 +381,7 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   gpu[MemCategory::kWorkspace] = g.workspace_bytes();
   gpu[MemCategory::kPageSlots] = g.page_slot_bytes();
   if (o.optimizer == OptimizerKind::kAdamWHost) {
-    host[MemCategory::kOptimizer] = g.optimizer_state_bytes();
+    host[MemCategory::kOptimizer] = g.host_optimizer_bytes();
     host[MemCategory::kGradStaging] = g.grad_bytes();
   }
   MemoryState& kv_space = o.offload ? host : gpu;

@@ -208,10 +208,6 @@ class TypedImpl final : public CudaBackend::Impl {
       throw InputError(
           "--lora-rank: the CUDA backend trains full parameters only so far; "
           "accepted: 0");
-    if (o_.optimizer == OptimizerKind::kAdamWHost)
-      throw InputError(
-          "--optimizer: the CUDA backend steps AdamW on the GPU so far; accepted: "
-          "adamw-gpu, none");
     if (m_.head_dim != 64 && m_.head_dim != 128)
       throw InputError("model head_dim " + std::to_string(m_.head_dim) +
                        ": the CUDA attention kernels take 64 or 128");
@@ -346,6 +342,19 @@ class TypedImpl final : public CudaBackend::Impl {
     arena_ = want.Commit(log);
 
     Upload(weights);  // and frees them: the host RAM is for the pinned pages pinned next
+    if (o_.optimizer == OptimizerKind::kAdamWHost) {
+      // The host keeps the moments and a copy of the weights it updates; the gradients come
+      // home into pinned staging. Regions are copied whole (tensor padding included).
+      host_grads_.Resize(arena_->category_stats(MemCategory::kGrads).reserved_bytes / sizeof(G));
+      host_weights_.Resize(arena_->category_stats(MemCategory::kWeights).reserved_bytes /
+                           sizeof(bf16));
+      CTXPLAN_CUDA_CHECK(cudaMemcpy(host_weights_.get(), Region(MemCategory::kWeights),
+                                    host_weights_.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      size_t params = 0;
+      weights_.ForEach([&](DeviceArray<bf16>& t) { params += t.size(); });
+      host_m_.assign(params, 0.0f);
+      host_v_.assign(params, 0.0f);
+    }
     if (o_.optimizer == OptimizerKind::kAdamWGpu) {
       ClearRegion(MemCategory::kOptimizer);
     }
@@ -406,6 +415,10 @@ class TypedImpl final : public CudaBackend::Impl {
           static_cast<int64_t>(kv_store_->peak_in_use_bytes() + dkv_store_->peak_in_use_bytes());
     }
     return r;
+  }
+
+  std::byte* Region(MemCategory category) const {
+    return arena_->base() + arena_->region_offset(category);
   }
 
   // Zeroes one category's whole region of the arena (its buffers are contiguous in it).
@@ -509,6 +522,11 @@ class TypedImpl final : public CudaBackend::Impl {
     ++ops_;
     if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
     NoteLayer(op);
+    if (op.stream == Stream::kHost) {  // CPU work: wait for its inputs, run it, done
+      for (int i = 0; i < op.num_deps; ++i) WaitOnHost(op.deps[i]);
+      Run(op);
+      return;  // no event: every later op is issued after it finished
+    }
     const cudaStream_t stream = StreamOf(op.stream);
     for (int i = 0; i < op.num_deps; ++i) Wait(stream, op.deps[i]);
     Run(op);
@@ -530,6 +548,12 @@ class TypedImpl final : public CudaBackend::Impl {
       default:
         return compute_;
     }
+  }
+
+  void WaitOnHost(OpId dep) {
+    if (dep == kNoOp) return;
+    const size_t slot = dep % kEventRing;
+    if (event_op_[slot] == dep) CTXPLAN_CUDA_CHECK(cudaEventSynchronize(events_[slot]));
   }
 
   void Wait(cudaStream_t stream, OpId dep) {
@@ -684,7 +708,10 @@ class TypedImpl final : public CudaBackend::Impl {
       case OpKind::kZeroFill:
         break;  // fresh dKV slots are zeroed when the backward's copy stages the union
       case OpKind::kAdamW:
-        Optimizer();
+        if (o_.optimizer == OptimizerKind::kAdamWHost)
+          HostOptimizer();
+        else
+          Optimizer();
         break;
       case OpKind::kCopyH2D:
         CopyIn(op);
@@ -1021,7 +1048,12 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void CopyIn(const Op& op) {
-    if (op.phase == Phase::kOptimizer) return;
+    if (op.phase == Phase::kOptimizer) {  // the host optimizer's new weights
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(Region(MemCategory::kWeights), host_weights_.get(),
+                                         host_weights_.size() * sizeof(bf16),
+                                         cudaMemcpyHostToDevice, h2d_));
+      return;
+    }
     const auto l = static_cast<size_t>(op.layer);
     union_ = UnionPages(op);
     if (static_cast<int64_t>(union_.size()) > slot_capacity_)
@@ -1079,7 +1111,12 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void CopyOut(const Op& op) {
-    if (op.phase == Phase::kOptimizer) return;
+    if (op.phase == Phase::kOptimizer) {  // the gradients go home to the host optimizer
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host_grads_.get(), Region(MemCategory::kGrads),
+                                         host_grads_.size() * sizeof(G), cudaMemcpyDeviceToHost,
+                                         d2h_));
+      return;
+    }
     const auto l = static_cast<size_t>(op.layer);
     pairs_.clear();
     if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
@@ -1098,6 +1135,56 @@ class TypedImpl final : public CudaBackend::Impl {
     for (size_t j = 0; j < union_.size(); ++j)
       pairs_.push_back({dkv_store_->HostPtr(DkvHome(l, union_[j])), slots + j * dkv_bytes});
     CopyRuns(pairs_, dkv_bytes, cudaMemcpyDeviceToHost, d2h_);
+  }
+
+  // AdamW on the CPU over the staged gradients, torch.optim.AdamW semantics as the GPU kernel and
+  // the CPU reference (bias corrections in double), on the host copy of the bf16 weights.
+  void HostOptimizer() {
+    ++adam_step_;
+    const double correction1 = 1.0 - std::pow(static_cast<double>(adamw_.beta1), adam_step_);
+    const double correction2 = 1.0 - std::pow(static_cast<double>(adamw_.beta2), adam_step_);
+    const double decay = 1.0 - static_cast<double>(adamw_.lr) * adamw_.weight_decay;
+    struct Tensor {
+      size_t weight, grad, moment, n;  // element offsets in the host weights, grads, moments
+    };
+    std::vector<Tensor> tensors;
+    std::vector<const bf16*> w_ptrs;
+    weights_.ForEach([&](DeviceArray<bf16>& t) { w_ptrs.push_back(t.get()); });
+    const auto* w_base = reinterpret_cast<const bf16*>(Region(MemCategory::kWeights));
+    const auto* g_base = reinterpret_cast<const G*>(Region(MemCategory::kGrads));
+    size_t i = 0, moment = 0;
+    grads_.ForEach([&](DeviceArray<G>& t) {
+      tensors.push_back({static_cast<size_t>(w_ptrs[i] - w_base),
+                         static_cast<size_t>(t.get() - g_base), moment, t.size()});
+      moment += t.size();
+      ++i;
+    });
+    const CudaAdamW a = adamw_;
+    auto update = [&](const Tensor& t, size_t begin, size_t end) {
+      bf16* w = host_weights_.get() + t.weight;
+      const G* g = host_grads_.get() + t.grad;
+      float* m = host_m_.data() + t.moment;
+      float* v = host_v_.data() + t.moment;
+      for (size_t j = begin; j < end; ++j) {
+        const double grad = static_cast<float>(g[j]);
+        m[j] = static_cast<float>(a.beta1 * static_cast<double>(m[j]) + (1.0 - a.beta1) * grad);
+        v[j] =
+            static_cast<float>(a.beta2 * static_cast<double>(v[j]) + (1.0 - a.beta2) * grad * grad);
+        const double step = a.lr * (m[j] / correction1) / (std::sqrt(v[j] / correction2) + a.eps);
+        w[j] = __float2bfloat16(
+            static_cast<float>(static_cast<double>(__bfloat162float(w[j])) * decay - step));
+      }
+    };
+    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned p = 0; p < threads; ++p)
+      pool.emplace_back([&, p] {
+        for (const Tensor& t : tensors) {
+          const size_t per = (t.n + threads - 1) / threads;
+          update(t, std::min(t.n, p * per), std::min(t.n, (p + 1) * per));
+        }
+      });
+    for (std::thread& thread : pool) thread.join();
   }
 
   void Optimizer() {
@@ -1139,6 +1226,11 @@ class TypedImpl final : public CudaBackend::Impl {
 
   DeviceWeights<bf16> weights_;
   std::unique_ptr<gpu::DeviceArena> arena_;  // every device buffer below lives in it
+  // adamw-host: the staged gradients and the host's weights (laid out as their arena regions),
+  // and the moments (one per parameter, in ForEach order).
+  PinnedArray<G> host_grads_;
+  PinnedArray<bf16> host_weights_;
+  std::vector<float> host_m_, host_v_;
   DeviceWeights<G> grads_;
   DeviceWeights<float> adam_m_, adam_v_;
 

@@ -73,6 +73,8 @@ class PlanGeometry {
   int64_t weight_bytes() const;
   int64_t grad_bytes() const;             // on the GPU (accumulated across chunks)
   int64_t optimizer_state_bytes() const;  // fp32 moments of the trainable parameters
+  // AdamW on the host: the moments and the host's bf16 copy of the parameters it updates.
+  int64_t host_optimizer_bytes() const;
 
   // --- per-chunk buffers (O(1) in n) ---
   int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;

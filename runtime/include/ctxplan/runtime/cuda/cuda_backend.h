@@ -4,7 +4,8 @@
 // covers the plan's dependency window).
 //
 // Scope: full fine-tune; parameter gradients and dKV in the run's grad dtype (bf16 or fp32);
-// AdamW on the GPU or no optimizer; dense or page-sparse attention (the tiles' selections are read
+// AdamW on the GPU, on the host (gradients staged home, the update on the CPU's threads, the
+// weights back), or none; dense or page-sparse attention (the tiles' selections are read
 // back to the host to issue the union's copies); offload on or off; layer inputs recomputed or
 // kept. Memory: every device buffer is carved out of one DeviceArena reserved when the backend is
 // built (nothing is allocated inside a step); with offload, KV and dKV pages live in pinned
