@@ -27,6 +27,7 @@ namespace {
 constexpr size_t kBufferBytes = size_t{4} << 20;
 constexpr size_t kBufferAlignment = ACTIVITY_RECORD_ALIGNMENT;  // 8: what CUPTI requires
 constexpr double kGiB = 1073741824.0;
+constexpr size_t kMaxUnattributedNames = 16;  // in TraceStepSummary: enough to name the culprits
 
 // Chrome trace processes.
 constexpr int64_t kPidStep = 1;  // plan ops by plan stream, memory counters (as WallClockTracer)
@@ -82,12 +83,14 @@ struct GpuActivity {
   GpuKind kind = GpuKind::kKernel;
 };
 
+enum class ApiKind : uint8_t { kRuntime, kDriver, kInternalLaunch };
+
 struct ApiCall {
   uint64_t start = 0, end = 0;
   uint32_t correlation = 0;
   uint32_t cbid = 0;
   uint32_t thread = 0;
-  bool driver = false;
+  ApiKind kind = ApiKind::kRuntime;
 };
 
 struct DriverMemory {
@@ -103,7 +106,8 @@ struct Collected {
   std::vector<ApiCall> api;
   std::vector<std::pair<uint32_t, uint64_t>> external;  // correlation id -> plan op id
   std::vector<DriverMemory> driver_memory;
-  uint64_t api_calls = 0;  // counted even when not kept
+  uint64_t api_calls = 0;         // counted even when not kept
+  uint64_t driver_api_calls = 0;  // of api_calls: driver API and internal launch records
   uint64_t dropped = 0;
   std::string error;  // the first failure inside a callback (callbacks must not throw)
 };
@@ -149,8 +153,9 @@ std::string VersionString(int version) {  // 13000 -> "13.0"
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
 
-// Driver API entry points whose records we want: those that start GPU work, so work launched by
-// libraries through the driver API is correlated with the op that called them.
+// Driver API entry points whose records we keep: those that start GPU work, so work that
+// libraries launch through the driver API is correlated with the op that called them. Every other
+// driver call (cuBLASLt makes ~45 per matmul: attribute and context queries) is switched off.
 bool IsWorkLaunchingDriverApi(std::string_view name) {
   return name.starts_with("cuLaunch") || name.starts_with("cuMemcpy") ||
          name.starts_with("cuMemset") || name.starts_with("cuGraphLaunch");
@@ -190,7 +195,6 @@ class CuptiTracer::Impl {
 
   // --- the tracer thread's state ---
   CuptiTracerOptions options_;
-  std::vector<CUpti_CallbackId> driver_cbids;  // enabled driver API records
   std::vector<CUpti_ActivityKind> enabled_kinds;
   std::string driver_memory_unavailable;  // why MEMORY2 could not be enabled, if it could not
   int optional_failures = 0;              // quiet-runtime / driver-API settings CUPTI refused
@@ -224,7 +228,7 @@ class CuptiTracer::Impl {
   // Chrome trace bookkeeping.
   bool processes_named = false;
   std::set<std::pair<int64_t, int64_t>> named_tracks;
-  std::unordered_map<uint32_t, std::string> api_names;  // (driver << 31 | cbid) -> name
+  std::unordered_map<uint32_t, std::string> api_names;  // (kind << 24 | cbid) -> name
   std::unordered_map<uint64_t, uint64_t> driver_live;   // address -> bytes (MEMORY2)
   int64_t driver_allocated = 0;
 
@@ -334,12 +338,20 @@ void CuptiTracer::Impl::Parse(uint8_t* buffer, size_t valid_size) {
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME:
-      case CUPTI_ACTIVITY_KIND_DRIVER: {
+      case CUPTI_ACTIVITY_KIND_DRIVER:
+      case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API: {
+        // Counted, and kept only for the Chrome trace: attribution needs nothing from them (the
+        // external-correlation record that precedes each one carries the mapping).
         ++collected.api_calls;
+        const ApiKind kind = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? ApiKind::kRuntime
+                             : record->kind == CUPTI_ACTIVITY_KIND_DRIVER
+                                 ? ApiKind::kDriver
+                                 : ApiKind::kInternalLaunch;
+        if (kind != ApiKind::kRuntime) ++collected.driver_api_calls;
         if (!keep_api_calls) break;
         const auto* api = reinterpret_cast<const CUpti_ActivityAPI*>(record);
-        collected.api.push_back({api->start, api->end, api->correlationId, api->cbid, api->threadId,
-                                 record->kind == CUPTI_ACTIVITY_KIND_DRIVER});
+        collected.api.push_back(
+            {api->start, api->end, api->correlationId, api->cbid, api->threadId, kind});
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -362,12 +374,15 @@ void CuptiTracer::Impl::Parse(uint8_t* buffer, size_t valid_size) {
 }
 
 const std::string& CuptiTracer::Impl::ApiName(const ApiCall& call) {
-  const uint32_t key = (call.driver ? 1u << 31 : 0u) | call.cbid;
+  const uint32_t key = static_cast<uint32_t>(call.kind) << 24 | call.cbid;
   auto it = api_names.find(key);
   if (it != api_names.end()) return it->second;
+  if (call.kind == ApiKind::kInternalLaunch)  // no public entry point: cbid is unused
+    return api_names.emplace(key, "internal kernel launch").first->second;
+  const bool driver = call.kind == ApiKind::kDriver;
   const char* raw = nullptr;
   std::string name;
-  if (cuptiGetCallbackName(call.driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
+  if (cuptiGetCallbackName(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
                            call.cbid, &raw) == CUPTI_SUCCESS &&
       raw != nullptr) {
     name = raw;
@@ -377,7 +392,7 @@ const std::string& CuptiTracer::Impl::ApiName(const ApiCall& call) {
         name.find_first_not_of("0123456789", v + 2) == std::string::npos)
       name.resize(v);
   } else {
-    name = std::string(call.driver ? "driver" : "runtime") + " API " + std::to_string(call.cbid);
+    name = std::string(driver ? "driver" : "runtime") + " API " + std::to_string(call.cbid);
   }
   return api_names.emplace(key, std::move(name)).first->second;
 }
@@ -427,21 +442,35 @@ CuptiTracer::CuptiTracer(const CuptiTracerOptions& options) : enabled_(options.e
     for (CUpti_CallbackId cbid : kQuietRuntimeApis)
       if (cuptiActivityEnableRuntimeApi(cbid, 0) != CUPTI_SUCCESS) ++impl_->optional_failures;
     if (options.correlate_driver_api) {
+      // cuBLASLt launches its GEMM kernels (nvjet_*) with cuLaunchKernelEx: a driver API call,
+      // with no runtime API call around it. CUPTI writes the external-correlation record that maps
+      // a call to the pushed op only in front of an API activity record it creates for that call
+      // (cuptiActivityPushExternalCorrelationId), so without a driver record for the launch the
+      // kernel's correlation id maps to no op. cuptiActivityEnableDriverApi(cbid, 1) on its own is
+      // documented to record just those calls, but CUPTI 13.0 (130001) accepts it and then records
+      // nothing while no driver-domain activity kind is enabled: that is how the GEMMs of the
+      // first Qwen2.5-7B trace went unattributed. So: the DRIVER kind (every driver call), then
+      // every entry point that starts no GPU work switched off, the documented way to record a
+      // subset (in this order: enabling DRIVER overrides per-API settings made before it).
+      CTXPLAN_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER));
+      impl_->enabled_kinds.push_back(CUPTI_ACTIVITY_KIND_DRIVER);
       for (CUpti_CallbackId cbid = 1; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; ++cbid) {
         const char* name = nullptr;
         // Unused ids in the range have no name (CUPTI_ERROR_INVALID_PARAMETER): skip them.
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, cbid, &name) != CUPTI_SUCCESS ||
-            name == nullptr || !IsWorkLaunchingDriverApi(name))
+            name == nullptr || IsWorkLaunchingDriverApi(name))
           continue;
-        if (cuptiActivityEnableDriverApi(cbid, 1) != CUPTI_SUCCESS) {
-          ++impl_->optional_failures;
-          continue;
-        }
-        impl_->driver_cbids.push_back(cbid);
+        // Optional: a call left on only costs its records.
+        if (cuptiActivityEnableDriverApi(cbid, 0) != CUPTI_SUCCESS) ++impl_->optional_failures;
       }
+      // Kernels the driver launches outside any public API call get a record of their own kind
+      // (and so an external-correlation record too). Optional: a CUPTI without it traces the rest.
+      if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API) == CUPTI_SUCCESS)
+        impl_->enabled_kinds.push_back(CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API);
+      else
+        ++impl_->optional_failures;
     }
   } catch (...) {
-    for (CUpti_CallbackId cbid : impl_->driver_cbids) (void)cuptiActivityEnableDriverApi(cbid, 0);
     for (CUpti_ActivityKind kind : impl_->enabled_kinds) (void)cuptiActivityDisable(kind);
     std::lock_guard<std::mutex> lock(g_mutex);
     g_active = nullptr;
@@ -454,7 +483,7 @@ CuptiTracer::~CuptiTracer() {
   // Never throws: results are ignored, there is nobody left to report them to.
   for (size_t i = 0; i < impl_->open.size(); ++i)  // ops left pushed (an exception unwound)
     (void)cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, nullptr);
-  for (CUpti_CallbackId cbid : impl_->driver_cbids) (void)cuptiActivityEnableDriverApi(cbid, 0);
+  // The per-API settings stay behind: the next tracer's cuptiActivityEnable(DRIVER) resets them.
   for (CUpti_ActivityKind kind : impl_->enabled_kinds) (void)cuptiActivityDisable(kind);
   (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -573,6 +602,7 @@ TraceStepSummary CuptiTracer::EndStep() {
     return it != ops.end() && it->id == id ? &*it : nullptr;
   };
 
+  std::vector<uint32_t> unattributed_names;  // indices into kernel_names
   for (const GpuActivity& a : c.gpu) {
     switch (a.kind) {
       case GpuKind::kKernel:
@@ -590,6 +620,10 @@ TraceStepSummary CuptiTracer::EndStep() {
     Impl::OpSlot* op = it != ext.end() ? find_op(it->second) : nullptr;
     if (op == nullptr) {
       ++summary.unattributed;
+      if (a.kind == GpuKind::kKernel && unattributed_names.size() < kMaxUnattributedNames &&
+          std::find(unattributed_names.begin(), unattributed_names.end(), a.detail) ==
+              unattributed_names.end())
+        unattributed_names.push_back(a.detail);
       continue;
     }
     if (a.start == 0 && a.end == 0) {
@@ -622,6 +656,9 @@ TraceStepSummary CuptiTracer::EndStep() {
     summary.ops.push_back(r);
   }
   summary.api_calls = c.api_calls;
+  summary.driver_api_calls = c.driver_api_calls;
+  for (uint32_t name : unattributed_names)
+    summary.unattributed_kernels.push_back(kernel_names[name]);
   summary.external_correlations = c.external.size();
   summary.driver_memory_events = c.driver_memory.size();
   summary.memory_events = s.memory.size();
@@ -726,8 +763,9 @@ void CuptiTracer::Impl::WriteChrome(const Collected& c,
   // CPU side: runtime and driver API calls, one track per thread.
   for (const ApiCall& call : c.api) {
     NameTrack(kPidCpu, call.thread, "thread " + std::to_string(call.thread));
-    w.Complete(kPidCpu, call.thread, ApiName(call), call.driver ? "driver" : "runtime",
-               Us(call.start), dur(call.start, call.end),
+    w.Complete(kPidCpu, call.thread, ApiName(call),
+               call.kind == ApiKind::kRuntime ? "runtime" : "driver", Us(call.start),
+               dur(call.start, call.end),
                {{"op_id", op_of(call.correlation)}, {"correlation", call.correlation}});
   }
 

@@ -4,8 +4,9 @@
 // How it works (the design of pytorch/kineto's libkineto, reduced to what ctxtrain needs):
 // - Activity kinds enabled: CONCURRENT_KERNEL (kernels, without serialising them), MEMCPY, MEMSET,
 //   RUNTIME (CPU-side runtime API calls), EXTERNAL_CORRELATION, MEMORY2 (driver-level
-//   allocations), plus driver API records for the launch, memcpy and memset entry points only,
-//   so kernels that libraries such as cuBLASLt launch through the driver API are correlated too.
+//   allocations), DRIVER with every entry point but the launch, memcpy and memset ones switched
+//   off, and INTERNAL_LAUNCH_API: kernels that libraries launch through the driver API (cuBLASLt's
+//   GEMMs: cuLaunchKernelEx, no runtime call) are correlated too, at one record per launch.
 //   Noisy runtime calls (cudaGetLastError, cudaPeekAtLastError, cudaGetDevice) are not recorded.
 // - Buffers: CUPTI asks for activity buffers through a request callback and hands them back full
 //   through a completion callback (cuptiActivityRegisterCallbacks). They come from a process-wide
@@ -14,9 +15,12 @@
 //   is parsed at once into compact records and returned to the pool.
 // - External correlation: PushOp(id) / PopOp() around an op's launches push the plan op id with
 //   cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0); CUPTI then
-//   emits, for every API call made in between, a record mapping the call's correlation id to the op
-//   id, and the kernel / memcpy / memset the call started carries that correlation id. So every
-//   GPU activity maps to the plan op that launched it.
+//   emits, for every API call it records in between (runtime or driver alike), a record mapping the
+//   call's correlation id to the op id, and the kernel / memcpy / memset the call started carries
+//   that correlation id. So every GPU activity maps to the plan op that launched it, provided the
+//   API call that launched it is recorded: a launch whose call is not is "unattributed".
+//   Records are matched at EndStep, once all of the step's buffers are in, whatever buffer each
+//   record arrived in.
 // - One clock: CUPTI's timestamps (cuptiGetTimestamp for the CPU side: the clock of the activity
 //   records). Times are written in ns from the trace origin, the first BeginStep(): in a one-step
 //   trace that is the step's start; later steps follow on the same timeline.
@@ -37,6 +41,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ctxplan/runtime/cuda/memory_events.h"
@@ -53,7 +58,8 @@ struct CuptiTracerOptions {
   // completes, so a handful suffices; more only absorb bursts.
   int max_buffers_in_flight = 64;
   // Driver API records for launch/memcpy/memset entry points: needed to correlate work that
-  // libraries launch through the driver API (cuBLASLt), at one extra record per launch.
+  // libraries launch through the driver API (every cuBLASLt GEMM), at one extra record per launch.
+  // Off: those kernels are counted as unattributed and their ops timed on the CPU.
   bool correlate_driver_api = true;
 };
 
@@ -61,11 +67,16 @@ struct TraceStepSummary {
   std::vector<OpRecord> ops;                       // one per op pushed in the step, sorted by op id
   uint64_t kernels = 0, memcpys = 0, memsets = 0;  // GPU activities received
   uint64_t api_calls = 0;                          // runtime + driver API records
+  uint64_t driver_api_calls = 0;                   // of which driver API (and internal launch)
   uint64_t external_correlations = 0;
   uint64_t driver_memory_events = 0;  // MEMORY2 records
   uint64_t memory_events = 0;         // the runtime's own (OnMemoryEvent)
-  uint64_t unattributed = 0;          // GPU activities launched outside any PushOp..PopOp
-  uint64_t untimed = 0;               // GPU activities CUPTI could not time (start = end = 0)
+  // GPU activities mapped to no pushed op: launched outside any PushOp..PopOp, or by an API call
+  // CUPTI did not record (an op none of whose work is attributed is timed on the CPU: ~0). The
+  // kernels among them by name (distinct, the first 16), to tell which launch path was missed.
+  uint64_t unattributed = 0;
+  std::vector<std::string> unattributed_kernels;
+  uint64_t untimed = 0;  // GPU activities CUPTI could not time (start = end = 0)
   uint64_t dropped_records = 0;
   bool driver_memory_traced = false;  // MEMORY2 could be enabled (not on every virtualised GPU)
   int64_t step_start_ns = 0, step_end_ns = 0;  // from the trace origin
