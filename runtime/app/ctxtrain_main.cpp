@@ -384,7 +384,19 @@ int Main(int argc, char** argv) {
             BothObservers both(&observer, &progress);
             tracer.BeginStep();
             last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
-            tracer.EndStep();
+            const gpu::TraceStepSummary summary = tracer.EndStep();
+            // GPU work no plan op claims would be missing from the trace's op times: say so.
+            if (summary.unattributed > 0 || summary.dropped_records > 0) {
+              std::string names;
+              for (const std::string& name : summary.unattributed_kernels)
+                names += (names.empty() ? "" : ", ") + name;
+              std::fprintf(stderr,
+                           "ctxtrain: warning: the trace has %llu GPU activities no plan op "
+                           "claims (kernels: %s) and %llu dropped records\n",
+                           static_cast<unsigned long long>(summary.unattributed),
+                           names.empty() ? "none" : names.c_str(),
+                           static_cast<unsigned long long>(summary.dropped_records));
+            }
             return;
           }
 #endif
