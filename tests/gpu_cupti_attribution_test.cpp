@@ -125,7 +125,8 @@ Op MakeOp(OpId id, OpKind kind, OpPart part) {
 }
 
 // The ops, in launch order on one stream: the cuBLASLt paths the CUDA backend uses (bias
-// epilogue, plain, input gradient, fp32 weight gradient, bias gradient as a GEMV) and SwiGLU.
+// epilogue, plain, input gradient, fp32 weight gradient, bias gradient: our column-sum kernels) and
+// SwiGLU.
 std::vector<PlannedOp> Ops(OpId first) {
   return {{MakeOp(first + 0, OpKind::kLinearForward, OpPart::kQkv), false},
           {MakeOp(first + 1, OpKind::kLinearForward, OpPart::kGateUp), false},

@@ -5,13 +5,14 @@
 //   chunked   16 chunks of 4096 queries, chunk c over c*4096 earlier tokens in pages of p
 //             (identity page table = contiguous K/V; shuffled = paging cost), timed as the sum
 //   last      the last chunk alone (4096 queries over 61440 earlier tokens): dense vs page-sparse
-//             with 64 pages per tile (1 sink + 63 top pages), time ratio vs attended-pair ratio
+//             with 64 pages per tile (1 sink + 63 top pages), time ratio vs attended-pair ratio,
+//             for pages of 64 tokens and of 128 (the runtime's default)
 //   select    page summaries, scores and top-k of that last chunk
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
 //
-// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked]
+// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -340,7 +341,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: attention_bench [--reps N] [--tokens N] [--csv FILE] "
-                   "[--only full|chunked]\n");
+                   "[--only full|chunked|last]\n");
       return 2;
     }
   }
@@ -358,9 +359,10 @@ int main(int argc, char** argv) {
     for (const int64_t p : {int64_t{64}, int64_t{128}}) {
       if (only == "full") break;
       for (const bool shuffled : {false, true}) {
+        if (only == "last" && !shuffled) continue;
         Chunked ch(n, c, p, shuffled);
-        BenchChunked(ch, reps);
-        if (shuffled && p == 64) BenchSparse(ch, reps);
+        if (only != "last") BenchChunked(ch, reps);
+        if (shuffled) BenchSparse(ch, reps);
       }
     }
     std::printf("\n%-34s %10s %10s %10s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms",

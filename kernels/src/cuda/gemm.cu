@@ -1,6 +1,10 @@
 // cuBLASLt GEMMs (gemm.h) and the linear layers built on them (ops.h): forward with the bias
 // epilogue, input gradient, weight gradient accumulated with beta = 1 into bf16 or fp32, and the
-// bias gradient as a GEMV against a vector of ones.
+// bias gradient: the column sums of dy, by two small kernels of our own (partial sums of row
+// slices into the GEMM workspace, then their sums in a fixed order), or, for widths that are not
+// a multiple of 8 or a workspace too small, as a cuBLASLt GEMV against a vector of ones.
+// H200, dy [4096][4608] bf16: 12.4 us vs 13.2-14.9 us for the GEMV (a split-K GEMM kernel of
+// cuBLASLt's, tile 64x8, that keeps too few bytes in flight).
 //
 // Row-major to cuBLASLt's column-major: a row-major [r][c] matrix with row stride ld IS the
 // column-major [c][r] matrix with leading dimension ld. So row-major D = op(A) op(B) is computed
@@ -18,6 +22,7 @@
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
+#include "ops_util.cuh"
 
 namespace ctxplan::kernels::cuda {
 namespace {
@@ -196,6 +201,111 @@ void CheckLinear(const char* name, int64_t m, int64_t n, int64_t k) {
   }
 }
 
+// --- bias gradient: d_bias [n] += column sums of dy [m][n] ---------------------------------------
+// Pass 1 (BiasPartialKernel): grid (ceil(n / 256), splits); a block of 8 warps sums rows
+// [split * rows_per_split, ...) of a 256-column strip: a lane owns 8 columns (one 16-byte load a
+// row), warp w takes rows w, w + 8, ..., kBiasUnroll rows in flight at once; the 8 warps' sums
+// are added in order through shared memory into partial [split][n] fp32.
+// Pass 2 (BiasColumnSumKernel): d_bias[col] += the `splits` partials of col, in order.
+// Both deterministic. ~32 splits keep every multiprocessor busy (18 strips x 32 = 576 blocks at
+// n = 4608) with few partial rows for pass 2.
+constexpr int kBiasThreads = 256;
+constexpr int kBiasWarps = kBiasThreads / detail::kWarpSize;
+constexpr int kBiasStrip = detail::kWarpSize * 8;  // columns of a block: 8 bf16 a lane
+constexpr int kBiasUnroll = 4;
+constexpr int kBiasSplits = 32;
+constexpr int kBiasSumTile = 32;  // pass 2: (32 columns) x (8 row groups) threads
+
+__global__ void __launch_bounds__(kBiasThreads)
+    BiasPartialKernel(const bf16* __restrict__ dy, int64_t m, int64_t n, int64_t rows_per_split,
+                      float* __restrict__ partial) {
+  __shared__ float sums[kBiasWarps][kBiasStrip];
+  detail::GridDependencyWaitAndTrigger();
+  const int lane = threadIdx.x % detail::kWarpSize;
+  const int warp = threadIdx.x / detail::kWarpSize;
+  const int64_t strip = static_cast<int64_t>(blockIdx.x) * kBiasStrip;
+  const int64_t col = strip + lane * 8;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t r_end = std::min(m, r_begin + rows_per_split);
+  float acc[8] = {};
+  if (col < n) {
+    for (int64_t r0 = r_begin + warp; r0 < r_end; r0 += kBiasWarps * kBiasUnroll) {
+      float v[kBiasUnroll][8];
+#pragma unroll
+      for (int u = 0; u < kBiasUnroll; ++u) {
+        const int64_t r = r0 + u * kBiasWarps;
+        if (r < r_end) {
+          detail::LoadVec<8>(dy + r * n + col, v[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBiasUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += v[u][e];
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sums[warp][lane * 8 + e] = acc[e];
+  __syncthreads();
+  const int64_t out = strip + threadIdx.x;
+  if (out < n) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kBiasWarps; ++w) total += sums[w][threadIdx.x];
+    partial[blockIdx.y * n + out] = total;
+  }
+}
+
+// grid: ceil(n / 32) blocks of (32, 8) threads.
+template <typename GradT>
+__global__ void __launch_bounds__(kBiasSumTile * 8)
+    BiasColumnSumKernel(const float* __restrict__ partial, int splits, int64_t n,
+                        GradT* __restrict__ d_bias) {
+  constexpr int kGroups = 8;
+  __shared__ float sums[kGroups][kBiasSumTile + 1];
+  detail::GridDependencyWaitAndTrigger();
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBiasSumTile + threadIdx.x;
+  float sum = 0.0f;
+  if (col < n) {
+#pragma unroll 4
+    for (int s = threadIdx.y; s < splits; s += kGroups) sum += partial[s * n + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    float total = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) total += sums[g][threadIdx.x];
+    d_bias[col] = detail::FromFloat<GradT>(detail::ToFloat(d_bias[col]) + total);
+  }
+}
+
+// Launches the two bias passes when dy suits them (16-byte rows) and the GEMM workspace holds the
+// partials; returns false otherwise. The workspace is free between GEMMs on this stream (gemm.h:
+// one CublasLtGemm per stream), so the partials may live there.
+template <typename GradT>
+bool LaunchBiasColumnSums(CublasLtGemm& gemm, const bf16* dy, int64_t m, int64_t n, GradT* d_bias,
+                          cudaStream_t stream) {
+  if (n % 8 != 0 || !detail::IsAligned(dy, 16) || gemm.workspace() == nullptr) return false;
+  const int64_t rows_per_split = detail::CeilDiv(m, kBiasSplits);
+  const int64_t splits = detail::CeilDiv(m, rows_per_split);
+  if (static_cast<size_t>(splits * n) * sizeof(float) > gemm.workspace_bytes()) return false;
+  float* partial = static_cast<float*>(gemm.workspace());  // [splits][n]
+  detail::Launch(
+      BiasPartialKernel,
+      dim3(static_cast<unsigned>(detail::CeilDiv(n, kBiasStrip)), static_cast<unsigned>(splits)),
+      dim3(kBiasThreads), stream, dy, m, n, rows_per_split, partial);
+  detail::Launch(BiasColumnSumKernel<GradT>,
+                 dim3(static_cast<unsigned>(detail::CeilDiv(n, kBiasSumTile))),
+                 dim3(kBiasSumTile, 8), stream, static_cast<const float*>(partial),
+                 static_cast<int>(splits), n, d_bias);
+  return true;
+}
+
 template <typename GradT>
 void LinearBackwardWeightImpl(CublasLtGemm& gemm, const bf16* x, const bf16* dy, int64_t m,
                               int64_t n, int64_t k, GradT* d_w, GradT* d_bias,
@@ -220,7 +330,7 @@ void LinearBackwardWeightImpl(CublasLtGemm& gemm, const bf16* x, const bf16* dy,
     p.beta = 1.0f;
     gemm.Run(p, stream);
   }
-  if (d_bias != nullptr) {
+  if (d_bias != nullptr && !LaunchBiasColumnSums(gemm, dy, m, n, d_bias, stream)) {
     // d_bias [1][n] += ones [1][rows] * dy [rows][n], in slices of at most ones_count() rows.
     for (int64_t r0 = 0; r0 < m; r0 += gemm.ones_count()) {
       const int64_t rows = std::min(gemm.ones_count(), m - r0);

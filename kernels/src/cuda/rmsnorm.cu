@@ -2,7 +2,11 @@
 // fused with the residual stream's gradient), Qwen2 / Llama: y = x * rstd * weight.
 //
 // Forward: one thread block per row; each thread keeps kChunks 16-byte chunks of the row in
-// registers (chunk c = threadIdx.x + i * blockDim.x), so a row is read from memory once.
+// registers (chunk c = threadIdx.x + i * blockDim.x), so a row is read from memory once. Blocks
+// of ~128 threads (4 chunks a thread at d = 3584) without the residual: more rows resident per
+// multiprocessor than with ~256, hence more bytes in flight (H200, t = 4096, d = 3584: 16.9 us
+// vs 17.5 us with 224 x 2). With the residual (two rows of registers a thread) ~256 threads stay
+// better: 31.4 us vs 35.3 us with 128 x 4.
 // Backward: a grid of resident blocks, each looping over rows; a thread always owns the same
 // columns, so d_weight is summed over rows in its registers, written as one fp32 partial row per
 // block into the scratch, and a second kernel adds the column sums of the partials into d_weight
@@ -10,6 +14,9 @@
 // take the pipelined variant, which streams the next three rows into shared memory with cp.async;
 // wider rows prefetch the next row into registers (or, past 8 elements a thread, not at all).
 // Measured at t = 4096, d = 3584 on the H200: 29.9 us pipelined vs 35.6 us register prefetch.
+// Of the 29.9 us the row kernel takes 27.2 us (~95% of a D2D copy of its 88 MB) and the column
+// sums ~2.9 us, mostly the second kernel's drain / fill gap. One cooperative kernel instead (grid
+// barrier, then the whole grid sums the partials) measured slower: 31.9 us.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,11 +44,18 @@ using detail::StoreVec;
 constexpr const char* kForwardName = "RmsNormForward";
 constexpr const char* kBackwardName = "RmsNormBackward";
 constexpr int kMaxThreads = 1024;
-constexpr int kForwardTargetThreads = 256;
+constexpr int kForwardTargetThreads = 128;
+constexpr int kResidualForwardTargetThreads = 256;
 constexpr int kBackwardTargetThreads = 512;
 // Row elements one thread keeps in registers: at most 16 (the widest row is 16 * 1024 = 16384
-// wide in the forward, 16 * 512 = 8192 in the backward, which keeps ~5 floats per element).
+// wide in the forward, 16 * 512 = 8192 in the backward, which keeps ~5 floats per element), and
+// 32 in the forward without the residual (4 16-byte chunks: its 128-thread blocks), whose blocks
+// of more than 16 elements a thread then have at most 256 threads (up to 255 registers).
 constexpr int kMaxElementsPerThread = 16;
+constexpr int kForwardMaxElementsPerThread = 32;
+constexpr int ForwardMaxThreads(int elements) {
+  return elements > kMaxElementsPerThread ? 256 : kMaxThreads;
+}
 // The backward keeps ~7 floats per element (x, dy for this row and the next, d_add, weight,
 // d_weight): at most 512 threads a block (128 registers).
 constexpr int BackwardMaxThreads(int) {
@@ -59,7 +73,7 @@ static_assert(kMaxThreads % detail::kWarpSize == 0);
 // --- forward -----------------------------------------------------------------------------------
 // grid: t blocks.
 template <int kVec, int kChunks, bool kResidual>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(ForwardMaxThreads(kVec* kChunks))
     RmsNormForwardKernel(const bf16* residual, const bf16* x, const bf16* __restrict__ weight,
                          int64_t hidden, float eps, bf16* h, bf16* __restrict__ y,
                          float* __restrict__ rstd) {
@@ -326,15 +340,15 @@ struct RowConfig {
   int chunks = 0;  // per thread
 };
 
-// The fewest chunks per thread (1, 2, 4, 8, 16; at most kMaxElementsPerThread elements) that
-// covers a row of `row_chunks` kVec-wide chunks with at most `target_threads` threads, else with
-// as many threads as the kernel allows (max_threads(elements)).
+// The fewest chunks per thread (1, 2, 4, 8, 16; at most max_elements elements) that covers a
+// row of `row_chunks` kVec-wide chunks with at most `target_threads` threads, else with as many
+// threads as the kernel allows (max_threads(elements)).
 template <typename MaxThreads>
 RowConfig ChooseRowConfig(const char* name, int64_t row_chunks, int vec, int target_threads,
-                          MaxThreads max_threads) {
+                          int max_elements, MaxThreads max_threads) {
   for (bool relaxed : {false, true}) {
     for (int chunks : {1, 2, 4, 8, 16}) {
-      if (chunks * vec > kMaxElementsPerThread) break;
+      if (chunks * vec > max_elements) break;
       const int limit =
           relaxed ? max_threads(chunks * vec) : std::min(target_threads, max_threads(chunks * vec));
       const int64_t threads =
@@ -356,12 +370,15 @@ void CheckShape(const char* name, int64_t tokens, int64_t hidden) {
 template <int kVec, bool kResidual>
 void LaunchForward(const bf16* residual, const bf16* x, const bf16* weight, int64_t tokens,
                    int64_t hidden, float eps, bf16* h, bf16* y, float* rstd, cudaStream_t stream) {
-  const RowConfig cfg = ChooseRowConfig(kForwardName, hidden / kVec, kVec, kForwardTargetThreads,
-                                        [](int) { return kMaxThreads; });
+  const RowConfig cfg = ChooseRowConfig(
+      kForwardName, hidden / kVec, kVec,
+      kResidual ? kResidualForwardTargetThreads : kForwardTargetThreads,
+      kResidual ? kMaxElementsPerThread : kForwardMaxElementsPerThread, ForwardMaxThreads);
   const unsigned grid = static_cast<unsigned>(tokens);
 #define CTXPLAN_RMSNORM_FWD(CHUNKS)                                                                \
   case CHUNKS:                                                                                     \
-    if constexpr (kVec * CHUNKS <= kMaxElementsPerThread) {                                        \
+    if constexpr (kVec * CHUNKS <=                                                                 \
+                  (kResidual ? kMaxElementsPerThread : kForwardMaxElementsPerThread)) {            \
       detail::Launch(RmsNormForwardKernel<kVec, CHUNKS, kResidual>, dim3(grid), dim3(cfg.threads), \
                      stream, residual, x, weight, hidden, eps, h, y, rstd);                        \
     }                                                                                              \
@@ -454,7 +471,7 @@ int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, con
     }
   }
   const RowConfig cfg = ChooseRowConfig(kBackwardName, hidden / kVec, kVec, kBackwardTargetThreads,
-                                        BackwardMaxThreads);
+                                        kMaxElementsPerThread, BackwardMaxThreads);
   const int64_t sms = detail::MultiprocessorCount();
   int grid = 0;
 #define CTXPLAN_RMSNORM_BWD(CHUNKS)                                                             \

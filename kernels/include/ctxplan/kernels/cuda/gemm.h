@@ -1,8 +1,9 @@
 // cuBLASLt GEMMs for the linear layers and the loss head: bf16 operands, fp32 accumulation, bf16
 // or fp32 output, optional bias epilogue, any beta (weight gradients accumulate with beta = 1).
 //
-// CublasLtGemm owns the cuBLASLt handle, one workspace (sized once, at construction) and a device
-// vector of bf16 ones (bias gradients as GEMVs). Plans (matmul descriptor, layouts and the
+// CublasLtGemm owns the cuBLASLt handle, one workspace (sized once, at construction; the bias
+// gradient's partial sums use it too) and a device vector of bf16 ones (bias gradients as GEMVs
+// where our column-sum kernels do not apply). Plans (matmul descriptor, layouts and the
 // heuristic's algorithm) are cached per problem shape, so the heuristic runs once per shape.
 // The workspace is shared by every call: use one CublasLtGemm per stream (calls on one stream are
 // ordered, so they never use the workspace at the same time). Not thread-safe.
@@ -56,6 +57,9 @@ class CublasLtGemm {
   const __nv_bfloat16* ones() const { return ones_; }  // [ones_count()] bf16 1.0
   int64_t ones_count() const { return ones_count_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // The workspace itself: the linear layers' own kernels (the bias gradient's partial sums) use
+  // it between GEMMs on the same stream.
+  void* workspace() const { return workspace_; }
 
  private:
   struct Cache;

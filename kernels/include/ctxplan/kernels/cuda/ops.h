@@ -130,7 +130,9 @@ void LinearForward(CublasLtGemm& gemm, const bf16* x, const bf16* w, const bf16*
 void LinearBackwardInput(CublasLtGemm& gemm, const bf16* dy, const bf16* w, int64_t m, int64_t n,
                          int64_t k, bf16* dx, cudaStream_t stream);
 // d_w += dy^T x (GEMM with beta = 1, fp32 accumulation); d_bias += column sums of dy when
-// non-null (a GEMV against a vector of ones, also through cuBLASLt).
+// non-null (two kernels of ours, partial sums in the gemm's workspace, deterministic; a cuBLASLt
+// GEMV against a vector of ones when n % 8 != 0, dy is not 16-byte aligned or the workspace is
+// too small).
 //   x [m][k] bf16; dy [m][n] bf16; d_w [n][k] fp32 or bf16; d_bias [n] same type or null
 void LinearBackwardWeight(CublasLtGemm& gemm, const bf16* x, const bf16* dy, int64_t m, int64_t n,
                           int64_t k, float* d_w, float* d_bias, cudaStream_t stream);
