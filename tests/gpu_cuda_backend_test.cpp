@@ -158,7 +158,7 @@ TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
   std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
   labels.push_back(-1);
   CudaAdamW adamw;
-  adamw.lr = 1e-2f;
+  adamw.lr = 3e-3f;
   adamw.weight_decay = 0.1f;
   std::vector<ModelWeights> after;
   std::vector<double> losses;

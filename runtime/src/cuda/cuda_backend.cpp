@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -166,6 +167,28 @@ std::vector<std::vector<float>*> HostTensors(ModelWeights& w) {
   std::vector<std::vector<float>*> all;
   w.ForEach([&](const std::string&, std::vector<float>& t) { all.push_back(&t); });
   return all;
+}
+
+// bf16 <-> fp32 on the host by bit operations (round to nearest even; NaN stays NaN): inlined in
+// the host optimizer's loop, where the library's conversions are calls.
+inline float ToFloat(float x) {
+  return x;
+}
+inline float ToFloat(bf16 x) {
+  const uint32_t wide = static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(x).x) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+inline bf16 ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  __nv_bfloat16_raw raw;
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    raw.x = static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  else
+    raw.x = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  return bf16(raw);
 }
 
 // What a fault-injection run asks for (CTXPLAN_INJECT_FAULT): the real error paths of a failing
@@ -372,7 +395,11 @@ class TypedImpl final : public CudaBackend::Impl {
       try {
         gpu::PinnedPageStoreOptions kv;
         kv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(bf16);
-        kv.capacity_pages = static_cast<uint64_t>(layers_ * total_pages_);
+        // The last chunk writes no pages home (writes_pages): neither its KV nor, being attended
+        // by no later chunk, its dKV.
+        const int64_t homed =
+            std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1);
+        kv.capacity_pages = static_cast<uint64_t>(layers_ * homed);
         kv.category = MemCategory::kKvPages;
         if (fault_ == InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
           kv.block_bytes = uint64_t{1} << 50;
@@ -381,8 +408,7 @@ class TypedImpl final : public CudaBackend::Impl {
         kv_store_ = std::make_unique<gpu::PinnedPageStore>(kv, log);
         gpu::PinnedPageStoreOptions dkv;
         dkv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(G);
-        dkv.capacity_pages = static_cast<uint64_t>(
-            layers_ * std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1));
+        dkv.capacity_pages = static_cast<uint64_t>(layers_ * homed);
         dkv.category = MemCategory::kDkvPages;
         dkv_store_ = std::make_unique<gpu::PinnedPageStore>(dkv, log);
       } catch (const gpu::PinnedMemoryError& e) {
@@ -408,8 +434,13 @@ class TypedImpl final : public CudaBackend::Impl {
     r.arena_allocated_peak_bytes = static_cast<int64_t>(arena_->peak_allocated_bytes());
     arena_->SampleDeviceUsed();
     r.device_used_peak_bytes = static_cast<int64_t>(arena_->peak_device_used_bytes());
+    // Host memory the run holds: pinned page stores, the host optimizer's pinned staging and its
+    // moments (pageable).
+    r.pinned_bytes =
+        static_cast<int64_t>(host_grads_.size() * sizeof(G) + host_weights_.size() * sizeof(bf16) +
+                             (host_m_.size() + host_v_.size()) * sizeof(float));
     if (kv_store_) {
-      r.pinned_bytes =
+      r.pinned_bytes +=
           static_cast<int64_t>(kv_store_->peak_pinned_bytes() + dkv_store_->peak_pinned_bytes());
       r.pinned_pages_peak_bytes =
           static_cast<int64_t>(kv_store_->peak_in_use_bytes() + dkv_store_->peak_in_use_bytes());
@@ -1159,20 +1190,26 @@ class TypedImpl final : public CudaBackend::Impl {
       moment += t.size();
       ++i;
     });
-    const CudaAdamW a = adamw_;
+    // fp32 arithmetic as the GPU kernel, bias corrections folded in once (in double): the update
+    // streams ~22 bytes per parameter and must run at host memory speed, not at the speed of
+    // double-precision divisions (7.6B parameters at 7B).
+    //   (m / c1) / (sqrt(v / c2) + eps) = (1 / c1) * m / (sqrt(v) / sqrt(c2) + eps)
+    const float beta1 = adamw_.beta1, beta2 = adamw_.beta2, eps = adamw_.eps;
+    const auto step_size = static_cast<float>(adamw_.lr / correction1);
+    const auto inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(correction2));
+    const auto keep = static_cast<float>(decay);
     auto update = [&](const Tensor& t, size_t begin, size_t end) {
       bf16* w = host_weights_.get() + t.weight;
       const G* g = host_grads_.get() + t.grad;
       float* m = host_m_.data() + t.moment;
       float* v = host_v_.data() + t.moment;
       for (size_t j = begin; j < end; ++j) {
-        const double grad = static_cast<float>(g[j]);
-        m[j] = static_cast<float>(a.beta1 * static_cast<double>(m[j]) + (1.0 - a.beta1) * grad);
-        v[j] =
-            static_cast<float>(a.beta2 * static_cast<double>(v[j]) + (1.0 - a.beta2) * grad * grad);
-        const double step = a.lr * (m[j] / correction1) / (std::sqrt(v[j] / correction2) + a.eps);
-        w[j] = __float2bfloat16(
-            static_cast<float>(static_cast<double>(__bfloat162float(w[j])) * decay - step));
+        const float grad = ToFloat(g[j]);
+        const float mj = beta1 * m[j] + (1.0f - beta1) * grad;
+        const float vj = beta2 * v[j] + (1.0f - beta2) * grad * grad;
+        m[j] = mj;
+        v[j] = vj;
+        w[j] = ToBf16(ToFloat(w[j]) * keep - step_size * mj / (std::sqrt(vj) * inv_sqrt_c2 + eps));
       }
     };
     const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
