@@ -197,6 +197,21 @@ TEST(RecordedTrace, H200StepLoadsAndReplays) {
   EXPECT_GT(r.measured_step_seconds, 1.0);
   EXPECT_LT(r.measured_step_seconds / r.predicted_step_seconds, 1.5);
   EXPECT_GT(r.measured_step_seconds / r.predicted_step_seconds, 1.0 / 1.5);
+  // Every linear layer's GEMMs are attributed to their ops (cuBLASLt launches them through the
+  // driver API, which the tracer records): each GEMM kind's measured time is that of real GPU
+  // work, within a factor of 1.5 of the roofline prediction, not the ~0 of an unclaimed launch.
+  int gemm_kinds = 0;
+  for (const sim::KindComparison& k : r.by_kind) {
+    if (k.kind != OpKind::kLinearForward && k.kind != OpKind::kLinearBackwardInput &&
+        k.kind != OpKind::kLinearBackwardWeight)
+      continue;
+    ++gemm_kinds;
+    EXPECT_GT(k.measured_seconds / k.predicted_seconds, 1.0 / 1.5)
+        << OpKindName(k.kind) << "." << OpPartName(k.part);
+    EXPECT_LT(k.measured_seconds / k.predicted_seconds, 1.5)
+        << OpKindName(k.kind) << "." << OpPartName(k.part);
+  }
+  EXPECT_EQ(gemm_kinds, 12);  // 3 kinds x 4 parts (QKV, O, gate/up, down)
 }
 
 }  // namespace
