@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ctxplan/traces/json_reader.h"
+#include "ctxplan/traces/op_trace.h"
 #include "support/process.h"
 
 namespace ctxplan {
@@ -73,7 +74,8 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   ScratchDir dir;
   for (const char* grads : {"fp32", "bf16"}) {
-    const RunResult r = Ctxtrain({"--grad-dtype", grads}, dir);
+    const std::string trace = (dir.path() / (std::string(grads) + ".ctxtrace")).string();
+    const RunResult r = Ctxtrain({"--grad-dtype", grads, "--trace", trace}, dir);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const JsonValue v = JsonParser(r.out, "ctxtrain --json", 0).ParseDocument();
     const double allocated = Number(v, "arena_allocated_peak_bytes");
@@ -86,6 +88,11 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
     // KV (bf16) + dKV (grad dtype) of the context's pages, all layers, pinned.
     EXPECT_GT(pinned, 0.0);
     EXPECT_NEAR(Number(v, "loss"), std::log(151936.0), 1.0);  // random weights: about ln V
+    // The trace carries what the allocators held, for replay to print beside the plan's figures.
+    const OpTrace recorded = ReadOpTrace(trace);
+    EXPECT_EQ(std::stod(recorded.metadata.at("gpu_arena_allocated_bytes")), allocated);
+    EXPECT_EQ(std::stod(recorded.metadata.at("host_runtime_bytes")), pinned);
+    EXPECT_GE(std::stod(recorded.metadata.at("gpu_device_used_bytes")), reserved);
     std::printf("  %s: arena %.0f MiB of %.0f reserved, device %.0f MiB, pinned %.0f MiB\n", grads,
                 allocated / 1048576, reserved / 1048576, device / 1048576, pinned / 1048576);
   }

@@ -405,8 +405,14 @@ int Main(int argc, char** argv) {
           last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
         };
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
-        if (cuda)
+        if (cuda) {
           for (const auto& [key, value] : gpu::CuptiTracer::DeviceMetadata()) metadata[key] = value;
+          // What the allocators hold: all reserved before the first step, so known here.
+          const CudaMemoryReport memory = cuda_backend->Memory();
+          metadata["gpu_arena_allocated_bytes"] = std::to_string(memory.arena_allocated_peak_bytes);
+          metadata["gpu_device_used_bytes"] = std::to_string(memory.device_used_peak_bytes);
+          metadata["host_runtime_bytes"] = std::to_string(memory.pinned_bytes);
+        }
 #endif
         if (compact) {
           OpTraceWriter writer(f.trace, metadata);

@@ -440,9 +440,26 @@ int RunReplay(ReplayFlags f) {
   s += "ops: " + FormatCount(static_cast<int64_t>(r.traced_ops)) + " of " +
        FormatCount(static_cast<int64_t>(r.plan_ops)) + " kernels and copies of the plan traced\n";
   if (r.measured_gpu_peak > 0 || r.measured_host_peak > 0)
-    s += "memory peaks: GPU measured " + FormatGiB(r.measured_gpu_peak) + ", predicted " +
-         FormatGiB(r.predicted_gpu_peak) + "; host measured " + FormatGiB(r.measured_host_peak) +
-         ", predicted " + FormatGiB(r.predicted_host_peak) + "\n";
+    s += "memory peaks of the plan's alloc/free ops on the measured clock: GPU " +
+         FormatGiB(r.measured_gpu_peak) + " (predicted " + FormatGiB(r.predicted_gpu_peak) +
+         "), host " + FormatGiB(r.measured_host_peak) + " (predicted " +
+         FormatGiB(r.predicted_host_peak) + ")\n";
+  // What the runtime's allocators held, when the trace carries it (ctxtrain on CUDA).
+  auto bytes_of = [&](const char* key) -> int64_t {
+    const auto it = trace.metadata.find(key);
+    if (it == trace.metadata.end()) return -1;
+    try {
+      return std::stoll(it->second);
+    } catch (const std::exception&) {
+      return -1;
+    }
+  };
+  const int64_t arena = bytes_of("gpu_arena_allocated_bytes");
+  const int64_t device = bytes_of("gpu_device_used_bytes");
+  const int64_t host = bytes_of("host_runtime_bytes");
+  if (arena >= 0 && device >= 0 && host >= 0)
+    s += "memory held by the runtime: GPU arena " + FormatGiB(arena) + ", device-level " +
+         FormatGiB(device) + "; host " + FormatGiB(host) + "\n";
   s += "by kind                      count    measured s   predicted s   ratio\n";
   for (const sim::KindComparison& k : r.by_kind) {
     std::string name(OpKindName(k.kind));
