@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/checkpoint.h"
@@ -72,6 +73,20 @@ TEST(CtxtrainCli, DivergingRunStopsAndLeavesTheCheckpointIntact) {
   const RunResult r = Ctxtrain({"--weights", bad, "--save", checkpoint, "--task", "random"}, dir);
   ExpectOneLine(r, 3, {"step 0", "chunk 2"});
   EXPECT_EQ(ReadAll(checkpoint), "the previous checkpoint");
+}
+
+// A LoRA run completes on the CPU backend (lora_test checks the adapters' gradients and that
+// training them lowers the loss); LoRA runs with checkpoints are refused (full weights only).
+TEST(CtxtrainCli, LoraRunTrainsAndRefusesCheckpoints) {
+  ScratchDir dir;
+  const RunResult r = Ctxtrain({"--lora-rank", "8", "--optimizer", "adamw-gpu", "--lr", "1e-2",
+                                "--task", "random", "--steps", "1", "--json"},
+                               dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"loss\":"), std::string::npos) << r.out;
+  ExpectOneLine(Ctxtrain({"--lora-rank", "8", "--save", (dir.path() / "x.ckpt").string()}, dir), 2,
+                {"--lora-rank", "--save"});
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "x.ckpt"));
 }
 
 TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {

@@ -339,9 +339,25 @@ int Main(int argc, char** argv) {
     owned = std::move(b);
   }
 #endif
+  // LoRA: adapters from the seed (B at zero: the run starts from the base model), trained alone.
+  std::optional<LoraState> lora;
+  if (options.lora_rank > 0) {
+    if (cuda)
+      throw InputError(
+          "--lora-rank: the CUDA backend trains full parameters only so far; "
+          "accepted: 0, or --backend cpu");
+    if (!f.save.empty() || !f.resume.empty())
+      throw InputError(
+          "--lora-rank with --save/--resume: checkpoints hold full weights only so "
+          "far; accepted: a LoRA run without checkpoints");
+    lora.emplace(LoraState{RandomLora(model, options.lora_rank, f.seed + 1),
+                           ZeroLora(model, options.lora_rank), ZeroLora(model, options.lora_rank),
+                           ZeroLora(model, options.lora_rank)});
+  }
   if (!cuda) {
     auto b = std::make_unique<CpuBackend>(
-        model, weights, grads, options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer);
+        model, weights, grads, options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer,
+        lora ? &*lora : nullptr);
     cpu_backend = b.get();
     owned = std::move(b);
   }
@@ -357,6 +373,9 @@ int Main(int argc, char** argv) {
     const TokenSequence inputs = data.Step(s);
     if (!cuda)
       grads.ForEach(
+          [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+    if (lora)
+      lora->grads.ForEach(
           [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     if (cuda_backend) cuda_backend->ZeroGrads();

@@ -19,8 +19,8 @@ using kernels::PageSelection;
 class CpuBackend::Impl {
  public:
   Impl(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
-       OptimizerState* optimizer)
-      : m_(model), w_(weights), g_(grads), optimizer_(optimizer) {
+       OptimizerState* optimizer, LoraState* lora)
+      : m_(model), w_(weights), g_(grads), optimizer_(optimizer), lora_(lora) {
     d_ = m_.hidden_size;
     q_dim_ = m_.q_dim();
     kv_dim_ = m_.kv_dim();
@@ -32,8 +32,10 @@ class CpuBackend::Impl {
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) {
     o_ = plan.options();
-    if (o_.lora_rank > 0)
-      throw InputError("--lora-rank: the CPU backend trains full parameters only; accepted: 0");
+    if (o_.lora_rank > 0 && (lora_ == nullptr || lora_->weights.rank != o_.lora_rank))
+      throw InternalError("CPU backend: a LoRA plan of rank " + std::to_string(o_.lora_rank) +
+                          " without adapters of that rank");
+    frozen_dw_.assign(static_cast<size_t>(d_), 0.0f);
     if (o_.optimizer == OptimizerKind::kAdamWHost || o_.optimizer == OptimizerKind::kAdamWGpu) {
       if (optimizer_ == nullptr) throw InternalError("an optimizer step without optimizer state");
     }
@@ -96,7 +98,8 @@ class CpuBackend::Impl {
         EmbeddingForward();
         break;
       case OpKind::kEmbeddingBackward:
-        cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
+        if (!Lora())  // frozen under LoRA
+          cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
         break;
       case OpKind::kRmsNormForward:
         NormForward(op);
@@ -198,6 +201,15 @@ class CpuBackend::Impl {
   }
   LayerWeights& W(const Op& op) { return w_.layers[L(op)]; }
   LayerWeights& G(const Op& op) { return g_.layers[L(op)]; }
+  bool Lora() const { return o_.lora_rank > 0; }
+  // Where a norm's weight gradient goes: its gradient, or a scratch when the base is frozen.
+  float* NormGrad(std::vector<float>& grad) { return Lora() ? frozen_dw_.data() : grad.data(); }
+  // The adapters' contribution to a linear part's output y [t][y_stride] (LoRA runs).
+  void AddLora(const Op& op, const float* x, float* y, int64_t y_stride) {
+    if (!Lora()) return;
+    lora_cpu::Forward(lora_->weights.layers[L(op)].Part(op.part), lora_->weights.scale, x, T(), y,
+                      y_stride);
+  }
 
   void StartChunk(int32_t index) {
     chunk_index_ = index;
@@ -274,6 +286,7 @@ class CpuBackend::Impl {
         cpu::LinearForward(xn_.data(), w.qkv.data(),
                            w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(), t,
                            q_dim_ + 2 * kv_dim_, d_, qkv_.data());
+        AddLora(op, xn_.data(), qkv_.data(), q_dim_ + 2 * kv_dim_);
         SplitQkv();
         break;
       }
@@ -281,15 +294,18 @@ class CpuBackend::Impl {
         o_out_.resize(static_cast<size_t>(t * d_));
         cpu::LinearForward(AttentionOutput(op).data(), w.o.data(), nullptr, t, d_, q_dim_,
                            o_out_.data());
+        AddLora(op, AttentionOutput(op).data(), o_out_.data(), d_);
         break;
       case OpPart::kGateUp:
         gate_up_.resize(static_cast<size_t>(t * 2 * inter_));
         cpu::LinearForward(xn2_.data(), w.gate_up.data(), nullptr, t, 2 * inter_, d_,
                            gate_up_.data());
+        AddLora(op, xn2_.data(), gate_up_.data(), 2 * inter_);
         break;
       case OpPart::kDown:
         pending_.resize(static_cast<size_t>(t * d_));
         cpu::LinearForward(act_.data(), w.down.data(), nullptr, t, d_, inter_, pending_.data());
+        AddLora(op, act_.data(), pending_.data(), d_);
         has_pending_ = true;
         if (op.phase == Phase::kFill && o_.keep_layer_inputs && op.layer == layers_ - 1) {
           std::vector<float>& top = saved_top_[static_cast<size_t>(c_.index)];
@@ -490,7 +506,7 @@ class CpuBackend::Impl {
   void Loss() {
     const bool tied = w_.lm_head.empty();
     const float* head = tied ? w_.embedding.data() : w_.lm_head.data();
-    float* d_head = tied ? g_.embedding.data() : g_.lm_head.data();
+    float* d_head = Lora() ? nullptr : tied ? g_.embedding.data() : g_.lm_head.data();
     d_xnf_.resize(xnf_.size());
     const float scale = labelled_total_ > 0 ? 1.0f / static_cast<float>(labelled_total_) : 0.0f;
     const std::span<const int32_t> labels = ChunkLabels();
@@ -511,17 +527,17 @@ class CpuBackend::Impl {
       case OpPart::kFinalNorm:
         dh_.resize(n);
         cpu::RmsNormBackward(h_.data(), w_.final_norm.data(), rstdf_.data(), d_xnf_.data(), T(), d_,
-                             dh_.data(), g_.final_norm.data());
+                             dh_.data(), NormGrad(g_.final_norm));
         break;
       case OpPart::kMlpNorm:  // d h_mid = dh (residual) + the norm's share
         cpu::RmsNormBackward(hmid_.data(), W(op).mlp_norm.data(), rstd2_.data(), d_xn2_.data(), T(),
-                             d_, tmp_.data(), G(op).mlp_norm.data());
+                             d_, tmp_.data(), NormGrad(G(op).mlp_norm));
         d_hmid_.resize(n);
         for (size_t i = 0; i < n; ++i) d_hmid_[i] = dh_[i] + tmp_[i];
         break;
       case OpPart::kAttnNorm:  // d x = d h_mid (residual) + the norm's share: the layer below's dh
         cpu::RmsNormBackward(x_.data(), W(op).attn_norm.data(), rstd1_.data(), d_xn_.data(), T(),
-                             d_, tmp_.data(), G(op).attn_norm.data());
+                             d_, tmp_.data(), NormGrad(G(op).attn_norm));
         for (size_t i = 0; i < n; ++i) dh_[i] = d_hmid_[i] + tmp_[i];
         break;
       default:
@@ -529,10 +545,43 @@ class CpuBackend::Impl {
     }
   }
 
+  // (x, dY, dX) of a linear part, for its adapters' backward after the base's.
+  void LoraBackward(const Op& op, bool input, const float* x, const float* dy, int64_t dy_stride,
+                    float* dx) {
+    const size_t l = L(op);
+    lora_cpu::Backward(lora_->weights.layers[l].Part(op.part), lora_->weights.scale, x, dy,
+                       dy_stride, T(), input ? dx : nullptr,
+                       input ? nullptr : &lora_->grads.layers[l].Part(op.part));
+  }
+
   void LinearBackward(const Op& op, bool input) {
+    LinearBackwardBase(op, input);
+    if (!Lora()) return;
+    const int64_t qkv = q_dim_ + 2 * kv_dim_;
+    switch (op.part) {
+      case OpPart::kDown:
+        LoraBackward(op, input, act_.data(), dh_.data(), d_, d_act_.data());
+        break;
+      case OpPart::kGateUp:
+        LoraBackward(op, input, xn2_.data(), d_gate_up_.data(), 2 * inter_, d_xn2_.data());
+        break;
+      case OpPart::kO:
+        LoraBackward(op, input, saved_attn_[S(op)].data(), d_hmid_.data(), d_, d_attn_.data());
+        break;
+      case OpPart::kQkv:
+        if (!input) JoinQkvGradient();  // (the input op joined it already; cheap to redo)
+        LoraBackward(op, input, xn_.data(), dqkv_.data(), qkv, d_xn_.data());
+        break;
+      default:
+        throw InternalError("CPU backend: linear backward without a part");
+    }
+  }
+
+  void LinearBackwardBase(const Op& op, bool input) {
     LayerWeights& w = W(op);
     LayerWeights& g = G(op);
     const int64_t t = T();
+    if (!input && Lora()) return;  // the base weights are frozen
     // (x, W, dY) of each projection; dX overwritten by the input op, dW accumulated by the
     // weight op.
     switch (op.part) {
@@ -581,6 +630,18 @@ class CpuBackend::Impl {
   }
 
   void OptimizerStep() {
+    if (Lora()) {  // the adapters alone
+      std::vector<std::vector<float>*> w, g, m, v;
+      lora_->weights.ForEach([&](const std::string&, std::vector<float>& t) { w.push_back(&t); });
+      lora_->grads.ForEach([&](const std::string&, std::vector<float>& t) { g.push_back(&t); });
+      lora_->m.ForEach([&](const std::string&, std::vector<float>& t) { m.push_back(&t); });
+      lora_->v.ForEach([&](const std::string&, std::vector<float>& t) { v.push_back(&t); });
+      for (size_t i = 0; i < w.size(); ++i)
+        cpu::AdamW(w[i]->data(), g[i]->data(), m[i]->data(), v[i]->data(),
+                   static_cast<int64_t>(w[i]->size()), optimizer_->params);
+      ++optimizer_->params.step;
+      return;
+    }
     std::vector<std::vector<float>*> w, g, m, v;
     w_.ForEach([&](const std::string&, std::vector<float>& t) { w.push_back(&t); });
     g_.ForEach([&](const std::string&, std::vector<float>& t) { g.push_back(&t); });
@@ -599,6 +660,8 @@ class CpuBackend::Impl {
   ModelWeights& w_;
   ModelWeights& g_;
   OptimizerState* optimizer_;
+  LoraState* lora_;
+  std::vector<float> frozen_dw_;  // [d]: where frozen norms' weight gradients go under LoRA
   int64_t d_ = 0, q_dim_ = 0, kv_dim_ = 0, inter_ = 0, vocab_ = 0, layers_ = 0;
   float scale_ = 1.0f;
 
@@ -645,8 +708,8 @@ class CpuBackend::Impl {
 };
 
 CpuBackend::CpuBackend(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
-                       OptimizerState* optimizer)
-    : impl_(std::make_unique<Impl>(model, weights, grads, optimizer)) {}
+                       OptimizerState* optimizer, LoraState* lora)
+    : impl_(std::make_unique<Impl>(model, weights, grads, optimizer, lora)) {}
 CpuBackend::~CpuBackend() = default;
 void CpuBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
   impl_->BeginStep(plan, inputs);

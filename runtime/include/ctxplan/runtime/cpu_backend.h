@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "ctxplan/kernels/cpu/reference.h"
+#include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/model_weights.h"
 #include "ctxplan/runtime/step_backend.h"
 
@@ -22,12 +23,19 @@ struct OptimizerState {
   kernels::cpu::AdamWParams params;
 };
 
+// A LoRA run's adapters, their gradients (the caller zeroes them per step) and AdamW moments.
+struct LoraState {
+  LoraWeights weights, grads, m, v;
+};
+
 class CpuBackend final : public StepBackend {
  public:
   // `weights` are trained in place; `grads` accumulate over the step (the caller zeroes them);
-  // `optimizer` may be null when the plan has no optimizer step.
+  // `optimizer` may be null when the plan has no optimizer step (its moments are unused with
+  // LoRA, its step parameters used). With a LoRA plan, `lora` holds the adapters: the base
+  // weights stay frozen (no gradient reaches `grads`) and the optimizer steps the adapters.
   CpuBackend(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
-             OptimizerState* optimizer);
+             OptimizerState* optimizer, LoraState* lora = nullptr);
   ~CpuBackend() override;
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) override;
