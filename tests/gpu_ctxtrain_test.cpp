@@ -98,6 +98,16 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
   }
 }
 
+// A LoRA run on the CUDA backend: the base frozen on the GPU, the adapters trained by AdamW.
+TEST(CtxtrainCuda, LoraRunCompletes) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  ScratchDir dir;
+  const RunResult r = Ctxtrain({"--lora-rank", "8", "--optimizer", "adamw-gpu"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const JsonValue v = JsonParser(r.out, "ctxtrain --json", 0).ParseDocument();
+  EXPECT_NEAR(Number(v, "loss"), std::log(151936.0), 1.0);
+}
+
 TEST(CtxtrainCuda, FaultsEndTheRunWithOneLineAndKeepTheCheckpoint) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   ScratchDir dir;

@@ -189,5 +189,85 @@ TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
   }
 }
 
+// LoRA on the GPU against LoRA on the CPU: the adapters' gradients (base frozen), then a few
+// AdamW steps of the adapters alone.
+TEST(CudaBackend, LoraMatchesTheCpuBackend) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const ModelSpec model = Small();
+  ModelWeights weights = RandomWeights(model, 5);
+  weights.ForEach([](const std::string& name, std::vector<float>& t) {
+    if (name.find("norm") == std::string::npos)
+      for (float& x : t) x *= 4.0f;
+  });
+  const int64_t rank = 4;
+  const LoraWeights adapters = RandomLora(model, rank, 6, /*random_b=*/true);
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 9);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  struct Variant {
+    int64_t budget;
+    bool offload;
+    GradDtype grads;
+  };
+  for (const Variant v :
+       {Variant{RunOptions::kAllPages, true, GradDtype::kFp32}, Variant{2, true, GradDtype::kFp32},
+        Variant{RunOptions::kAllPages, false, GradDtype::kBf16}}) {
+    RunOptions o = Options(v.budget, v.offload, false, v.grads);
+    o.lora_rank = rank;
+    const StepPlan plan(model, o);
+    const std::string where = "budget " + std::to_string(v.budget) + " offload " +
+                              std::to_string(v.offload) + " grads " +
+                              std::string(GradDtypeName(v.grads));
+    ModelWeights cpu_weights = weights, cpu_grads = ZeroWeights(model);
+    LoraState cpu_lora{adapters, ZeroLora(model, rank), ZeroLora(model, rank),
+                       ZeroLora(model, rank)};
+    CpuBackend cpu(model, cpu_weights, cpu_grads, nullptr, &cpu_lora);
+    const StepOutputs want = RunStep(plan, {tokens, labels}, cpu);
+    CudaBackend gpu(plan, weights, {}, nullptr, &adapters);
+    const StepOutputs got = RunStep(plan, {tokens, labels}, gpu);
+    EXPECT_NEAR(got.loss_sum / want.loss_sum, 1.0, 1e-2) << where;
+    LoraWeights gpu_grads = gpu.DownloadLoraGrads();
+    std::vector<std::pair<std::string, std::vector<float>*>> a, b;
+    gpu_grads.ForEach([&](const std::string& n, std::vector<float>& t) { a.emplace_back(n, &t); });
+    cpu_lora.grads.ForEach(
+        [&](const std::string& n, std::vector<float>& t) { b.emplace_back(n, &t); });
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double error = RelativeError(*a[i].second, *b[i].second);
+      EXPECT_LE(error, 5e-2) << where << " " << a[i].first;
+      worst = std::max(worst, error);
+    }
+    std::printf("  LoRA %s: %zu adapter tensors, worst rel. error %.2e\n", where.c_str(), a.size(),
+                worst);
+  }
+
+  // AdamW on the adapters: the GPU takes the CPU's steps.
+  RunOptions o = Options(RunOptions::kAllPages, true, false, GradDtype::kFp32);
+  o.lora_rank = rank;
+  o.optimizer = OptimizerKind::kAdamWGpu;
+  const StepPlan plan(model, o);
+  const LoraWeights fresh = RandomLora(model, rank, 7);  // B at zero, as a run starts
+  ModelWeights cpu_weights = weights, cpu_grads = ZeroWeights(model);
+  LoraState cpu_lora{fresh, ZeroLora(model, rank), ZeroLora(model, rank), ZeroLora(model, rank)};
+  OptimizerState cpu_optimizer;
+  cpu_optimizer.params.lr = 3e-3f;
+  CpuBackend cpu(model, cpu_weights, cpu_grads, &cpu_optimizer, &cpu_lora);
+  CudaAdamW adamw;
+  adamw.lr = 3e-3f;
+  CudaBackend gpu(plan, weights, adamw, nullptr, &fresh);
+  std::vector<double> cpu_loss, gpu_loss;
+  for (int s = 0; s < 5; ++s) {
+    cpu_lora.grads = ZeroLora(model, rank);
+    cpu_loss.push_back(RunStep(plan, {tokens, labels}, cpu).mean_loss());
+    gpu.ZeroGrads();
+    gpu_loss.push_back(RunStep(plan, {tokens, labels}, gpu).mean_loss());
+    EXPECT_NEAR(gpu_loss.back() / cpu_loss.back(), 1.0, 2e-2) << "step " << s;
+  }
+  EXPECT_LT(gpu_loss.back(), gpu_loss.front());
+  std::printf("  LoRA AdamW: GPU loss %.4f -> %.4f, CPU %.4f -> %.4f\n", gpu_loss.front(),
+              gpu_loss.back(), cpu_loss.front(), cpu_loss.back());
+}
+
 }  // namespace
 }  // namespace ctxplan

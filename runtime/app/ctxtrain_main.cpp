@@ -327,25 +327,9 @@ int Main(int argc, char** argv) {
   ModelWeights grads = cuda ? ModelWeights{} : ZeroWeights(model);
   std::unique_ptr<StepBackend> owned;
   CpuBackend* cpu_backend = nullptr;
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-  CudaBackend* cuda_backend = nullptr;
-  if (cuda) {
-    CudaAdamW adamw;
-    adamw.lr = static_cast<float>(f.lr);
-    // The weights move in: freed once on the GPU, before the host pages are pinned.
-    auto b = std::make_unique<CudaBackend>(plan, std::move(weights), adamw,
-                                           f.json ? nullptr : &std::cerr);
-    cuda_backend = b.get();
-    owned = std::move(b);
-  }
-#endif
   // LoRA: adapters from the seed (B at zero: the run starts from the base model), trained alone.
   std::optional<LoraState> lora;
   if (options.lora_rank > 0) {
-    if (cuda)
-      throw InputError(
-          "--lora-rank: the CUDA backend trains full parameters only so far; "
-          "accepted: 0, or --backend cpu");
     if (!f.save.empty() || !f.resume.empty())
       throw InputError(
           "--lora-rank with --save/--resume: checkpoints hold full weights only so "
@@ -354,6 +338,19 @@ int Main(int argc, char** argv) {
                            ZeroLora(model, options.lora_rank), ZeroLora(model, options.lora_rank),
                            ZeroLora(model, options.lora_rank)});
   }
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  CudaBackend* cuda_backend = nullptr;
+  if (cuda) {
+    CudaAdamW adamw;
+    adamw.lr = static_cast<float>(f.lr);
+    // The weights move in: freed once on the GPU, before the host pages are pinned.
+    auto b = std::make_unique<CudaBackend>(plan, std::move(weights), adamw,
+                                           f.json ? nullptr : &std::cerr,
+                                           lora ? &lora->weights : nullptr);
+    cuda_backend = b.get();
+    owned = std::move(b);
+  }
+#endif
   if (!cuda) {
     auto b = std::make_unique<CpuBackend>(
         model, weights, grads, options.optimizer == OptimizerKind::kNone ? nullptr : &optimizer,

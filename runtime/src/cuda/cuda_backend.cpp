@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
+#include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/plan_geometry.h"
 
 namespace ctxplan {
@@ -39,6 +41,7 @@ namespace {
 template <typename T>
 class DeviceArray {
  public:
+  using value_type = T;
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
@@ -169,6 +172,15 @@ std::vector<std::vector<float>*> HostTensors(ModelWeights& w) {
   return all;
 }
 
+// One projection's LoRA adapter on the device (lora.h): A [r][in], B [out][r] bf16, trained.
+template <typename G>
+struct DeviceLoraProjection {
+  int64_t out_offset = 0, out = 0, in = 0;
+  DeviceArray<bf16> a, b;                 // kWeights
+  DeviceArray<G> grad_a, grad_b;          // kGrads
+  DeviceArray<float> m_a, v_a, m_b, v_b;  // kOptimizer (AdamW on the GPU)
+};
+
 // bf16 <-> fp32 on the host by bit operations (round to nearest even; NaN stays NaN): inlined in
 // the host optimizer's loop, where the library's conversions are calls.
 inline float ToFloat(float x) {
@@ -218,6 +230,7 @@ class CudaBackend::Impl {
   virtual ModelWeights DownloadWeights() = 0;
   virtual ModelWeights DownloadGrads() = 0;
   virtual CudaMemoryReport Memory() = 0;
+  virtual LoraWeights DownloadLora(bool grads) = 0;
 };
 
 namespace {
@@ -225,12 +238,16 @@ namespace {
 template <typename G>  // gradients and dKV pages: float or bf16 (the run's grad dtype)
 class TypedImpl final : public CudaBackend::Impl {
  public:
-  TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log)
+  TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log,
+            const LoraWeights* lora)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
-    if (o_.lora_rank > 0)
+    if (o_.lora_rank > 0 && (lora == nullptr || lora->rank != o_.lora_rank))
+      throw InternalError("CUDA backend: a LoRA plan of rank " + std::to_string(o_.lora_rank) +
+                          " without adapters of that rank");
+    if (o_.lora_rank > 0 && o_.optimizer == OptimizerKind::kAdamWHost)
       throw InputError(
-          "--lora-rank: the CUDA backend trains full parameters only so far; "
-          "accepted: 0");
+          "--optimizer adamw-host with --lora-rank: the CUDA backend steps LoRA "
+          "adapters on the GPU; accepted: adamw-gpu, none");
     if (m_.head_dim != 64 && m_.head_dim != 128)
       throw InputError("model head_dim " + std::to_string(m_.head_dim) +
                        ": the CUDA attention kernels take 64 or 128");
@@ -263,10 +280,42 @@ class TypedImpl final : public CudaBackend::Impl {
     // Every device buffer, by category, then one arena for all of them.
     ArenaPlan want;
     WantLike(want, weights_, weights, MemCategory::kWeights, "weights");  // bf16
-    WantLike(want, grads_, weights, MemCategory::kGrads, "gradients");    // G
-    if (o_.optimizer == OptimizerKind::kAdamWGpu) {
-      WantLike(want, adam_m_, weights, MemCategory::kOptimizer, "AdamW m");  // fp32
-      WantLike(want, adam_v_, weights, MemCategory::kOptimizer, "AdamW v");
+    if (o_.lora_rank == 0) {  // under LoRA the base is frozen: no gradients, no moments
+      WantLike(want, grads_, weights, MemCategory::kGrads, "gradients");  // G
+      if (o_.optimizer == OptimizerKind::kAdamWGpu) {
+        WantLike(want, adam_m_, weights, MemCategory::kOptimizer, "AdamW m");  // fp32
+        WantLike(want, adam_v_, weights, MemCategory::kOptimizer, "AdamW v");
+      }
+    } else {
+      lora_scale_ = lora->scale;
+      lora_.resize(static_cast<size_t>(layers_));
+      for (size_t l = 0; l < lora_.size(); ++l)
+        for (OpPart part : kLoraParts) {
+          const std::vector<LoraProjection>& host = lora->layers[l].Part(part);
+          std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
+          dev.resize(host.size());
+          for (size_t n = 0; n < host.size(); ++n) {
+            DeviceLoraProjection<G>& d = dev[n];
+            d.out_offset = host[n].out_offset;
+            d.out = host[n].out;
+            d.in = host[n].in;
+            want.Want(d.a, host[n].a.size(), MemCategory::kWeights, "LoRA A [r][in]");
+            want.Want(d.b, host[n].b.size(), MemCategory::kWeights, "LoRA B [out][r]");
+            want.Want(d.grad_a, host[n].a.size(), MemCategory::kGrads, "LoRA dA");
+            want.Want(d.grad_b, host[n].b.size(), MemCategory::kGrads, "LoRA dB");
+            if (o_.optimizer == OptimizerKind::kAdamWGpu)
+              for (DeviceArray<float>* moment : {&d.m_a, &d.v_a})
+                want.Want(*moment, host[n].a.size(), MemCategory::kOptimizer, "LoRA moments");
+            if (o_.optimizer == OptimizerKind::kAdamWGpu)
+              for (DeviceArray<float>* moment : {&d.m_b, &d.v_b})
+                want.Want(*moment, host[n].b.size(), MemCategory::kOptimizer, "LoRA moments");
+          }
+        }
+      const auto rows = static_cast<size_t>(o_.chunk_tokens * o_.lora_rank);
+      want.Want(lora_u_, rows, MemCategory::kActivations, "LoRA x A^T [c][r]");
+      want.Want(lora_du_, rows, MemCategory::kActivations, "LoRA dy B [c][r]");
+      want.Want(frozen_dw_, static_cast<size_t>(d_), MemCategory::kWorkspace,
+                "frozen norm gradient [d]");
     }
 
     // One layer's activations and their gradients, for c tokens.
@@ -365,6 +414,7 @@ class TypedImpl final : public CudaBackend::Impl {
     arena_ = want.Commit(log);
 
     Upload(weights);  // and frees them: the host RAM is for the pinned pages pinned next
+    if (o_.lora_rank > 0) UploadLora(*lora);
     if (o_.optimizer == OptimizerKind::kAdamWHost) {
       // The host keeps the moments and a copy of the weights it updates; the gradients come
       // home into pinned staging. Regions are copied whole (tensor padding included).
@@ -447,6 +497,180 @@ class TypedImpl final : public CudaBackend::Impl {
     }
     return r;
   }
+
+  static constexpr OpPart kLoraParts[] = {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown};
+  bool Lora() const { return o_.lora_rank > 0; }
+  std::vector<DeviceLoraProjection<G>>& LoraPart(size_t layer, OpPart part) {
+    LoraLayer& l = lora_[layer];
+    switch (part) {
+      case OpPart::kQkv:
+        return l.qkv;
+      case OpPart::kO:
+        return l.o;
+      case OpPart::kGateUp:
+        return l.gate_up;
+      case OpPart::kDown:
+        return l.down;
+      default:
+        throw InternalError("CUDA backend: no LoRA adapters on part " +
+                            std::string(OpPartName(part)));
+    }
+  }
+
+  void UploadLora(const LoraWeights& lora) {
+    std::vector<bf16> staging;
+    auto up = [&](DeviceArray<bf16>& to, const std::vector<float>& from) {
+      staging.resize(from.size());
+      for (size_t j = 0; j < from.size(); ++j) staging[j] = ToBf16(from[j]);
+      CTXPLAN_CUDA_CHECK(cudaMemcpy(to.get(), staging.data(), to.bytes(), cudaMemcpyHostToDevice));
+    };
+    for (size_t l = 0; l < lora_.size(); ++l)
+      for (OpPart part : kLoraParts) {
+        const std::vector<LoraProjection>& host = lora.layers[l].Part(part);
+        std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
+        for (size_t n = 0; n < host.size(); ++n) {
+          up(dev[n].a, host[n].a);
+          up(dev[n].b, host[n].b);
+        }
+      }
+  }
+
+  LoraWeights DownloadLora(bool grads) override {
+    CTXPLAN_CHECK(Lora(), "CUDA backend: no LoRA adapters in a full fine-tune");
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    LoraWeights out = ZeroLora(m_, o_.lora_rank);
+    out.scale = lora_scale_;
+    auto down = [&](std::vector<float>& to, auto& from) {
+      using T = typename std::remove_reference_t<decltype(from)>::value_type;
+      std::vector<T> staging(from.size());
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpy(staging.data(), from.get(), from.bytes(), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < staging.size(); ++j) to[j] = ToFloat(staging[j]);
+    };
+    for (size_t l = 0; l < lora_.size(); ++l)
+      for (OpPart part : kLoraParts) {
+        std::vector<LoraProjection>& host = out.layers[l].Part(part);
+        std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
+        for (size_t n = 0; n < host.size(); ++n) {
+          if (grads) {
+            down(host[n].a, dev[n].grad_a);
+            down(host[n].b, dev[n].grad_b);
+          } else {
+            down(host[n].a, dev[n].a);
+            down(host[n].b, dev[n].b);
+          }
+        }
+      }
+    return out;
+  }
+
+  // y [t][y_stride] += scale * (x A^T) B^T on each projection's columns.
+  void LoraForward(const Op& op, const bf16* x, bf16* y, int64_t y_stride) {
+    if (!Lora()) return;
+    const int64_t t = T(), r = o_.lora_rank;
+    for (DeviceLoraProjection<G>& p : LoraPart(static_cast<size_t>(op.layer), op.part)) {
+      LoraDown(p, x);
+      k::CublasLtGemm::Problem up;  // y_seg [t][out] += scale * u [t][r] B^T
+      up.trans_b = true;
+      up.m = t;
+      up.n = p.out;
+      up.k = r;
+      up.a = lora_u_.get();
+      up.lda = r;
+      up.b = p.b.get();
+      up.ldb = r;
+      up.d = y + p.out_offset;
+      up.ldd = y_stride;
+      up.alpha = lora_scale_;
+      up.beta = 1.0f;
+      gemm_.Run(up, compute_);
+    }
+  }
+
+  // u [t][r] = x [t][in] A^T
+  void LoraDown(DeviceLoraProjection<G>& p, const bf16* x) {
+    k::CublasLtGemm::Problem down;
+    down.trans_b = true;
+    down.m = T();
+    down.n = o_.lora_rank;
+    down.k = p.in;
+    down.a = x;
+    down.lda = p.in;
+    down.b = p.a.get();
+    down.ldb = p.in;
+    down.d = lora_u_.get();
+    down.ldd = o_.lora_rank;
+    gemm_.Run(down, compute_);
+  }
+
+  // The input op: dx [t][in] += du A with du = scale * dy_seg B. The weight op: dA += du^T x and
+  // dB += scale * dy_seg^T (x A^T).
+  void LoraBackward(const Op& op, bool input, const bf16* x, const bf16* dy, int64_t dy_stride,
+                    bf16* dx) {
+    const int64_t t = T(), r = o_.lora_rank;
+    constexpr cudaDataType_t kGradType = std::is_same_v<G, float> ? CUDA_R_32F : CUDA_R_16BF;
+    for (DeviceLoraProjection<G>& p : LoraPart(static_cast<size_t>(op.layer), op.part)) {
+      k::CublasLtGemm::Problem du;  // du [t][r] = scale * dy_seg [t][out] B [out][r]
+      du.m = t;
+      du.n = r;
+      du.k = p.out;
+      du.a = dy + p.out_offset;
+      du.lda = dy_stride;
+      du.b = p.b.get();
+      du.ldb = r;
+      du.d = lora_du_.get();
+      du.ldd = r;
+      du.alpha = lora_scale_;
+      gemm_.Run(du, compute_);
+      if (input) {
+        k::CublasLtGemm::Problem back;  // dx [t][in] += du [t][r] A [r][in]
+        back.m = t;
+        back.n = p.in;
+        back.k = r;
+        back.a = lora_du_.get();
+        back.lda = r;
+        back.b = p.a.get();
+        back.ldb = p.in;
+        back.d = dx;
+        back.ldd = p.in;
+        back.beta = 1.0f;
+        gemm_.Run(back, compute_);
+        continue;
+      }
+      k::CublasLtGemm::Problem ga;  // dA [r][in] += du^T [r][t] x [t][in]
+      ga.trans_a = true;
+      ga.m = r;
+      ga.n = p.in;
+      ga.k = t;
+      ga.a = lora_du_.get();
+      ga.lda = r;
+      ga.b = x;
+      ga.ldb = p.in;
+      ga.d = p.grad_a.get();
+      ga.d_type = kGradType;
+      ga.ldd = p.in;
+      ga.beta = 1.0f;
+      gemm_.Run(ga, compute_);
+      LoraDown(p, x);
+      k::CublasLtGemm::Problem gb;  // dB [out][r] += scale * dy_seg^T [out][t] u [t][r]
+      gb.trans_a = true;
+      gb.m = p.out;
+      gb.n = r;
+      gb.k = t;
+      gb.a = dy + p.out_offset;
+      gb.lda = dy_stride;
+      gb.b = lora_u_.get();
+      gb.ldb = r;
+      gb.d = p.grad_b.get();
+      gb.d_type = kGradType;
+      gb.ldd = r;
+      gb.alpha = lora_scale_;
+      gb.beta = 1.0f;
+      gemm_.Run(gb, compute_);
+    }
+  }
+
+  G* NormGrad(DeviceArray<G>& grad) { return Lora() ? frozen_dw_.get() : grad.get(); }
 
   std::byte* Region(MemCategory category) const {
     return arena_->base() + arena_->region_offset(category);
@@ -658,8 +882,9 @@ class TypedImpl final : public CudaBackend::Impl {
         has_pending_ = false;
         break;
       case OpKind::kEmbeddingBackward:
-        k::EmbeddingBackward(tokens_.get() + c_.start, dh_.get(), T(), vocab_, d_,
-                             grads_.embedding.get(), compute_);
+        if (!Lora())  // frozen under LoRA
+          k::EmbeddingBackward(tokens_.get() + c_.start, dh_.get(), T(), vocab_, d_,
+                               grads_.embedding.get(), compute_);
         break;
       case OpKind::kRmsNormForward:
         NormForward(op);
@@ -732,7 +957,9 @@ class TypedImpl final : public CudaBackend::Impl {
         k::LinearCrossEntropy(gemm_, LossShape(T()), xnf_.get(),
                               tied ? weights_.embedding.get() : weights_.lm_head.get(),
                               labels_.get() + c_.start, scale, d_xnf_.get(),
-                              tied ? grads_.embedding.get() : grads_.lm_head.get(),
+                              Lora() ? nullptr
+                              : tied ? grads_.embedding.get()
+                                     : grads_.lm_head.get(),
                               loss_.get() + c_.index, loss_ws_.get(), compute_);
         break;
       }
@@ -822,17 +1049,19 @@ class TypedImpl final : public CudaBackend::Impl {
     switch (op.part) {
       case OpPart::kFinalNorm:
         k::RmsNormBackward(hf_.get(), weights_.final_norm.get(), rstdf_.get(), d_xnf_.get(),
-                           nullptr, T(), d_, dh_.get(), grads_.final_norm.get(),
+                           nullptr, T(), d_, dh_.get(), NormGrad(grads_.final_norm),
                            norm_scratch_.get(), compute_);
         break;
       case OpPart::kMlpNorm:
         k::RmsNormBackward(hmid_ptr_, W(op).mlp_norm.get(), rstd2_.get(), d_xn2_.get(), dh_.get(),
-                           T(), d_, d_hmid_.get(), Grad(op).mlp_norm.get(), norm_scratch_.get(),
+                           T(), d_, d_hmid_.get(),
+                           Lora() ? frozen_dw_.get() : Grad(op).mlp_norm.get(), norm_scratch_.get(),
                            compute_);
         break;
       case OpPart::kAttnNorm:
         k::RmsNormBackward(x_, W(op).attn_norm.get(), rstd1_.get(), d_xn_.get(), d_hmid_.get(), T(),
-                           d_, dh_.get(), Grad(op).attn_norm.get(), norm_scratch_.get(), compute_);
+                           d_, dh_.get(), Lora() ? frozen_dw_.get() : Grad(op).attn_norm.get(),
+                           norm_scratch_.get(), compute_);
         break;
       default:
         throw InternalError("CUDA backend: RMSNorm backward without a part");
@@ -855,21 +1084,26 @@ class TypedImpl final : public CudaBackend::Impl {
         k::LinearForward(gemm_, xn_.get(), w.qkv.get(),
                          w.qkv_bias.size() ? w.qkv_bias.get() : nullptr, t, qkv_dim_, d_,
                          qkv_.get(), compute_);
+        LoraForward(op, xn_.get(), qkv_.get(), qkv_dim_);
         Copy2D(q_.get(), q_dim_, qkv_.get(), qkv_dim_, q_dim_, compute_);
         Copy2D(k_.get(), kv_dim_, qkv_.get() + q_dim_, qkv_dim_, kv_dim_, compute_);
         Copy2D(v_.get(), kv_dim_, qkv_.get() + q_dim_ + kv_dim_, qkv_dim_, kv_dim_, compute_);
         break;
-      case OpPart::kO:
-        k::LinearForward(gemm_, op.phase == Phase::kBackward ? saved_attn_[S(op)].get() : attn_ptr_,
-                         w.o.get(), nullptr, t, d_, q_dim_, o_out_.get(), compute_);
+      case OpPart::kO: {
+        const bf16* x = op.phase == Phase::kBackward ? saved_attn_[S(op)].get() : attn_ptr_;
+        k::LinearForward(gemm_, x, w.o.get(), nullptr, t, d_, q_dim_, o_out_.get(), compute_);
+        LoraForward(op, x, o_out_.get(), d_);
         break;
+      }
       case OpPart::kGateUp:
         k::LinearForward(gemm_, xn2_.get(), w.gate_up.get(), nullptr, t, 2 * inter_, d_,
                          gate_up_.get(), compute_);
+        LoraForward(op, xn2_.get(), gate_up_.get(), 2 * inter_);
         break;
       case OpPart::kDown:
         k::LinearForward(gemm_, act_.get(), w.down.get(), nullptr, t, d_, inter_, pending_.get(),
                          compute_);
+        LoraForward(op, act_.get(), pending_.get(), d_);
         has_pending_ = true;
         if (op.phase == Phase::kFill && o_.keep_layer_inputs && op.layer == layers_ - 1) {
           const size_t bytes = static_cast<size_t>(t * d_) * sizeof(bf16);
@@ -885,9 +1119,34 @@ class TypedImpl final : public CudaBackend::Impl {
     }
   }
 
+  // Under LoRA the base's weight gradients are skipped (frozen) and the adapters' backward follows
+  // the base's input gradient, or replaces its weight gradient.
   void LinearBackward(const Op& op, bool input) {
+    if (Lora()) {
+      if (input) LinearBackwardBase(op, true);
+      switch (op.part) {
+        case OpPart::kDown:
+          LoraBackward(op, input, act_.get(), dh_.get(), d_, d_act_.get());
+          break;
+        case OpPart::kGateUp:
+          LoraBackward(op, input, xn2_.get(), d_gate_up_.get(), 2 * inter_, d_xn2_.get());
+          break;
+        case OpPart::kO:
+          LoraBackward(op, input, saved_attn_[S(op)].get(), d_hmid_.get(), d_, d_attn_.get());
+          break;
+        case OpPart::kQkv:  // dqkv_ joined by the input op, which runs first
+          LoraBackward(op, input, xn_.get(), dqkv_.get(), qkv_dim_, d_xn_.get());
+          break;
+        default:
+          throw InternalError("CUDA backend: linear backward without a part");
+      }
+      return;
+    }
+    LinearBackwardBase(op, input);
+  }
+
+  void LinearBackwardBase(const Op& op, bool input) {
     DeviceLayer<bf16>& w = W(op);
-    DeviceLayer<G>& g = Grad(op);
     const int64_t t = T();
     switch (op.part) {
       case OpPart::kDown:
@@ -895,7 +1154,7 @@ class TypedImpl final : public CudaBackend::Impl {
           k::LinearBackwardInput(gemm_, dh_.get(), w.down.get(), t, d_, inter_, d_act_.get(),
                                  compute_);
         else
-          k::LinearBackwardWeight(gemm_, act_.get(), dh_.get(), t, d_, inter_, g.down.get(),
+          k::LinearBackwardWeight(gemm_, act_.get(), dh_.get(), t, d_, inter_, Grad(op).down.get(),
                                   static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kGateUp:
@@ -904,7 +1163,7 @@ class TypedImpl final : public CudaBackend::Impl {
                                  d_xn2_.get(), compute_);
         else
           k::LinearBackwardWeight(gemm_, xn2_.get(), d_gate_up_.get(), t, 2 * inter_, d_,
-                                  g.gate_up.get(), static_cast<G*>(nullptr), compute_);
+                                  Grad(op).gate_up.get(), static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kO:
         if (input)
@@ -912,7 +1171,7 @@ class TypedImpl final : public CudaBackend::Impl {
                                  compute_);
         else
           k::LinearBackwardWeight(gemm_, saved_attn_[S(op)].get(), d_hmid_.get(), t, d_, q_dim_,
-                                  g.o.get(), static_cast<G*>(nullptr), compute_);
+                                  Grad(op).o.get(), static_cast<G*>(nullptr), compute_);
         break;
       case OpPart::kQkv:
         if (input) {
@@ -922,9 +1181,10 @@ class TypedImpl final : public CudaBackend::Impl {
           k::LinearBackwardInput(gemm_, dqkv_.get(), w.qkv.get(), t, qkv_dim_, d_, d_xn_.get(),
                                  compute_);
         } else {
-          k::LinearBackwardWeight(gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, g.qkv.get(),
-                                  g.qkv_bias.size() ? g.qkv_bias.get() : static_cast<G*>(nullptr),
-                                  compute_);
+          k::LinearBackwardWeight(
+              gemm_, xn_.get(), dqkv_.get(), t, qkv_dim_, d_, Grad(op).qkv.get(),
+              Grad(op).qkv_bias.size() ? Grad(op).qkv_bias.get() : static_cast<G*>(nullptr),
+              compute_);
         }
         break;
       default:
@@ -1225,6 +1485,10 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void Optimizer() {
+    if (Lora()) {
+      OptimizerLora();
+      return;
+    }
     ++adam_step_;
     k::AdamWParams p;
     p.lr = adamw_.lr;
@@ -1245,6 +1509,25 @@ class TypedImpl final : public CudaBackend::Impl {
                static_cast<int64_t>(w[i]->size()), p, compute_);
   }
 
+  void OptimizerLora() {
+    ++adam_step_;
+    k::AdamWParams p;
+    p.lr = adamw_.lr;
+    p.beta1 = adamw_.beta1;
+    p.beta2 = adamw_.beta2;
+    p.eps = adamw_.eps;
+    p.weight_decay = adamw_.weight_decay;
+    p.step = adam_step_;
+    for (size_t l = 0; l < lora_.size(); ++l)
+      for (OpPart part : kLoraParts)
+        for (DeviceLoraProjection<G>& d : LoraPart(l, part)) {
+          k::AdamW(d.a.get(), d.grad_a.get(), d.m_a.get(), d.v_a.get(),
+                   static_cast<int64_t>(d.a.size()), p, compute_);
+          k::AdamW(d.b.get(), d.grad_b.get(), d.m_b.get(), d.v_b.get(),
+                   static_cast<int64_t>(d.b.size()), p, compute_);
+        }
+  }
+
   // --- state -------------------------------------------------------------------------------
   const ModelSpec m_;
   const RunOptions o_;
@@ -1263,6 +1546,14 @@ class TypedImpl final : public CudaBackend::Impl {
 
   DeviceWeights<bf16> weights_;
   std::unique_ptr<gpu::DeviceArena> arena_;  // every device buffer below lives in it
+  // LoRA: the adapters of every layer's parts, their scratch [c][r], a sink for frozen norms.
+  struct LoraLayer {
+    std::vector<DeviceLoraProjection<G>> qkv, o, gate_up, down;
+  };
+  std::vector<LoraLayer> lora_;
+  float lora_scale_ = 1.0f;
+  DeviceArray<bf16> lora_u_, lora_du_;
+  DeviceArray<G> frozen_dw_;
   // adamw-host: the staged gradients and the host's weights (laid out as their arena regions),
   // and the moments (one per parameter, in ForEach order).
   PinnedArray<G> host_grads_;
@@ -1325,11 +1616,11 @@ class TypedImpl final : public CudaBackend::Impl {
 }  // namespace
 
 CudaBackend::CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw,
-                         std::ostream* log) {
+                         std::ostream* log, const LoraWeights* lora) {
   if (plan.options().grad_dtype == GradDtype::kFp32)
-    impl_ = std::make_unique<TypedImpl<float>>(plan, std::move(weights), adamw, log);
+    impl_ = std::make_unique<TypedImpl<float>>(plan, std::move(weights), adamw, log, lora);
   else
-    impl_ = std::make_unique<TypedImpl<bf16>>(plan, std::move(weights), adamw, log);
+    impl_ = std::make_unique<TypedImpl<bf16>>(plan, std::move(weights), adamw, log, lora);
 }
 CudaBackend::~CudaBackend() = default;
 void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
@@ -1352,6 +1643,12 @@ ModelWeights CudaBackend::DownloadGrads() const {
 }
 CudaMemoryReport CudaBackend::Memory() const {
   return impl_->Memory();
+}
+LoraWeights CudaBackend::DownloadLora() const {
+  return impl_->DownloadLora(false);
+}
+LoraWeights CudaBackend::DownloadLoraGrads() const {
+  return impl_->DownloadLora(true);
 }
 
 }  // namespace ctxplan

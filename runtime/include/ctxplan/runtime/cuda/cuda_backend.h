@@ -3,13 +3,14 @@
 // cross-stream waits are exactly the plan's dependencies (one CUDA event per op, in a ring that
 // covers the plan's dependency window).
 //
-// Scope: full fine-tune; parameter gradients and dKV in the run's grad dtype (bf16 or fp32);
-// AdamW on the GPU, on the host (gradients staged home, the update on the CPU's threads, the
-// weights back), or none; dense or page-sparse attention (the tiles' selections are read
-// back to the host to issue the union's copies); offload on or off; layer inputs recomputed or
-// kept. Memory: every device buffer is carved out of one DeviceArena reserved when the backend is
-// built (nothing is allocated inside a step); with offload, KV and dKV pages live in pinned
-// PinnedPageStores pinned up front, dKV pages handed out on their first write of a step.
+// Scope: full fine-tune or LoRA (lora.h: adapters on every projection, the base frozen); parameter
+// gradients and dKV in the run's grad dtype (bf16 or fp32); AdamW on the GPU, on the host
+// (gradients staged home, the update on the CPU's threads, the weights back), or none; dense or
+// page-sparse attention (the tiles' selections are read back to the host to issue the union's
+// copies); offload on or off; layer inputs recomputed or kept. Memory: every device buffer is
+// carved out of one DeviceArena reserved when the backend is built (nothing is allocated inside a
+// step); with offload, KV and dKV pages live in pinned PinnedPageStores pinned up front, dKV pages
+// handed out on their first write of a step.
 //
 // Fault injection for tests (environment CTXPLAN_INJECT_FAULT): "pinned-alloc" makes the pinning
 // ask for a PiB, so the real cudaHostAlloc failure path runs; "cuda-error" launches a kernel that
@@ -20,6 +21,7 @@
 #include <iosfwd>
 #include <memory>
 
+#include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/model_weights.h"
 #include "ctxplan/runtime/step_backend.h"
 
@@ -43,8 +45,9 @@ class CudaBackend final : public StepBackend {
   // Sized for `plan` (its model and options). `weights` are uploaded in bf16 and freed before the
   // host pages are pinned (pass them with std::move at large contexts: host RAM is the limit).
   // The arena's and page stores' sizes are printed on `log` (nullptr: not).
+  // A LoRA plan needs `lora`, adapters of its rank (uploaded in bf16; the base is then frozen).
   CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw = {},
-              std::ostream* log = nullptr);
+              std::ostream* log = nullptr, const LoraWeights* lora = nullptr);
   ~CudaBackend() override;
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) override;
@@ -52,9 +55,11 @@ class CudaBackend final : public StepBackend {
   StepOutputs EndStep() override;
 
   void ZeroGrads();
-  ModelWeights DownloadWeights() const;  // bf16 on the GPU, widened to fp32
-  ModelWeights DownloadGrads() const;    // widened to fp32
-  CudaMemoryReport Memory() const;       // samples device-level memory now
+  ModelWeights DownloadWeights() const;   // bf16 on the GPU, widened to fp32
+  ModelWeights DownloadGrads() const;     // widened to fp32
+  CudaMemoryReport Memory() const;        // samples device-level memory now
+  LoraWeights DownloadLora() const;       // LoRA runs: the adapters, widened to fp32
+  LoraWeights DownloadLoraGrads() const;  // and their gradients
 
   class Impl;  // cuda_backend.cpp
 
