@@ -75,18 +75,48 @@ TEST(CtxtrainCli, DivergingRunStopsAndLeavesTheCheckpointIntact) {
   EXPECT_EQ(ReadAll(checkpoint), "the previous checkpoint");
 }
 
-// A LoRA run completes on the CPU backend (lora_test checks the adapters' gradients and that
-// training them lowers the loss); LoRA runs with checkpoints are refused (full weights only).
-TEST(CtxtrainCli, LoraRunTrainsAndRefusesCheckpoints) {
+// A LoRA run saves its adapters (and their moments) with the frozen base, and resumes exactly:
+// 2 steps + 2 resumed steps equal 4 straight steps, adapters and base alike. A resume with another
+// rank is one line, exit 2.
+TEST(CtxtrainCli, LoraRunResumesExactly) {
   ScratchDir dir;
-  const RunResult r = Ctxtrain({"--lora-rank", "8", "--optimizer", "adamw-gpu", "--lr", "1e-2",
-                                "--task", "random", "--steps", "1", "--json"},
-                               dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("\"loss\":"), std::string::npos) << r.out;
-  ExpectOneLine(Ctxtrain({"--lora-rank", "8", "--save", (dir.path() / "x.ckpt").string()}, dir), 2,
-                {"--lora-rank", "--save"});
-  EXPECT_FALSE(std::filesystem::exists(dir.path() / "x.ckpt"));
+  const std::string a = (dir.path() / "a.ckpt").string(), b = (dir.path() / "b.ckpt").string(),
+                    c = (dir.path() / "c.ckpt").string();
+  const std::vector<std::string> lora = {"--lora-rank", "4",    "--optimizer",
+                                         "adamw-gpu",   "--lr", "1e-2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), lora.begin(), lora.end());
+    return extra;
+  };
+  ASSERT_EQ(Ctxtrain(with({"--steps", "2", "--save", a}), dir).exit_code, 0);
+  const RunResult resumed = Ctxtrain(with({"--steps", "2", "--resume", a, "--save", b}), dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  ASSERT_EQ(Ctxtrain(with({"--steps", "4", "--save", c}), dir).exit_code, 0);
+  const ModelSpec tiny = LoadModel("tiny");
+  TrainingCheckpoint x = LoadCheckpoint(b, tiny), y = LoadCheckpoint(c, tiny);
+  EXPECT_EQ(x.step, 4);
+  ASSERT_EQ(x.lora.rank, 4);
+  ASSERT_EQ(x.lora_m.rank, 4);
+  std::vector<float> xs, ys, start;
+  x.lora.ForEach(
+      [&](const std::string&, std::vector<float>& t) { xs.insert(xs.end(), t.begin(), t.end()); });
+  y.lora.ForEach(
+      [&](const std::string&, std::vector<float>& t) { ys.insert(ys.end(), t.begin(), t.end()); });
+  EXPECT_EQ(xs, ys);
+  TrainingCheckpoint first = LoadCheckpoint(a, tiny);
+  first.lora.ForEach([&](const std::string&, std::vector<float>& t) {
+    start.insert(start.end(), t.begin(), t.end());
+  });
+  EXPECT_NE(xs, start);               // the adapters trained
+  std::vector<float> base_x, base_a;  // the base stayed frozen
+  x.weights.ForEach([&](const std::string&, std::vector<float>& t) {
+    base_x.insert(base_x.end(), t.begin(), t.end());
+  });
+  first.weights.ForEach([&](const std::string&, std::vector<float>& t) {
+    base_a.insert(base_a.end(), t.begin(), t.end());
+  });
+  EXPECT_EQ(base_x, base_a);
+  ExpectOneLine(Ctxtrain({"--lora-rank", "8", "--resume", a}, dir), 2, {"a.ckpt", "LoRA rank"});
 }
 
 TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {

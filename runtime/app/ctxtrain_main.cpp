@@ -311,8 +311,17 @@ int Main(int argc, char** argv) {
   if (!cuda) optimizer = {ZeroWeights(model), ZeroWeights(model), {}};
   optimizer.params.lr = static_cast<float>(f.lr);
   int64_t first_step = 0;
+  LoraWeights resumed_lora, resumed_lora_m, resumed_lora_v;  // rank 0: none
   if (!f.resume.empty()) {
     TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
+    if (checkpoint.lora.rank != options.lora_rank)
+      throw InputError(f.resume + ": the checkpoint's LoRA rank is " +
+                       std::to_string(checkpoint.lora.rank) + " but the run asks for " +
+                       std::to_string(options.lora_rank) + "; accepted: --lora-rank " +
+                       std::to_string(checkpoint.lora.rank));
+    resumed_lora = std::move(checkpoint.lora);
+    resumed_lora_m = std::move(checkpoint.lora_m);
+    resumed_lora_v = std::move(checkpoint.lora_v);
     weights = std::move(checkpoint.weights);
     if (checkpoint.has_optimizer_state() && !cuda) {
       optimizer.m = std::move(checkpoint.adam_m);
@@ -330,13 +339,12 @@ int Main(int argc, char** argv) {
   // LoRA: adapters from the seed (B at zero: the run starts from the base model), trained alone.
   std::optional<LoraState> lora;
   if (options.lora_rank > 0) {
-    if (!f.save.empty() || !f.resume.empty())
-      throw InputError(
-          "--lora-rank with --save/--resume: checkpoints hold full weights only so "
-          "far; accepted: a LoRA run without checkpoints");
-    lora.emplace(LoraState{RandomLora(model, options.lora_rank, f.seed + 1),
-                           ZeroLora(model, options.lora_rank), ZeroLora(model, options.lora_rank),
-                           ZeroLora(model, options.lora_rank)});
+    lora.emplace(LoraState{
+        resumed_lora.rank > 0 ? std::move(resumed_lora)
+                              : RandomLora(model, options.lora_rank, f.seed + 1),
+        ZeroLora(model, options.lora_rank),
+        resumed_lora_m.rank > 0 ? std::move(resumed_lora_m) : ZeroLora(model, options.lora_rank),
+        resumed_lora_v.rank > 0 ? std::move(resumed_lora_v) : ZeroLora(model, options.lora_rank)});
   }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   CudaBackend* cuda_backend = nullptr;
@@ -475,7 +483,18 @@ int Main(int argc, char** argv) {
     if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
 #endif
     if (!cuda) checkpoint.weights = weights;
-    if (!cuda && options.optimizer != OptimizerKind::kNone) {
+    if (lora) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+      if (cuda_backend) checkpoint.lora = cuda_backend->DownloadLora();
+#endif
+      if (!cuda) {
+        checkpoint.lora = lora->weights;
+        if (options.optimizer != OptimizerKind::kNone) {
+          checkpoint.lora_m = lora->m;
+          checkpoint.lora_v = lora->v;
+        }
+      }
+    } else if (!cuda && options.optimizer != OptimizerKind::kNone) {
       checkpoint.adam_m = optimizer.m;
       checkpoint.adam_v = optimizer.v;
     }

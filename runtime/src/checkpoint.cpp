@@ -19,6 +19,21 @@ constexpr std::string_view kVersion = "1";
 constexpr std::string_view kParamPrefix = "param.";
 constexpr std::string_view kMomentPrefixes[] = {"adam_m.", "adam_v."};
 constexpr std::string_view kOptionPrefix = "option.";
+constexpr std::string_view kLoraPrefixes[] = {"lora.", "lora_adam_m.", "lora_adam_v."};
+
+// The adapters as safetensors tensors: A [r][in], B [out][r], PEFT names after `prefix`.
+std::vector<SafetensorsTensor> LoraTensors(const LoraWeights& lora, std::string_view prefix) {
+  std::vector<SafetensorsTensor> out;
+  for (size_t l = 0; l < lora.layers.size(); ++l)
+    for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
+      for (const LoraProjection& p : lora.layers[l].Part(part)) {
+        const std::string name =
+            std::string(prefix) + "model.layers." + std::to_string(l) + "." + p.name;
+        out.push_back({name + ".lora_A.weight", {lora.rank, p.in}, p.a});
+        out.push_back({name + ".lora_B.weight", {p.out, lora.rank}, p.b});
+      }
+  return out;
+}
 
 [[noreturn]] void Fail(const fs::path& file, const std::string& what) {
   throw InputError(file.string() + ": " + what);
@@ -43,13 +58,19 @@ T ParseInteger(const fs::path& file, const std::map<std::string, std::string>& m
 void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
                     const TrainingCheckpoint& checkpoint) {
   CTXPLAN_CHECK(checkpoint.step >= 0, "checkpoint step must be non-negative");
-  const bool moments = checkpoint.has_optimizer_state();
+  // A LoRA run's optimizer state is its adapters' moments; the frozen base has none.
+  const bool lora = checkpoint.lora.rank > 0;
+  const bool base_moments = checkpoint.has_optimizer_state();
   CTXPLAN_CHECK(
-      moments == (!checkpoint.adam_v.layers.empty() || !checkpoint.adam_v.embedding.empty()),
+      base_moments == (!checkpoint.adam_v.layers.empty() || !checkpoint.adam_v.embedding.empty()),
       "checkpoint has one AdamW moment without the other");
+  CTXPLAN_CHECK(!(lora && base_moments), "checkpoint: a LoRA run keeps no base moments");
+  CTXPLAN_CHECK((checkpoint.lora_m.rank > 0) == (checkpoint.lora_v.rank > 0),
+                "checkpoint has one LoRA moment without the other");
+  const bool moments = lora ? checkpoint.lora_m.rank > 0 : base_moments;
   std::vector<SafetensorsTensor> tensors =
       HfTensors(model, checkpoint.weights, std::string(kParamPrefix));
-  if (moments) {
+  if (base_moments) {
     for (const auto& [prefix, state] : {std::pair{kMomentPrefixes[0], &checkpoint.adam_m},
                                         std::pair{kMomentPrefixes[1], &checkpoint.adam_v}}) {
       std::vector<SafetensorsTensor> more = HfTensors(model, *state, prefix);
@@ -67,6 +88,17 @@ void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
   };
   for (const auto& [key, value] : checkpoint.options)
     metadata[std::string(kOptionPrefix) + key] = value;
+  if (checkpoint.lora.rank > 0) {
+    metadata["lora_rank"] = std::to_string(checkpoint.lora.rank);
+    for (int i = 0; i < (moments ? 3 : 1); ++i) {
+      const LoraWeights& state = i == 0   ? checkpoint.lora
+                                 : i == 1 ? checkpoint.lora_m
+                                          : checkpoint.lora_v;
+      std::vector<SafetensorsTensor> more = LoraTensors(state, kLoraPrefixes[i]);
+      tensors.insert(tensors.end(), std::make_move_iterator(more.begin()),
+                     std::make_move_iterator(more.end()));
+    }
+  }
   // WriteSafetensors goes through AtomicFileWriter: "<path>.tmp.<pid>", fsync, rename.
   WriteSafetensors(path, tensors, SafetensorsDtype::kF32, metadata);
 }
@@ -99,19 +131,20 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     if (key.starts_with(kOptionPrefix)) {
       checkpoint.options[key.substr(kOptionPrefix.size())] = value;
     } else if (key != "format" && key != "version" && key != "model" && key != "step" &&
-               key != "seed" && key != "optimizer_state") {
+               key != "seed" && key != "optimizer_state" && key != "lora_rank") {
       Fail(path, "unknown checkpoint metadata key " + QuoteName(key));
     }
   }
 
   const bool moments = optimizer_state == "adamw";
+  const bool lora = metadata.count("lora_rank") > 0;
   // Every tensor of the file must be one we read: anything else means a different model or a
   // file we do not understand, and silently dropping it could lose state.
   std::set<std::string, std::less<>> expected;
   checkpoint.weights = ZeroWeights(model);
   std::vector<std::pair<std::string_view, ModelWeights*>> parts = {
       {kParamPrefix, &checkpoint.weights}};
-  if (moments) {
+  if (moments && !lora) {
     checkpoint.adam_m = ZeroWeights(model);
     checkpoint.adam_v = ZeroWeights(model);
     parts.emplace_back(kMomentPrefixes[0], &checkpoint.adam_m);
@@ -119,6 +152,23 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   }
   for (const auto& [prefix, weights] : parts)
     for (const SafetensorsTensor& t : HfTensors(model, *weights, prefix)) expected.insert(t.name);
+  std::vector<std::pair<std::string_view, LoraWeights*>> lora_parts;
+  if (lora) {
+    const auto rank = ParseInteger<int64_t>(path, metadata, "lora_rank");
+    if (rank < 1 || rank > (int64_t{1} << 20))
+      Fail(path, "checkpoint metadata \"lora_rank\" = " + std::to_string(rank) +
+                     " is out of range (accepted: 1 to 1048576)");
+    checkpoint.lora = ZeroLora(model, rank);
+    lora_parts.emplace_back(kLoraPrefixes[0], &checkpoint.lora);
+    if (moments) {
+      checkpoint.lora_m = ZeroLora(model, rank);
+      checkpoint.lora_v = ZeroLora(model, rank);
+      lora_parts.emplace_back(kLoraPrefixes[1], &checkpoint.lora_m);
+      lora_parts.emplace_back(kLoraPrefixes[2], &checkpoint.lora_v);
+    }
+    for (const auto& [prefix, state] : lora_parts)
+      for (const SafetensorsTensor& t : LoraTensors(*state, prefix)) expected.insert(t.name);
+  }
   for (const SafetensorsTensorInfo& info : file.tensors()) {
     if (expected.count(info.name) == 0)
       Fail(path, "unexpected tensor " + QuoteName(info.name) + " in a checkpoint of model " +
@@ -127,6 +177,16 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
       Fail(path, "tensor " + QuoteName(info.name) + " is " + info.dtype + "; checkpoints are F32");
   }
   for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights);
+  for (const auto& [prefix, state] : lora_parts)
+    for (size_t l = 0; l < state->layers.size(); ++l)
+      for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
+        for (LoraProjection& p : state->layers[l].Part(part)) {
+          const std::string name =
+              std::string(prefix) + "model.layers." + std::to_string(l) + "." + p.name;
+          const int64_t a_shape[] = {state->rank, p.in}, b_shape[] = {p.out, state->rank};
+          file.ReadF32(name + ".lora_A.weight", a_shape, p.a);
+          file.ReadF32(name + ".lora_B.weight", b_shape, p.b);
+        }
   return checkpoint;
 }
 

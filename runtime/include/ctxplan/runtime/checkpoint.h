@@ -4,6 +4,8 @@
 // Format (safetensors, all tensors F32 so a resumed run continues bit for bit):
 //   "param.<HF name>"   the weights, unfused Hugging Face names (see HfTensors)
 //   "adam_m.<HF name>", "adam_v.<HF name>"   AdamW first and second moments, when present
+//   "lora.<PEFT name>", "lora_adam_m.<PEFT name>", "lora_adam_v.<PEFT name>"   LoRA runs: the
+//                   adapters (A [r][in], B [out][r]) and their moments; metadata lora_rank
 //   "__metadata__": format = "ctxplan-checkpoint", version = "1", model = <ModelSpec name>,
 //                   step, seed (decimal), optimizer_state = "adamw" | "none",
 //                   "option.<key>" = <value> for every run option.
@@ -17,6 +19,7 @@
 #include <string>
 
 #include "ctxplan/models/model_spec.h"
+#include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/model_weights.h"
 
 namespace ctxplan {
@@ -30,6 +33,8 @@ struct TrainingCheckpoint {
   ModelWeights adam_m;
   ModelWeights adam_v;
   std::map<std::string, std::string> options;  // the run's options, as the user gave them
+  // LoRA runs: the adapters (rank 0: none), and their AdamW moments (rank 0 without).
+  LoraWeights lora, lora_m, lora_v;
 
   bool has_optimizer_state() const { return !adam_m.layers.empty() || !adam_m.embedding.empty(); }
 };
