@@ -42,6 +42,12 @@ run "128K 4096 off 64 off bf16 none 2"
 run "512K 4096 off 64 off bf16 none 1"
 TRACE=1 run "512K 4096 off 64 on bf16 none 1"
 TRACE=1 run "1M 4096 off 64 on bf16 none 1"   # 112 GiB pinned: needs ~125 GiB of host RAM
+run "1M 4096 off 64 on bf16 adamw-gpu 1"
+run "8K 8192 on all off bf16 adamw-host 3"
+# LoRA rank 16 on the 7B shape (the base frozen on the GPU).
+"$ctxtrain" --backend cuda --model qwen2.5-7b --context 32K --chunk 8192 --page 128 --budget all \
+    --query-tile 128 --keep-layer-inputs on --offload off --grad-dtype bf16 --optimizer adamw-gpu \
+    --lora-rank 16 --task random --steps 3 2>&1 | grep -E "step [0-9]|loss|memory|error"
 
 # Gradients against PyTorch autograd (transformers' Qwen2), Qwen2.5-0.5B shape, same weights
 # through safetensors, same tokens.

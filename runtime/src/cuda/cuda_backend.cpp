@@ -1484,19 +1484,24 @@ class TypedImpl final : public CudaBackend::Impl {
     for (std::thread& thread : pool) thread.join();
   }
 
-  void Optimizer() {
-    if (Lora()) {
-      OptimizerLora();
-      return;
-    }
-    ++adam_step_;
+  // The next AdamW step's parameters (bias corrections count the steps taken).
+  k::AdamWParams NextAdamWStep() {
     k::AdamWParams p;
     p.lr = adamw_.lr;
     p.beta1 = adamw_.beta1;
     p.beta2 = adamw_.beta2;
     p.eps = adamw_.eps;
     p.weight_decay = adamw_.weight_decay;
-    p.step = adam_step_;
+    p.step = ++adam_step_;
+    return p;
+  }
+
+  void Optimizer() {
+    if (Lora()) {
+      OptimizerLora();
+      return;
+    }
+    const k::AdamWParams p = NextAdamWStep();
     std::vector<DeviceArray<bf16>*> w;
     std::vector<DeviceArray<G>*> g;
     std::vector<DeviceArray<float>*> m, v;
@@ -1510,14 +1515,7 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void OptimizerLora() {
-    ++adam_step_;
-    k::AdamWParams p;
-    p.lr = adamw_.lr;
-    p.beta1 = adamw_.beta1;
-    p.beta2 = adamw_.beta2;
-    p.eps = adamw_.eps;
-    p.weight_decay = adamw_.weight_decay;
-    p.step = adam_step_;
+    const k::AdamWParams p = NextAdamWStep();
     for (size_t l = 0; l < lora_.size(); ++l)
       for (OpPart part : kLoraParts)
         for (DeviceLoraProjection<G>& d : LoraPart(l, part)) {
