@@ -5,11 +5,15 @@
 // Layout, little-endian:
 //   "CTXTRC01"                       magic and format version
 //   u32 n, n bytes                   metadata: a flat JSON object of strings (model, options,
-//                                    GPU, driver and CUDA versions, commit, date, plan version)
+//                                    GPU, driver and CUDA versions, commit, date, plan version;
+//                                    from ctxtrain on CUDA also what its allocators held, in
+//                                    bytes: gpu_arena_allocated_bytes, gpu_device_used_bytes,
+//                                    host_runtime_bytes)
 //   records, each a u8 tag then its fields:
 //     tag 1, op:     u64 op_id, i64 start_ns, i64 end_ns, u8 kind, u8 stream, u8 phase,
 //                    u8 part, i32 chunk, i32 layer                              (36 bytes)
 //     tag 2, memory: i64 time_ns, u8 space, u8 category, i64 space_total_bytes   (18 bytes)
+//                    (the plan's alloc/free ops, stamped on the measured clock)
 //   tag 0xFF, footer: u64 op records, u64 memory records   (a missing footer = truncated file)
 // Times share one clock, in nanoseconds from the step's start.
 #pragma once
