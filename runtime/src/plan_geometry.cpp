@@ -146,9 +146,18 @@ int64_t PlanGeometry::activation_bytes() const {
 }
 
 int64_t PlanGeometry::workspace_bytes() const {
-  const int64_t loss_tile =
-      options_.chunk_tokens * std::min(kLossVocabTile, model_.vocab_size) * kFp32Bytes;
-  return kCublasWorkspaceBytes + loss_tile;
+  const ModelSpec& m = model_;
+  const int64_t c = options_.chunk_tokens;
+  // The fused linear + cross-entropy over a chunk: a tile of fp32 logits and of their bf16
+  // gradient, and the fp32 dX accumulator of its tokens (kernels/src/cuda/linear_cross_entropy.cu).
+  const int64_t vocab_tile = std::min(kLossVocabTile, m.vocab_size);
+  const int64_t loss = c * vocab_tile * (kFp32Bytes + kBf16Bytes) + c * m.hidden_size * kFp32Bytes;
+  // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE
+  // (per head, tokens padded to the 128-query tile) (kernels/cuda/attention.h).
+  const int64_t padded = CeilDiv(c, 128) * 128;
+  const int64_t attention = c * m.num_attention_heads * m.head_dim * kFp32Bytes +
+                            2 * m.num_attention_heads * padded * kFp32Bytes;
+  return kCublasWorkspaceBytes + loss + attention;
 }
 
 int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {
