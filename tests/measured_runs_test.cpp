@@ -89,9 +89,10 @@ TEST(MeasuredRuns, PlannerPredictsTheH200Runs) {
     // offload-off sparse runs ~15% slower than predicted; the PCIe model is pessimistic at 512K).
     EXPECT_GT(speed, 1.0 / 1.25) << r.line;
     EXPECT_LT(speed, 1.25) << r.line;
-    // GPU memory: the plan never over-promises by more than 15% (it counts fewer activation
-    // buffers than the CUDA backend allocates, most at large chunks), nor over-predicts by 5%.
-    EXPECT_GT(device, 0.85) << r.line;
+    // GPU memory: the plan never under-predicts by more than 10% (the CUDA backend allocates
+    // more activation buffers than the plan counts, and device KV/dKV pages for the last chunk
+    // that it never writes: most at large chunks), nor over-predicts by 5%.
+    EXPECT_GT(device, 0.90) << r.line;
     EXPECT_LT(device, 1.05) << r.line;
     // Host memory: the plan's pinned pages and optimizer state, within 1% + 0.5 GiB (the page
     // stores pin their whole capacity up front; the plan's dKV peak is a little lower).
