@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
@@ -181,25 +181,16 @@ struct DeviceLoraProjection {
   DeviceArray<float> m_a, v_a, m_b, v_b;  // kOptimizer (AdamW on the GPU)
 };
 
-// bf16 <-> fp32 on the host by bit operations (round to nearest even; NaN stays NaN): inlined in
-// the host optimizer's loop, where the library's conversions are calls.
+// The host's bf16 conversions (bf16.h) on CUDA's bf16 type.
 inline float ToFloat(float x) {
   return x;
 }
 inline float ToFloat(bf16 x) {
-  const uint32_t wide = static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(x).x) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
+  return Bf16ToFp32(static_cast<__nv_bfloat16_raw>(x).x);
 }
 inline bf16 ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
   __nv_bfloat16_raw raw;
-  if ((bits & 0x7fffffffu) > 0x7f800000u)
-    raw.x = static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  else
-    raw.x = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  raw.x = Fp32ToBf16(f);
   return bf16(raw);
 }
 
@@ -697,7 +688,7 @@ class TypedImpl final : public CudaBackend::Impl {
     weights_.ForEach([&](DeviceArray<bf16>& t) {
       std::vector<bf16> staging(t.size());
       CTXPLAN_CUDA_CHECK(cudaMemcpy(staging.data(), t.get(), t.bytes(), cudaMemcpyDeviceToHost));
-      for (size_t j = 0; j < staging.size(); ++j) (*host[i])[j] = __bfloat162float(staging[j]);
+      for (size_t j = 0; j < staging.size(); ++j) (*host[i])[j] = ToFloat(staging[j]);
       ++i;
     });
     return out;
@@ -711,7 +702,7 @@ class TypedImpl final : public CudaBackend::Impl {
     grads_.ForEach([&](DeviceArray<G>& t) {
       std::vector<G> staging(t.size());
       CTXPLAN_CUDA_CHECK(cudaMemcpy(staging.data(), t.get(), t.bytes(), cudaMemcpyDeviceToHost));
-      for (size_t j = 0; j < staging.size(); ++j) (*host[i])[j] = static_cast<float>(staging[j]);
+      for (size_t j = 0; j < staging.size(); ++j) (*host[i])[j] = ToFloat(staging[j]);
       ++i;
     });
     return out;
@@ -865,7 +856,7 @@ class TypedImpl final : public CudaBackend::Impl {
       for (unsigned p = 0; p < threads && p * per < from.size(); ++p)
         pool.emplace_back([&, p] {
           const size_t end = std::min(from.size(), (p + 1) * per);
-          for (size_t j = p * per; j < end; ++j) staging[j] = __float2bfloat16(from[j]);
+          for (size_t j = p * per; j < end; ++j) staging[j] = ToBf16(from[j]);
         });
       for (std::thread& thread : pool) thread.join();
       CTXPLAN_CUDA_CHECK(cudaMemcpy(t.get(), staging.data(), t.bytes(), cudaMemcpyHostToDevice));

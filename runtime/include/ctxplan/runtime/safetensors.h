@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ctxplan/models/model_spec.h"
+#include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/model_weights.h"
 
 namespace ctxplan {
@@ -141,9 +142,7 @@ void WriteSafetensorsWeights(const std::filesystem::path& path, const ModelSpec&
                              const ModelWeights& weights, SafetensorsDtype dtype,
                              const std::map<std::string, std::string>& metadata = {});
 
-// bf16 <-> fp32 as the files store them (round to nearest even; NaN stays NaN).
-uint16_t Fp32ToBf16(float value);
-float Bf16ToFp32(uint16_t bits);
+// fp16 -> fp32 as the files store it (bf16 <-> fp32: bf16.h).
 float Fp16ToFp32(uint16_t bits);
 
 }  // namespace ctxplan
