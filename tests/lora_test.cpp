@@ -96,7 +96,7 @@ TEST(Lora, GradientsAreTheMergedWeightsThroughTheChainRule) {
     double worst = 0.0;
     const float s = adapters.scale;
     for (size_t l = 0; l < adapters.layers.size(); ++l)
-      for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown}) {
+      for (OpPart part : kLoraParts) {
         const std::vector<float>& g = FusedWeight(full_grads, part, l);
         const std::vector<LoraProjection>& ps = adapters.layers[l].Part(part);
         const std::vector<LoraProjection>& gs = lora.grads.layers[l].Part(part);

@@ -21,17 +21,14 @@ constexpr std::string_view kMomentPrefixes[] = {"adam_m.", "adam_v."};
 constexpr std::string_view kOptionPrefix = "option.";
 constexpr std::string_view kLoraPrefixes[] = {"lora.", "lora_adam_m.", "lora_adam_v."};
 
-// The adapters as safetensors tensors: A [r][in], B [out][r], PEFT names after `prefix`.
+// The adapters as safetensors tensors, named after `prefix`.
 std::vector<SafetensorsTensor> LoraTensors(const LoraWeights& lora, std::string_view prefix) {
   std::vector<SafetensorsTensor> out;
-  for (size_t l = 0; l < lora.layers.size(); ++l)
-    for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
-      for (const LoraProjection& p : lora.layers[l].Part(part)) {
-        const std::string name =
-            std::string(prefix) + "model.layers." + std::to_string(l) + "." + p.name;
-        out.push_back({name + ".lora_A.weight", {lora.rank, p.in}, p.a});
-        out.push_back({name + ".lora_B.weight", {p.out, lora.rank}, p.b});
-      }
+  // ForEachShaped only reads here.
+  const_cast<LoraWeights&>(lora).ForEachShaped(
+      [&](const std::string& name, const std::array<int64_t, 2>& shape, std::vector<float>& t) {
+        out.push_back({std::string(prefix) + name, {shape[0], shape[1]}, t});
+      });
   return out;
 }
 
@@ -178,15 +175,10 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   }
   for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights);
   for (const auto& [prefix, state] : lora_parts)
-    for (size_t l = 0; l < state->layers.size(); ++l)
-      for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
-        for (LoraProjection& p : state->layers[l].Part(part)) {
-          const std::string name =
-              std::string(prefix) + "model.layers." + std::to_string(l) + "." + p.name;
-          const int64_t a_shape[] = {state->rank, p.in}, b_shape[] = {p.out, state->rank};
-          file.ReadF32(name + ".lora_A.weight", a_shape, p.a);
-          file.ReadF32(name + ".lora_B.weight", b_shape, p.b);
-        }
+    state->ForEachShaped(
+        [&](const std::string& name, const std::array<int64_t, 2>& shape, std::vector<float>& t) {
+          file.ReadF32(std::string(prefix) + name, shape, t);
+        });
   return checkpoint;
 }
 

@@ -2,39 +2,26 @@
 
 #include <cmath>
 #include <random>
-#include <utility>
 
 #include "ctxplan/models/errors.h"
 
 namespace ctxplan {
 
-std::vector<LoraProjection>& LayerLora::Part(OpPart part) {
-  return const_cast<std::vector<LoraProjection>&>(std::as_const(*this).Part(part));
-}
-
-const std::vector<LoraProjection>& LayerLora::Part(OpPart part) const {
-  switch (part) {
-    case OpPart::kQkv:
-      return qkv;
-    case OpPart::kO:
-      return o;
-    case OpPart::kGateUp:
-      return gate_up;
-    case OpPart::kDown:
-      return down;
-    default:
-      throw InternalError("LoRA: no adapters on part " + std::string(OpPartName(part)));
-  }
-}
-
 void LoraWeights::ForEach(
     const std::function<void(const std::string&, std::vector<float>&)>& visit) {
+  ForEachShaped([&](const std::string& name, const std::array<int64_t, 2>&,
+                    std::vector<float>& tensor) { visit(name, tensor); });
+}
+
+void LoraWeights::ForEachShaped(
+    const std::function<void(const std::string&, const std::array<int64_t, 2>&,
+                             std::vector<float>&)>& visit) {
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string prefix = "model.layers." + std::to_string(l) + ".";
-    for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
+    for (OpPart part : kLoraParts)
       for (LoraProjection& p : layers[l].Part(part)) {
-        visit(prefix + p.name + ".lora_A.weight", p.a);
-        visit(prefix + p.name + ".lora_B.weight", p.b);
+        visit(prefix + p.name + ".lora_A.weight", {rank, p.in}, p.a);
+        visit(prefix + p.name + ".lora_B.weight", {p.out, rank}, p.b);
       }
   }
 }
@@ -77,7 +64,7 @@ LoraWeights RandomLora(const ModelSpec& m, int64_t rank, uint64_t seed, bool ran
   LoraWeights w = ZeroLora(m, rank);
   std::mt19937_64 rng(seed);
   for (LayerLora& l : w.layers)
-    for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown})
+    for (OpPart part : kLoraParts)
       for (LoraProjection& p : l.Part(part)) {
         std::normal_distribution<float> a(0.0f, 1.0f / std::sqrt(static_cast<float>(p.in)));
         for (float& x : p.a) x = a(rng);
@@ -93,7 +80,7 @@ void MergeLora(const LoraWeights& lora,
                const std::function<std::vector<float>&(OpPart, size_t)>& weight_of) {
   const int64_t r = lora.rank;
   for (size_t l = 0; l < lora.layers.size(); ++l)
-    for (OpPart part : {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown}) {
+    for (OpPart part : kLoraParts) {
       std::vector<float>& w = weight_of(part, l);
       for (const LoraProjection& p : lora.layers[l].Part(part))
         for (int64_t o = 0; o < p.out; ++o)

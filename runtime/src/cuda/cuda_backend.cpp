@@ -489,23 +489,9 @@ class TypedImpl final : public CudaBackend::Impl {
     return r;
   }
 
-  static constexpr OpPart kLoraParts[] = {OpPart::kQkv, OpPart::kO, OpPart::kGateUp, OpPart::kDown};
   bool Lora() const { return o_.lora_rank > 0; }
   std::vector<DeviceLoraProjection<G>>& LoraPart(size_t layer, OpPart part) {
-    LoraLayer& l = lora_[layer];
-    switch (part) {
-      case OpPart::kQkv:
-        return l.qkv;
-      case OpPart::kO:
-        return l.o;
-      case OpPart::kGateUp:
-        return l.gate_up;
-      case OpPart::kDown:
-        return l.down;
-      default:
-        throw InternalError("CUDA backend: no LoRA adapters on part " +
-                            std::string(OpPartName(part)));
-    }
+    return lora_[layer].Part(part);
   }
 
   void UploadLora(const LoraWeights& lora) {
@@ -1536,10 +1522,7 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceWeights<bf16> weights_;
   std::unique_ptr<gpu::DeviceArena> arena_;  // every device buffer below lives in it
   // LoRA: the adapters of every layer's parts, their scratch [c][r], a sink for frozen norms.
-  struct LoraLayer {
-    std::vector<DeviceLoraProjection<G>> qkv, o, gate_up, down;
-  };
-  std::vector<LoraLayer> lora_;
+  std::vector<LoraParts<DeviceLoraProjection<G>>> lora_;
   float lora_scale_ = 1.0f;
   DeviceArray<bf16> lora_u_, lora_du_;
   DeviceArray<G> frozen_dw_;

@@ -10,11 +10,14 @@
 // the merged weight's gradient G), which the tests check.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ctxplan/models/errors.h"
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/op.h"
 
@@ -27,11 +30,34 @@ struct LoraProjection {
   std::vector<float> b;  // [out][r]
 };
 
-struct LayerLora {
-  std::vector<LoraProjection> qkv, o, gate_up, down;  // the projections of each fused linear
-  std::vector<LoraProjection>& Part(OpPart part);
-  const std::vector<LoraProjection>& Part(OpPart part) const;
+// The fused linears that carry adapters, in the order every visit goes through them.
+inline constexpr std::array<OpPart, 4> kLoraParts = {OpPart::kQkv, OpPart::kO, OpPart::kGateUp,
+                                                     OpPart::kDown};
+
+// One layer's adapters, by fused linear: the host's (LoraProjection) or a backend's own.
+template <typename Projection>
+struct LoraParts {
+  std::vector<Projection> qkv, o, gate_up, down;  // the projections of each fused linear
+
+  std::vector<Projection>& Part(OpPart part) {
+    return const_cast<std::vector<Projection>&>(std::as_const(*this).Part(part));
+  }
+  const std::vector<Projection>& Part(OpPart part) const {
+    switch (part) {
+      case OpPart::kQkv:
+        return qkv;
+      case OpPart::kO:
+        return o;
+      case OpPart::kGateUp:
+        return gate_up;
+      case OpPart::kDown:
+        return down;
+      default:
+        throw InternalError("LoRA: no adapters on part " + std::string(OpPartName(part)));
+    }
+  }
 };
+using LayerLora = LoraParts<LoraProjection>;
 
 struct LoraWeights {
   int64_t rank = 0;
@@ -41,6 +67,9 @@ struct LoraWeights {
   // Every adapter tensor in a fixed order, named as PEFT names them
   // ("model.layers.3.self_attn.q_proj.lora_A.weight").
   void ForEach(const std::function<void(const std::string&, std::vector<float>&)>& visit);
+  // The same with each tensor's shape: A [r][in], B [out][r].
+  void ForEachShaped(const std::function<void(const std::string&, const std::array<int64_t, 2>&,
+                                              std::vector<float>&)>& visit);
   int64_t ParameterCount() const;
 };
 
