@@ -278,6 +278,8 @@ class TypedImpl final : public CudaBackend::Impl {
         WantLike(want, adam_v_, weights, MemCategory::kOptimizer, "AdamW v");
       }
     } else {
+      // The base's gradients stay empty arrays, one set per layer, so Grad(op) stays valid.
+      grads_.layers.resize(static_cast<size_t>(layers_));
       lora_scale_ = lora->scale;
       lora_.resize(static_cast<size_t>(layers_));
       for (size_t l = 0; l < lora_.size(); ++l)
@@ -647,6 +649,7 @@ class TypedImpl final : public CudaBackend::Impl {
     }
   }
 
+  // Where a norm's weight gradient goes: its gradient, or a sink when the base is frozen.
   G* NormGrad(DeviceArray<G>& grad) { return Lora() ? frozen_dw_.get() : grad.get(); }
 
   std::byte* Region(MemCategory category) const {
@@ -1031,14 +1034,13 @@ class TypedImpl final : public CudaBackend::Impl {
         break;
       case OpPart::kMlpNorm:
         k::RmsNormBackward(hmid_ptr_, W(op).mlp_norm.get(), rstd2_.get(), d_xn2_.get(), dh_.get(),
-                           T(), d_, d_hmid_.get(),
-                           Lora() ? frozen_dw_.get() : Grad(op).mlp_norm.get(), norm_scratch_.get(),
+                           T(), d_, d_hmid_.get(), NormGrad(Grad(op).mlp_norm), norm_scratch_.get(),
                            compute_);
         break;
       case OpPart::kAttnNorm:
         k::RmsNormBackward(x_, W(op).attn_norm.get(), rstd1_.get(), d_xn_.get(), d_hmid_.get(), T(),
-                           d_, dh_.get(), Lora() ? frozen_dw_.get() : Grad(op).attn_norm.get(),
-                           norm_scratch_.get(), compute_);
+                           d_, dh_.get(), NormGrad(Grad(op).attn_norm), norm_scratch_.get(),
+                           compute_);
         break;
       default:
         throw InternalError("CUDA backend: RMSNorm backward without a part");
