@@ -33,11 +33,7 @@ RunResult Ctxtrain(std::vector<std::string> args, const ScratchDir& dir) {
 }
 
 void ExpectOneLine(const RunResult& r, int code, const std::vector<std::string>& needles) {
-  EXPECT_EQ(r.exit_code, code) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("ctxtrain: ", 0), 0u) << r.err;
-  for (const std::string& needle : needles)
-    EXPECT_NE(r.err.find(needle), std::string::npos) << "missing '" << needle << "' in " << r.err;
+  test::ExpectOneLineError(r, "ctxtrain", code, needles);
 }
 
 TEST(CtxtrainCli, BadWeightsDataAndCheckpointsAreOneLineErrors) {

@@ -49,6 +49,16 @@ RunOptions Options(int64_t budget, bool offload, bool keep, GradDtype grads = Gr
   return o;
 }
 
+// Larger weights than the 0.02 init (norms excepted), so that attention is far from uniform.
+ModelWeights SharpWeights(const ModelSpec& model, uint64_t seed) {
+  ModelWeights weights = RandomWeights(model, seed);
+  weights.ForEach([](const std::string& name, std::vector<float>& t) {
+    if (name.find("norm") == std::string::npos)
+      for (float& x : t) x *= 4.0f;
+  });
+  return weights;
+}
+
 double RelativeError(const std::vector<float>& out, const std::vector<float>& ref) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -62,12 +72,7 @@ double RelativeError(const std::vector<float>& out, const std::vector<float>& re
 TEST(CudaBackend, MatchesTheCpuBackend) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const ModelSpec model = Small();
-  ModelWeights weights = RandomWeights(model, 5);
-  // Larger weights than the 0.02 init, so that attention is far from uniform.
-  weights.ForEach([](const std::string& name, std::vector<float>& t) {
-    if (name.find("norm") == std::string::npos)
-      for (float& x : t) x *= 4.0f;
-  });
+  const ModelWeights weights = SharpWeights(model, 5);
   std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 9);
   std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
   labels.push_back(-1);
@@ -194,11 +199,7 @@ TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
 TEST(CudaBackend, LoraMatchesTheCpuBackend) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const ModelSpec model = Small();
-  ModelWeights weights = RandomWeights(model, 5);
-  weights.ForEach([](const std::string& name, std::vector<float>& t) {
-    if (name.find("norm") == std::string::npos)
-      for (float& x : t) x *= 4.0f;
-  });
+  const ModelWeights weights = SharpWeights(model, 5);
   const int64_t rank = 4;
   const LoraWeights adapters = RandomLora(model, rank, 6, /*random_b=*/true);
   std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 9);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +101,17 @@ inline RunResult RunArgv(const std::vector<std::string>& argv, const fs::path& s
   fs::remove(err_path);
   if (stdout_path.empty()) fs::remove(out_path);
   return result;
+}
+
+// A program's one-line error: exit `code`, exactly one line on stderr, starting "<program>: " and
+// containing every needle.
+inline void ExpectOneLineError(const RunResult& r, const std::string& program, int code,
+                               const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind(program + ": ", 0), 0u) << r.err;
+  for (const std::string& needle : needles)
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "missing '" << needle << "' in " << r.err;
 }
 
 }  // namespace ctxplan::test
