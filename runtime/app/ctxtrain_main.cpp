@@ -435,7 +435,7 @@ int Main(int argc, char** argv) {
           const CudaMemoryReport memory = cuda_backend->Memory();
           metadata["gpu_arena_allocated_bytes"] = std::to_string(memory.arena_allocated_peak_bytes);
           metadata["gpu_device_used_bytes"] = std::to_string(memory.device_used_peak_bytes);
-          metadata["host_runtime_bytes"] = std::to_string(memory.pinned_bytes);
+          metadata["host_runtime_bytes"] = std::to_string(memory.host_bytes);
         }
 #endif
         if (compact) {
@@ -523,7 +523,7 @@ int Main(int argc, char** argv) {
     allocated = memory.arena_allocated_peak_bytes;
     reserved = memory.arena_reserved_bytes;
     device_used = memory.device_used_peak_bytes;
-    pinned = memory.pinned_bytes;
+    pinned = memory.host_bytes;
   }
 #endif
   if (f.json) {

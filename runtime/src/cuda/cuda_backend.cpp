@@ -479,11 +479,11 @@ class TypedImpl final : public CudaBackend::Impl {
     r.device_used_peak_bytes = static_cast<int64_t>(arena_->peak_device_used_bytes());
     // Host memory the run holds: pinned page stores, the host optimizer's pinned staging and its
     // moments (pageable).
-    r.pinned_bytes =
+    r.host_bytes =
         static_cast<int64_t>(host_grads_.size() * sizeof(G) + host_weights_.size() * sizeof(bf16) +
                              (host_m_.size() + host_v_.size()) * sizeof(float));
     if (kv_store_) {
-      r.pinned_bytes +=
+      r.host_bytes +=
           static_cast<int64_t>(kv_store_->peak_pinned_bytes() + dkv_store_->peak_pinned_bytes());
       r.pinned_pages_peak_bytes =
           static_cast<int64_t>(kv_store_->peak_in_use_bytes() + dkv_store_->peak_in_use_bytes());

@@ -36,8 +36,10 @@ struct CudaMemoryReport {
   int64_t arena_reserved_bytes = 0;        // the arena's one cudaMalloc
   int64_t arena_allocated_peak_bytes = 0;  // carved out of it at the peak
   int64_t device_used_peak_bytes = 0;      // cudaMemGetInfo total - free, sampled: nvidia-smi's
-  int64_t pinned_bytes = 0;                // pinned by the page stores (offload on)
-  int64_t pinned_pages_peak_bytes = 0;     // of which pages in use at the peak
+  // Host memory the run holds: the page stores' pinned pages (offload on), the host optimizer's
+  // pinned staging and its moments.
+  int64_t host_bytes = 0;
+  int64_t pinned_pages_peak_bytes = 0;  // of the page stores' pages, in use at the peak
 };
 
 class CudaBackend final : public StepBackend {
