@@ -376,12 +376,13 @@ int Main(int argc, char** argv) {
   StepOutputs last;
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
-    if (!cuda)
-      grads.ForEach(
-          [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
-    if (lora)
-      lora->grads.ForEach(
-          [](const std::string&, std::vector<float>& t) { std::fill(t.begin(), t.end(), 0.0f); });
+    if (!cuda) {  // the CUDA backend zeroes its own (below)
+      const auto zero = [](const std::string&, std::vector<float>& t) {
+        std::fill(t.begin(), t.end(), 0.0f);
+      };
+      grads.ForEach(zero);
+      if (lora) lora->grads.ForEach(zero);
+    }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     if (cuda_backend) cuda_backend->ZeroGrads();
 #endif
