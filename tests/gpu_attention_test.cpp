@@ -261,7 +261,13 @@ BwdResult CpuBackward(const Problem& pr, const std::vector<float>& out_b,
 // GPU backward; the dKV pool is fp32 (bf16_pool = false) or bf16, starting at `dkv_init`.
 BwdResult GpuBackward(const Problem& pr, const DeviceProblem& dp, const std::vector<float>& out_b,
                       const std::vector<float>& lse, const std::vector<float>& dkv_init,
-                      bool bf16_pool) {
+                      bool bf16_pool, const DeviceBuffer<int32_t>* union_pages = nullptr,
+                      int64_t num_union_pages = 0) {
+  PageSelection selection = dp.Selection(pr);
+  if (union_pages != nullptr) {
+    selection.union_pages = union_pages->get();
+    selection.num_union_pages = num_union_pages;
+  }
   DeviceBuffer<bf16> out = UploadBf16(out_b);
   DeviceBuffer<float> lse_d = Upload(lse);
   DeviceBuffer<bf16> dq(pr.t * pr.hq * pr.hd), dk(pr.t * pr.hkv * pr.hd), dv(pr.t * pr.hkv * pr.hd);
@@ -276,16 +282,16 @@ BwdResult GpuBackward(const Problem& pr, const DeviceProblem& dp, const std::vec
     DeviceBuffer<bf16> pool = UploadBf16(dkv_init);
     const PagedKv<bf16> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
     cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
-                            dp.Selection(pr), out.get(), lse_d.get(), dp.d_out.get(), dq.get(),
-                            dk.get(), dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+                            selection, out.get(), lse_d.get(), dp.d_out.get(), dq.get(), dk.get(),
+                            dv.get(), dkv, ws.get(), ws_bytes, nullptr);
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     r.dkv = DownloadBf16(pool);
   } else {
     DeviceBuffer<float> pool = Upload(dkv_init);
     const PagedKv<float> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
     cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
-                            dp.Selection(pr), out.get(), lse_d.get(), dp.d_out.get(), dq.get(),
-                            dk.get(), dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+                            selection, out.get(), lse_d.get(), dp.d_out.get(), dq.get(), dk.get(),
+                            dv.get(), dkv, ws.get(), ws_bytes, nullptr);
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     r.dkv = Download(pool);
   }
@@ -441,6 +447,54 @@ TEST(GpuAttention, SparseTopK) {
     cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
     // CheckProblem regenerates the same inputs from the seed; keep the selection.
     CheckProblem(pr, 11 + variant);
+  }
+}
+
+// The sparse backward launched over the union of the tiles' selections only equals the one
+// launched over every earlier page: dK/dV and the dKV pool bit for bit (no block of an unselected
+// page writes anything), dQ up to the order of its fp32 atomics. Pages of 128 and 64 tokens
+// (64- and 128-key blocks), head_dim 128 (wgmma) and 64 (mma.sync).
+TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t t, hq, hkv, hd, p, pages;
+  };
+  for (const Shape sh : {Shape{384, 14, 2, 128, 128, 24}, Shape{256, 8, 2, 128, 64, 40},
+                         Shape{256, 8, 4, 64, 128, 16}}) {
+    Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
+    pr.Generate(31);
+    const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
+    std::vector<float> scores(tiles * pr.pages);
+    std::mt19937 rng(77);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (auto& s : scores) s = u(rng);
+    const int64_t budget = 3, sinks = 1;
+    pr.per_tile = std::min(pr.pages, sinks + budget);
+    pr.sel.assign(tiles * pr.per_tile, -1);
+    cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
+    std::vector<int32_t> union_pages(pr.sel.begin(), pr.sel.end());
+    std::sort(union_pages.begin(), union_pages.end());
+    union_pages.erase(std::unique(union_pages.begin(), union_pages.end()), union_pages.end());
+    ASSERT_LT(static_cast<int64_t>(union_pages.size()), pr.pages);  // some pages unselected
+
+    const DeviceProblem dp(pr);
+    const FwdResult f = GpuForward(pr, dp);
+    std::mt19937 init_rng(5);
+    const std::vector<float> dkv_init =
+        RandomBf16(pr.num_slots * pr.PageShape().page_elements(), init_rng);
+    const DeviceBuffer<int32_t> union_dev = Upload(union_pages);
+    for (const bool bf16_pool : {false, true}) {
+      const BwdResult all = GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool);
+      const BwdResult over_union =
+          GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool, &union_dev,
+                      static_cast<int64_t>(union_pages.size()));
+      const std::string where = "t " + std::to_string(sh.t) + " hd " + std::to_string(sh.hd) +
+                                " p " + std::to_string(sh.p) + (bf16_pool ? " bf16" : " fp32");
+      EXPECT_EQ(RelErr(over_union.dk, all.dk), 0.0) << where;
+      EXPECT_EQ(RelErr(over_union.dv, all.dv), 0.0) << where;
+      EXPECT_EQ(RelErr(over_union.dkv, all.dkv), 0.0) << where;
+      EXPECT_LE(RelErr(over_union.dq, all.dq), 1e-5) << where;
+    }
   }
 }
 

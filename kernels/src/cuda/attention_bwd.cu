@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "attention_common.cuh"
 #include "attention_wgmma.cuh"
@@ -74,7 +75,19 @@ struct BwdParams {
   int p, num_pages, query_tile, sel_tiles;
   int n_earlier_blocks, n_q_tiles;
   float scale, scale_log2;
+  const int32_t* union_pages;  // [n_union] or nullptr: earlier key blocks cover these pages only
+  int n_union;
 };
+
+// The first key (an index into the earlier positions) of earlier key block `eb` of BN keys:
+// blocks run over every earlier position, or over the union's pages only (then p % BN == 0 and
+// each page has p / BN blocks).
+template <int BN>
+__device__ __forceinline__ int EarlierKeyBlockStart(const BwdParams& prm, int eb) {
+  if (prm.union_pages == nullptr) return eb * BN;
+  const int per_page = prm.p / BN;
+  return __ldg(prm.union_pages + eb / per_page) * prm.p + (eb % per_page) * BN;
+}
 
 // --- 1. preprocess -------------------------------------------------------------------------
 template <int HD>
@@ -175,8 +188,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
   const int own_blocks = (prm.t + BN - 1) / BN;
   const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
-  const int kb0 =
-      (earlier ? static_cast<int>(blockIdx.x) - own_blocks : static_cast<int>(blockIdx.x)) * BN;
+  const int kb0 = earlier ? EarlierKeyBlockStart<BN>(prm, static_cast<int>(blockIdx.x) - own_blocks)
+                          : static_cast<int>(blockIdx.x) * BN;
   const int t = prm.t;
   const int n_e = prm.num_pages * prm.p;
   const int region_end = earlier ? n_e : t;  // valid key index bound in this region
@@ -572,8 +585,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
   const int own_blocks = (prm.t + BN - 1) / BN;
   const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
-  const int kb0 =
-      (earlier ? static_cast<int>(blockIdx.x) - own_blocks : static_cast<int>(blockIdx.x)) * BN;
+  const int kb0 = earlier ? EarlierKeyBlockStart<BN>(prm, static_cast<int>(blockIdx.x) - own_blocks)
+                          : static_cast<int>(blockIdx.x) * BN;
   const int t = prm.t;
   const int n_e = prm.num_pages * prm.p;
   const int region_end = earlier ? n_e : t;
@@ -897,8 +910,19 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
         out, prm.d_out, lse, prm.t, prm.t_pad, prm.hq, delta, lse2);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   }
-  const int own_blocks = (prm.t + kBwdBN - 1) / kBwdBN;
-  const dim3 grid(prm.n_earlier_blocks + own_blocks, prm.hkv);
+  // Earlier key blocks of `bn` keys: over every earlier position, or over the union's pages
+  // only when the selection gives one and pages are whole blocks.
+  auto with_blocks = [&](int bn, int own_bn) {
+    BwdParams q = prm;
+    const bool over_union = prm.sel != nullptr && prm.union_pages != nullptr && prm.p % bn == 0;
+    q.union_pages = over_union ? prm.union_pages : nullptr;
+    const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
+    q.n_earlier_blocks =
+        over_union ? prm.n_union * (prm.p / bn) : static_cast<int>((n_e + bn - 1) / bn);
+    return std::pair{q,
+                     dim3(static_cast<unsigned>(q.n_earlier_blocks + (prm.t + own_bn - 1) / own_bn),
+                          static_cast<unsigned>(prm.hkv))};
+  };
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     if (prm.sel != nullptr && prm.p < kBwdBN) {  // page-sparse over small pages: 64-key blocks
@@ -906,16 +930,16 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
       CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<1>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
-      const dim3 grid1(static_cast<unsigned>((n_e + 63) / 64 + (prm.t + 63) / 64), prm.hkv);
-      AttnBwdWgmmaKernel<1><<<grid1, 128, smem, stream>>>(prm);
+      const auto [q, grid1] = with_blocks(64, 64);
+      AttnBwdWgmmaKernel<1><<<grid1, 128, smem, stream>>>(q);
       CTXPLAN_CUDA_CHECK_LAUNCH();
     } else {
       const int smem = WbSmem<2>::Bytes(prm.sel ? prm.sel_tiles : 0);
       Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
       CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<2>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      AttnBwdWgmmaKernel<2><<<grid, 256, smem, stream>>>(prm);
+      const auto [q, grid] = with_blocks(128, 128);
+      AttnBwdWgmmaKernel<2><<<grid, 256, smem, stream>>>(q);
       CTXPLAN_CUDA_CHECK_LAUNCH();
     }
   } else {
@@ -923,7 +947,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(AttnBwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    AttnBwdKernel<HD><<<grid, kBwdThreads, smem, stream>>>(prm);
+    const auto [q, grid] = with_blocks(kBwdBN, kBwdBN);
+    AttnBwdKernel<HD><<<grid, kBwdThreads, smem, stream>>>(q);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   }
   {
@@ -1015,6 +1040,12 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   prm.n_q_tiles = static_cast<int>(t_pad / kBwdBM);
   prm.scale = shape.scale;
   prm.scale_log2 = shape.scale * kLog2e;
+  if (prm.sel != nullptr && selection.union_pages != nullptr) {
+    Require(selection.num_union_pages >= 0 && selection.num_union_pages <= earlier.num_pages,
+            "union page count out of range");
+    prm.union_pages = selection.union_pages;
+    prm.n_union = static_cast<int>(selection.num_union_pages);
+  }
   if (hd == 128) {
     LaunchBwd<128>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
   } else {

@@ -335,6 +335,12 @@ class TypedImpl final : public CudaBackend::Impl {
     const int64_t per_tile = o_.dense() ? 1 : o_.page_budget + o_.sink_pages;
     want.Want(selected_, static_cast<size_t>(tiles * per_tile), kAct, "selection [tiles][k+s]");
     selected_host_.Resize(selected_.size());
+    if (!o_.dense())  // the union of a sparse backward's selections, per parity
+      for (int p = 0; p < 2; ++p) {
+        want.Want(union_dev_[p], static_cast<size_t>(slot_capacity_), kAct, "union [pages]");
+        union_host_[p].Resize(static_cast<size_t>(slot_capacity_));
+        CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&union_copied_[p], cudaEventDisableTiming));
+      }
 
     // Workspaces.
     constexpr MemCategory kWs = MemCategory::kWorkspace;
@@ -467,6 +473,8 @@ class TypedImpl final : public CudaBackend::Impl {
 
   ~TypedImpl() override {
     cudaDeviceSynchronize();
+    for (cudaEvent_t e : union_copied_)
+      if (e != nullptr) cudaEventDestroy(e);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     for (cudaStream_t s : {compute_, h2d_, d2h_}) cudaStreamDestroy(s);
   }
@@ -1266,10 +1274,30 @@ class TypedImpl final : public CudaBackend::Impl {
     if (!LastAttentionOp(op)) return;
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
     PagedKv<G> de = Earlier<G>(op.layer, true);
+    PageSelection selection = Selection(op);
+    if (c_.sparse) {
+      // The backward launches key blocks over the union of the tiles' selections only. Its
+      // pinned staging was last read by the copy two layers ago: wait for that before rewriting.
+      const std::vector<int32_t> pages = UnionPages(op);
+      if (static_cast<int64_t>(pages.size()) > slot_capacity_)
+        throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
+                         std::to_string(op.layer) + " need " + std::to_string(pages.size()) +
+                         " pages but the plan provisioned " + std::to_string(slot_capacity_) +
+                         "; accepted: a selection model that bounds the union (--selection "
+                         "disjoint)");
+      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(union_copied_[parity_]));
+      std::copy(pages.begin(), pages.end(), union_host_[parity_].get());
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(union_dev_[parity_].get(), union_host_[parity_].get(),
+                                         pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                         compute_));
+      CTXPLAN_CUDA_CHECK(cudaEventRecord(union_copied_[parity_], compute_));
+      selection.union_pages = union_dev_[parity_].get();
+      selection.num_union_pages = static_cast<int64_t>(pages.size());
+    }
     k::AttentionBackward(Shape(), q_.get(), k_.get(), v_.get(),
-                         PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages},
-                         Selection(op), saved_attn_[S(op)].get(), saved_lse_[S(op)].get(),
-                         d_attn_.get(), dq_.get(), dk_.get(), dv_.get(), de, attention_ws_.get(),
+                         PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages}, selection,
+                         saved_attn_[S(op)].get(), saved_lse_[S(op)].get(), d_attn_.get(),
+                         dq_.get(), dk_.get(), dv_.get(), de, attention_ws_.get(),
                          attention_ws_.bytes(), compute_);
   }
 
@@ -1570,6 +1598,11 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<int32_t> slot_table_[2];
   PinnedArray<int32_t> slot_table_host_[2];
   std::vector<int32_t> union_;
+  // Sparse backward: the union's page list on the device, its pinned staging, and an event after
+  // each upload (so the host rewrites a staging buffer only once its copy is done), per parity.
+  DeviceArray<int32_t> union_dev_[2];
+  PinnedArray<int32_t> union_host_[2];
+  cudaEvent_t union_copied_[2] = {nullptr, nullptr};
   std::vector<gpu::PageId> dkv_allocated_;  // this step's dKV pages, in allocation order
   std::vector<PagePair> pairs_;             // scratch of CopyIn / CopyOut
   std::vector<int64_t> zero_;

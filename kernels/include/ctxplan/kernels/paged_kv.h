@@ -45,6 +45,12 @@ struct PageSelection {
   int64_t query_tile = 128;        // b
   int64_t pages_per_tile = 0;      // entries per tile
   const int32_t* pages = nullptr;  // [tiles][pages_per_tile] logical page ids, ascending
+  // Optional, for the CUDA backward: the union of the tiles' selections, ascending, in device
+  // memory. Given, key blocks are launched for these pages only instead of for every earlier page
+  // (a block of a page no tile selected has nothing to do, but at 1M tokens there are 65K of them
+  // per call). Ignored by the forward and by the CPU reference.
+  const int32_t* union_pages = nullptr;  // [num_union_pages]
+  int64_t num_union_pages = 0;
 };
 
 }  // namespace ctxplan::kernels
