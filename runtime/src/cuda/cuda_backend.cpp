@@ -391,7 +391,11 @@ class TypedImpl final : public CudaBackend::Impl {
     want.Want(identity_, static_cast<size_t>(std::max<int64_t>(total_pages_, 1)), kWs,
               "identity page table");
     want.Want(own_identity_, static_cast<size_t>(own_capacity_), kWs, "own page table");
-    const auto store = static_cast<size_t>(total_pages_ * pe_);
+    // Device page stores (offload off) hold the pages that go home: the last chunk writes none
+    // (PlanGeometry::writes_pages), and no later chunk adds dKV into it. At 32K tokens in one
+    // chunk of 32K that is every page, 3.5 GiB at 7B.
+    const auto store = static_cast<size_t>(
+        std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1) * pe_);
     if (o_.offload) {
       for (int p = 0; p < 2; ++p) {
         const auto slots = static_cast<size_t>(slot_capacity_ * pe_);
