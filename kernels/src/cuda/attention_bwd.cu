@@ -79,14 +79,28 @@ struct BwdParams {
   int n_union;
 };
 
-// The first key (an index into the earlier positions) of earlier key block `eb` of BN keys:
-// blocks run over every earlier position, or over the union's pages only (then p % BN == 0 and
-// each page has p / BN blocks).
+// The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
+// key blocks first (own block 0 sees every query: the heaviest), then the earlier ones, over
+// every earlier position or over the union's pages only (then p % BN == 0 and each page has
+// p / BN blocks). KV heads outermost keep the blocks resident at one time on one head's queries
+// (Q, dO and the dQ accumulator of one head group: 29 MB at t = 4096, within the L2): with the
+// KV head varying fastest instead, the dense backward ran 2% slower on the H200 (the sparse one
+// at p 128 alike).
+struct KeyBlock {
+  int hkv;
+  bool earlier;
+  int kb0;  // first key: an own position, or an index into the earlier positions
+};
 template <int BN>
-__device__ __forceinline__ int EarlierKeyBlockStart(const BwdParams& prm, int eb) {
-  if (prm.union_pages == nullptr) return eb * BN;
+__device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
+  const int hkv = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.x);
+  const int own_blocks = (prm.t + BN - 1) / BN;
+  if (b < own_blocks) return {hkv, false, b * BN};
+  const int eb = b - own_blocks;
+  if (prm.union_pages == nullptr) return {hkv, true, eb * BN};
   const int per_page = prm.p / BN;
-  return __ldg(prm.union_pages + eb / per_page) * prm.p + (eb % per_page) * BN;
+  return {hkv, true, __ldg(prm.union_pages + eb / per_page) * prm.p + (eb % per_page) * BN};
 }
 
 // --- 1. preprocess -------------------------------------------------------------------------
@@ -149,6 +163,69 @@ __device__ __forceinline__ bool ListContains(const int32_t* list, int n, int pag
   return lo < n && __ldg(list + lo) == page;
 }
 
+// The 64-query tiles a page-sparse key block serves, ascending: those whose selection tile
+// picked one of its pages (s_mask[selection tile] != 0). Warp 0 compacts them into s_tiles with
+// ballots; every thread gets the count after the barrier. The block then steps through the list
+// in O(1) per item: scanning the tiles one by one (with an integer division each) for the next
+// selected one cost ~45 instructions per skipped tile, twice per item; at a 64K context's last
+// chunk, 64 pages per tile out of 480, that was a third of the sparse backward's instructions.
+__device__ int CollectSelectedTiles(const uint32_t* s_mask, int n_q_tiles, int tiles_per_sel,
+                                    int* s_tiles, int* s_count) {
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    int count = 0;
+    for (int base = 0; base < n_q_tiles; base += 32) {
+      const int qt = base + lane;
+      const bool take = qt < n_q_tiles && s_mask[qt / tiles_per_sel] != 0u;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, take);
+      if (take) s_tiles[count + __popc(ballot & ((1u << lane) - 1u))] = qt;
+      count += __popc(ballot);
+    }
+    if (lane == 0) *s_count = count;
+  }
+  __syncthreads();
+  return *s_count;
+}
+
+// Adds one key row's dK (already scaled) and dV, kPairs bf16/fp32 pairs each (pair i at element
+// 8 i), into the dKV pool at kofs / vofs. The pool's old values of a pass are all loaded before
+// any is stored: the compiler may not move a load above a store to the same pool (V's offset is
+// a runtime page stride), so pair by pair each load waited a full memory round trip, 32 in a row
+// per key row.
+__device__ __forceinline__ float2 LoadPair(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 LoadPair(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ void StorePair(float* p, float2 v) {
+  *reinterpret_cast<float2*>(p) = v;
+}
+__device__ __forceinline__ void StorePair(bf16* p, float2 v) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+template <int kPairs, typename T, typename KPair, typename VPair>
+__device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
+                                               VPair dv) {
+  constexpr int kPass = 8;
+  static_assert(kPairs % kPass == 0);
+#pragma unroll
+  for (int i0 = 0; i0 < kPairs; i0 += kPass) {
+    float2 ko[kPass], vo[kPass];
+#pragma unroll
+    for (int j = 0; j < kPass; ++j) {
+      ko[j] = LoadPair(pool + kofs + (i0 + j) * 8);
+      vo[j] = LoadPair(pool + vofs + (i0 + j) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kPass; ++j) {
+      const float2 k = dk(i0 + j), v = dv(i0 + j);
+      StorePair(pool + kofs + (i0 + j) * 8, make_float2(ko[j].x + k.x, ko[j].y + k.y));
+      StorePair(pool + vofs + (i0 + j) * 8, make_float2(vo[j].x + v.x, vo[j].y + v.y));
+    }
+  }
+}
+
 // --- 2. main -------------------------------------------------------------------------------
 template <int HD>
 struct BwdSmem {
@@ -161,9 +238,9 @@ struct BwdSmem {
   static constexpr int kdS = kdO + 2 * kQ;              // [128 keys][64 q] bf16
   static constexpr int kL = kdS + kBwdBN * kBwdBM * 2;  // [2][64] fp32
   static constexpr int kD = kL + 2 * kBwdBM * 4;        // [2][64] fp32
-  static constexpr int kUnion = kD + 2 * kBwdBM * 4;    // uint32
-  static constexpr int kMask = kUnion + 16;             // [sel_tiles] uint32
-  static int Bytes(int sel_tiles) { return kMask + 4 * sel_tiles; }
+  static constexpr int kUnion = kD + 2 * kBwdBM * 4;    // uint32 union, int32 tile count
+  static constexpr int kMask = kUnion + 16;             // [sel_tiles] uint32, [n_q_tiles] int32
+  static int Bytes(int sel_tiles, int q_tiles) { return kMask + 4 * sel_tiles + 4 * q_tiles; }
 };
 
 template <int HD>
@@ -181,15 +258,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   float* sDf = reinterpret_cast<float*>(smem + L::kD);
   uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
+  int* s_count = reinterpret_cast<int*>(smem + L::kUnion + 4);
+  int* s_tiles = reinterpret_cast<int*>(smem + L::kMask) + prm.sel_tiles;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
-  const int hkv = blockIdx.y;
-  // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
-  const int own_blocks = (prm.t + BN - 1) / BN;
-  const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
-  const int kb0 = earlier ? EarlierKeyBlockStart<BN>(prm, static_cast<int>(blockIdx.x) - own_blocks)
-                          : static_cast<int>(blockIdx.x) * BN;
+  const KeyBlock block = LocateKeyBlock<BN>(prm);
+  const int hkv = block.hkv;
+  const bool earlier = block.earlier;
+  const int kb0 = block.kb0;
   const int t = prm.t;
   const int n_e = prm.num_pages * prm.p;
   const int region_end = earlier ? n_e : t;  // valid key index bound in this region
@@ -217,6 +294,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
     union_mask = *s_union;
     if (union_mask == 0u) return;  // no tile attends these keys
   }
+  const int qt_begin = earlier ? 0 : kb0 / BM;
+  const int n_tiles =
+      sparse ? CollectSelectedTiles(s_mask, prm.n_q_tiles, prm.query_tile / BM, s_tiles, s_count)
+             : prm.n_q_tiles - qt_begin;
 
   // Key rows of this thread in S^T: warp * 16 + g (+ 8).
   const int kr0 = warp * 16 + g;
@@ -260,19 +341,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   }
 
   // --- iteration over (query head of the group, 64-query tile) ---
-  const int qt_begin = earlier ? 0 : kb0 / BM;
-  auto tile_selected = [&](int qt) -> bool {
-    return !sparse || s_mask[(qt * BM) / prm.query_tile] != 0u;
-  };
-  // Query tiles in ascending order (measured: descending, which makes blocks running side by side
-  // add into the same dQ rows at the same moment, ran 14% slower on the H200).
-  auto advance = [&](int& hl, int& qt) {
-    do {
-      if (++qt >= prm.n_q_tiles) {
-        qt = qt_begin;
-        ++hl;
-      }
-    } while (hl < prm.group && !tile_selected(qt));
+  // Items: every query head of the group, and per head the block's query tiles in ascending order
+  // (measured: descending, which makes blocks running side by side add into the same dQ rows at
+  // the same moment, ran 14% slower on the H200). Item (hl, i) is tile tile_at(i) of head hl.
+  auto tile_at = [&](int i) { return sparse ? s_tiles[i] : qt_begin + i; };
+  auto advance = [&](int& hl, int& i) {
+    if (++i >= n_tiles) {
+      i = 0;
+      ++hl;
+    }
   };
   auto load_item = [&](int hl, int qt, int buf) {
     const int h = hkv * prm.group + hl;
@@ -296,9 +373,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
     }
   };
 
-  int hl = 0, qt = qt_begin;
-  if (!tile_selected(qt)) advance(hl, qt);
-  load_item(hl, qt, 0);
+  int hl = 0, item = 0;
+  load_item(hl, tile_at(item), 0);
   CpAsyncCommit();
 
   float dk[kDn][4], dv[kDn][4];
@@ -320,13 +396,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   for (int n = 0; hl < prm.group; ++n) {
     const int buf = n & 1;
     const int h = hkv * prm.group + hl;
-    const int q0 = qt * BM;
+    const int q0 = tile_at(item) * BM;
     CpAsyncWait<0>();
     __syncthreads();
     {  // prefetch the next item
-      int nhl = hl, nqt = qt;
-      advance(nhl, nqt);
-      if (nhl < prm.group) load_item(nhl, nqt, buf ^ 1);
+      int nhl = hl, nitem = item;
+      advance(nhl, nitem);
+      if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
       CpAsyncCommit();
     }
     const uint32_t qbuf = sQ + buf * L::kQ, dobuf = sdO + buf * L::kQ;
@@ -478,7 +554,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
         }
       }
     }
-    advance(hl, qt);
+    advance(hl, item);
   }
   CpAsyncWait<0>();
 
@@ -501,31 +577,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
       const int64_t slot = __ldg(prm.dkv_slot + pg);
       const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
+      auto dk_pair = [&](int nt) {
+        return make_float2(dk[nt][2 * hf] * prm.scale, dk[nt][2 * hf + 1] * prm.scale);
+      };
+      auto dv_pair = [&](int nt) { return make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]); };
       if (prm.dkv_f32) {
-        float* pool = static_cast<float*>(prm.dkv_pool);
-#pragma unroll
-        for (int nt = 0; nt < kDn; ++nt) {
-          float2* kp = reinterpret_cast<float2*>(pool + kofs + nt * 8);
-          float2* vp = reinterpret_cast<float2*>(pool + vofs + nt * 8);
-          float2 kx = *kp, vx = *vp;
-          kx.x += dk[nt][2 * hf] * prm.scale;
-          kx.y += dk[nt][2 * hf + 1] * prm.scale;
-          vx.x += dv[nt][2 * hf];
-          vx.y += dv[nt][2 * hf + 1];
-          *kp = kx;
-          *vp = vx;
-        }
+        AddRowIntoPool<kDn>(static_cast<float*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
       } else {
-        bf16* pool = static_cast<bf16*>(prm.dkv_pool);
-#pragma unroll
-        for (int nt = 0; nt < kDn; ++nt) {
-          __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(pool + kofs + nt * 8);
-          __nv_bfloat162* vp = reinterpret_cast<__nv_bfloat162*>(pool + vofs + nt * 8);
-          const float2 kx = __bfloat1622float2(*kp), vx = __bfloat1622float2(*vp);
-          *kp = __floats2bfloat162_rn(kx.x + dk[nt][2 * hf] * prm.scale,
-                                      kx.y + dk[nt][2 * hf + 1] * prm.scale);
-          *vp = __floats2bfloat162_rn(vx.x + dv[nt][2 * hf], vx.y + dv[nt][2 * hf + 1]);
-        }
+        AddRowIntoPool<kDn>(static_cast<bf16*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
       }
     }
   }
@@ -554,9 +613,11 @@ struct WbSmem {  // head_dim 128, 64 * NWG keys, 64 queries
   static constexpr int kdS = kdO + 2 * 16384;  // [BN keys][64 q]
   static constexpr int kL = kdS + BN * 128;    // [2][64] fp32
   static constexpr int kD = kL + 512;          // [2][64] fp32
-  static constexpr int kUnion = kD + 512;
-  static constexpr int kMask = kUnion + 16;  // [sel_tiles] uint32
-  static int Bytes(int sel_tiles) { return kMask + 4 * sel_tiles + 1024; }
+  static constexpr int kUnion = kD + 512;      // uint32 union, int32 tile count
+  static constexpr int kMask = kUnion + 16;    // [sel_tiles] uint32, then [n_q_tiles] int32
+  static int Bytes(int sel_tiles, int q_tiles) {
+    return kMask + 4 * sel_tiles + 4 * q_tiles + 1024;
+  }
 };
 
 template <int NWG>
@@ -577,16 +638,16 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const float* sDf = reinterpret_cast<const float*>(smem + L::kD);
   uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
+  int* s_count = reinterpret_cast<int*>(smem + L::kUnion + 4);
+  int* s_tiles = reinterpret_cast<int*>(smem + L::kMask) + prm.sel_tiles;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wwarp = warp & 3;
-  const int hkv = blockIdx.y;
-  // Own key blocks first (block 0 of the chunk sees every query: the heaviest), then earlier.
-  const int own_blocks = (prm.t + BN - 1) / BN;
-  const bool earlier = static_cast<int>(blockIdx.x) >= own_blocks;
-  const int kb0 = earlier ? EarlierKeyBlockStart<BN>(prm, static_cast<int>(blockIdx.x) - own_blocks)
-                          : static_cast<int>(blockIdx.x) * BN;
+  const KeyBlock block = LocateKeyBlock<BN>(prm);
+  const int hkv = block.hkv;
+  const bool earlier = block.earlier;
+  const int kb0 = block.kb0;
   const int t = prm.t;
   const int n_e = prm.num_pages * prm.p;
   const int region_end = earlier ? n_e : t;
@@ -613,6 +674,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     union_mask = *s_union;
     if (union_mask == 0u) return;
   }
+  const int qt_begin = earlier ? 0 : kb0 / BM;
+  const int n_tiles =
+      sparse ? CollectSelectedTiles(s_mask, prm.n_q_tiles, prm.query_tile / BM, s_tiles, s_count)
+             : prm.n_q_tiles - qt_begin;
 
   // Key rows of this thread (accumulator rows): 64 wg + 16 wwarp + g (+ 8).
   const int kr0 = wg * 64 + wwarp * 16 + g;
@@ -653,19 +718,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     }
   }
 
-  const int qt_begin = earlier ? 0 : kb0 / BM;
-  auto tile_selected = [&](int qt) -> bool {
-    return !sparse || s_mask[(qt * BM) / prm.query_tile] != 0u;
-  };
-  // Query tiles in ascending order (measured: descending, which makes blocks running side by side
-  // add into the same dQ rows at the same moment, ran 14% slower on the H200).
-  auto advance = [&](int& hl, int& qt) {
-    do {
-      if (++qt >= prm.n_q_tiles) {
-        qt = qt_begin;
-        ++hl;
-      }
-    } while (hl < prm.group && !tile_selected(qt));
+  // Items: every query head of the group, and per head the block's query tiles in ascending order
+  // (measured: descending, which makes blocks running side by side add into the same dQ rows at
+  // the same moment, ran 14% slower on the H200). Item (hl, i) is tile tile_at(i) of head hl.
+  auto tile_at = [&](int i) { return sparse ? s_tiles[i] : qt_begin + i; };
+  auto advance = [&](int& hl, int& i) {
+    if (++i >= n_tiles) {
+      i = 0;
+      ++hl;
+    }
   };
   auto load_item = [&](int hl, int qt, int buf) {
     const int h = hkv * prm.group + hl;
@@ -688,9 +749,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     }
   };
 
-  int hl = 0, qt = qt_begin;
-  if (!tile_selected(qt)) advance(hl, qt);
-  load_item(hl, qt, 0);
+  int hl = 0, item = 0;
+  load_item(hl, tile_at(item), 0);
   CpAsyncCommit();
 
   float dk[HD / 2], dv[HD / 2];
@@ -711,14 +771,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   for (int n = 0; hl < prm.group; ++n) {
     const int buf = n & 1;
     const int h = hkv * prm.group + hl;
-    const int q0 = qt * BM;
+    const int q0 = tile_at(item) * BM;
     CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();
     {
-      int nhl = hl, nqt = qt;
-      advance(nhl, nqt);
-      if (nhl < prm.group) load_item(nhl, nqt, buf ^ 1);
+      int nhl = hl, nitem = item;
+      advance(nhl, nitem);
+      if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
       CpAsyncCommit();
     }
     const uint32_t qb = sQ + buf * 16384, dob = sdO + buf * 16384;
@@ -845,7 +905,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         }
       }
     }
-    advance(hl, qt);
+    advance(hl, item);
   }
   CpAsyncWait<0>();
 
@@ -869,31 +929,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       const int64_t slot = __ldg(prm.dkv_slot + pgi);
       const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
+      auto dk_pair = [&](int i) {
+        return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
+      };
+      auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
       if (prm.dkv_f32) {
-        float* pool = static_cast<float*>(prm.dkv_pool);
-#pragma unroll
-        for (int i = 0; i < HD / 8; ++i) {
-          float2* kp = reinterpret_cast<float2*>(pool + kofs + i * 8);
-          float2* vp = reinterpret_cast<float2*>(pool + vofs + i * 8);
-          float2 kx = *kp, vx = *vp;
-          kx.x += dk[4 * i + 2 * hf] * prm.scale;
-          kx.y += dk[4 * i + 2 * hf + 1] * prm.scale;
-          vx.x += dv[4 * i + 2 * hf];
-          vx.y += dv[4 * i + 2 * hf + 1];
-          *kp = kx;
-          *vp = vx;
-        }
+        AddRowIntoPool<HD / 8>(static_cast<float*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
       } else {
-        bf16* pool = static_cast<bf16*>(prm.dkv_pool);
-#pragma unroll
-        for (int i = 0; i < HD / 8; ++i) {
-          __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(pool + kofs + i * 8);
-          __nv_bfloat162* vp = reinterpret_cast<__nv_bfloat162*>(pool + vofs + i * 8);
-          const float2 kx = __bfloat1622float2(*kp), vx = __bfloat1622float2(*vp);
-          *kp = __floats2bfloat162_rn(kx.x + dk[4 * i + 2 * hf] * prm.scale,
-                                      kx.y + dk[4 * i + 2 * hf + 1] * prm.scale);
-          *vp = __floats2bfloat162_rn(vx.x + dv[4 * i + 2 * hf], vx.y + dv[4 * i + 2 * hf + 1]);
-        }
+        AddRowIntoPool<HD / 8>(static_cast<bf16*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
       }
     }
   }
@@ -919,14 +962,14 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
     q.n_earlier_blocks =
         over_union ? prm.n_union * (prm.p / bn) : static_cast<int>((n_e + bn - 1) / bn);
-    return std::pair{q,
-                     dim3(static_cast<unsigned>(q.n_earlier_blocks + (prm.t + own_bn - 1) / own_bn),
-                          static_cast<unsigned>(prm.hkv))};
+    const int64_t blocks = q.n_earlier_blocks + (static_cast<int64_t>(prm.t) + own_bn - 1) / own_bn;
+    Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+    return std::pair{q, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv))};
   };
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     if (prm.sel != nullptr && prm.p < kBwdBN) {  // page-sparse over small pages: 64-key blocks
-      const int smem = WbSmem<1>::Bytes(prm.sel_tiles);
+      const int smem = WbSmem<1>::Bytes(prm.sel_tiles, prm.n_q_tiles);
       Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
       CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<1>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -934,7 +977,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       AttnBwdWgmmaKernel<1><<<grid1, 128, smem, stream>>>(q);
       CTXPLAN_CUDA_CHECK_LAUNCH();
     } else {
-      const int smem = WbSmem<2>::Bytes(prm.sel ? prm.sel_tiles : 0);
+      const int smem = WbSmem<2>::Bytes(prm.sel ? prm.sel_tiles : 0, prm.sel ? prm.n_q_tiles : 0);
       Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
       CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnBwdWgmmaKernel<2>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -943,7 +986,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       CTXPLAN_CUDA_CHECK_LAUNCH();
     }
   } else {
-    const int smem = BwdSmem<HD>::Bytes(prm.sel ? prm.sel_tiles : 0);
+    const int smem = BwdSmem<HD>::Bytes(prm.sel ? prm.sel_tiles : 0, prm.sel ? prm.n_q_tiles : 0);
     Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(AttnBwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
