@@ -42,6 +42,7 @@
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
+#include "ctxplan_git_commit.h"  // generated at build time: CTXPLAN_GIT_COMMIT
 #include "run_flags.h"
 
 namespace ctxplan::train {
