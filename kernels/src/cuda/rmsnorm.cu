@@ -18,7 +18,9 @@
 // sums ~2.9 us, mostly the second kernel's drain / fill gap. One cooperative kernel instead (grid
 // barrier, then the whole grid sums the partials) measured slower: 31.9 us; so did the row kernel
 // summing in its last-arriving blocks (an arrival counter, each of the last 112 blocks one slice of
-// 32 columns): 32.9 us, and 41.7 us with d_add (35.2 us with the second kernel).
+// 32 columns): 32.9 us, and 41.7 us with d_add (35.2 us with the second kernel); so did one
+// 448-thread block a multiprocessor with 8 stages (half the partial rows): 36.9 us. Unrolling the
+// column sums and giving every block the same row count (256 blocks of 16 rows) changed nothing.
 #include <cuda_runtime.h>
 
 #include <algorithm>
