@@ -258,11 +258,19 @@ BwdResult CpuBackward(const Problem& pr, const std::vector<float>& out_b,
   return r;
 }
 
-// GPU backward; the dKV pool is fp32 (bf16_pool = false) or bf16, starting at `dkv_init`.
+// The own positions' dKV pages for the fused DkvAccumulate: `pool` values (slots of the problem's
+// page shape) and the slot of each own page.
+struct OwnDkv {
+  std::vector<float> pool;
+  std::vector<int32_t> slots;
+};
+
+// GPU backward; the dKV pool is fp32 (bf16_pool = false) or bf16, starting at `dkv_init`; the own
+// dKV pages, when given, in the same type.
 BwdResult GpuBackward(const Problem& pr, const DeviceProblem& dp, const std::vector<float>& out_b,
                       const std::vector<float>& lse, const std::vector<float>& dkv_init,
                       bool bf16_pool, const DeviceBuffer<int32_t>* union_pages = nullptr,
-                      int64_t num_union_pages = 0) {
+                      int64_t num_union_pages = 0, const OwnDkv* own = nullptr) {
   PageSelection selection = dp.Selection(pr);
   if (union_pages != nullptr) {
     selection.union_pages = union_pages->get();
@@ -278,20 +286,26 @@ BwdResult GpuBackward(const Problem& pr, const DeviceProblem& dp, const std::vec
   DeviceBuffer<uint8_t> ws(ws_bytes);
   ws.Poison();
   BwdResult r;
+  const DeviceBuffer<int32_t> own_slots = Upload(own ? own->slots : std::vector<int32_t>{0});
+  const int64_t own_pages = own ? static_cast<int64_t>(own->slots.size()) : 0;
   if (bf16_pool) {
     DeviceBuffer<bf16> pool = UploadBf16(dkv_init);
+    DeviceBuffer<bf16> own_pool = UploadBf16(own ? own->pool : std::vector<float>{0.0f});
     const PagedKv<bf16> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
+    const PagedKv<const bf16> own_dkv{pr.PageShape(), own_pool.get(), own_slots.get(), own_pages};
     cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
                             selection, out.get(), lse_d.get(), dp.d_out.get(), dq.get(), dk.get(),
-                            dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+                            dv.get(), dkv, ws.get(), ws_bytes, nullptr, own ? &own_dkv : nullptr);
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     r.dkv = DownloadBf16(pool);
   } else {
     DeviceBuffer<float> pool = Upload(dkv_init);
+    DeviceBuffer<float> own_pool = Upload(own ? own->pool : std::vector<float>{0.0f});
     const PagedKv<float> dkv{pr.PageShape(), pool.get(), dp.dkv_slots.get(), pr.pages};
+    const PagedKv<const float> own_dkv{pr.PageShape(), own_pool.get(), own_slots.get(), own_pages};
     cuda::AttentionBackward(pr.GpuShape(), dp.q.get(), dp.k.get(), dp.v.get(), dp.Earlier(pr),
                             selection, out.get(), lse_d.get(), dp.d_out.get(), dq.get(), dk.get(),
-                            dv.get(), dkv, ws.get(), ws_bytes, nullptr);
+                            dv.get(), dkv, ws.get(), ws_bytes, nullptr, own ? &own_dkv : nullptr);
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     r.dkv = Download(pool);
   }
@@ -495,6 +509,65 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
       EXPECT_EQ(RelErr(over_union.dv, all.dv), 0.0) << where;
       EXPECT_EQ(RelErr(over_union.dkv, all.dkv), 0.0) << where;
       EXPECT_LE(RelErr(over_union.dq, all.dq), 1e-4) << where;
+    }
+  }
+}
+
+// DkvAccumulate fused into the backward (own_dkv): dK/dV of the own positions are this
+// backward's plus what later chunks left in their pages, rounded to bf16 once instead of twice;
+// dQ and the earlier pages' dKV are those of the plain backward. Dense and page-sparse, head_dim
+// 128 (wgmma) and 64 (mma.sync), a partly filled last own page, own slots out of order.
+TEST(GpuAttention, FusedOwnDkvAccumulate) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t t, hq, hkv, hd, p, pages, per_tile;
+  };
+  for (const Shape sh : {Shape{300, 14, 2, 128, 64, 6, 0}, Shape{384, 14, 2, 128, 128, 8, 3},
+                         Shape{256, 8, 4, 64, 64, 5, 0}}) {
+    Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
+    pr.Generate(41);
+    if (sh.per_tile > 0) {
+      const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
+      pr.per_tile = sh.per_tile;
+      pr.sel.clear();
+      for (int64_t i = 0; i < tiles; ++i)
+        for (int64_t j = 0; j < sh.per_tile; ++j)
+          pr.sel.push_back(static_cast<int32_t>((i + 2 * j) % pr.pages));
+      for (int64_t i = 0; i < tiles; ++i)
+        std::sort(pr.sel.begin() + i * sh.per_tile, pr.sel.begin() + (i + 1) * sh.per_tile);
+    }
+    const int64_t own_pages = (pr.t + pr.p - 1) / pr.p;
+    OwnDkv own;
+    for (int64_t i = 0; i < own_pages; ++i)
+      own.slots.push_back(static_cast<int32_t>(own_pages - i));
+    std::mt19937 rng(8);
+    const int64_t pe = pr.PageShape().page_elements();
+    own.pool = RandomBf16((own_pages + 1) * pe, rng, 0.5f);
+
+    const DeviceProblem dp(pr);
+    const FwdResult f = GpuForward(pr, dp);
+    const std::vector<float> dkv_init = RandomBf16(pr.num_slots * pe, rng);
+    const std::string where = "t " + std::to_string(sh.t) + " hd " + std::to_string(sh.hd) + " p " +
+                              std::to_string(sh.p) + (sh.per_tile ? " sparse" : " dense");
+    for (const bool bf16_pool : {false, true}) {
+      const BwdResult plain = GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool);
+      const BwdResult fused =
+          GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool, nullptr, 0, &own);
+      std::vector<float> dk = plain.dk, dv = plain.dv;
+      const int64_t row = pr.hkv * pr.hd;
+      for (int64_t i = 0; i < pr.t; ++i) {
+        const int64_t base = own.slots[i / pr.p] * pe + (i % pr.p) * row;
+        for (int64_t e = 0; e < row; ++e) {
+          dk[i * row + e] += own.pool[base + e];
+          dv[i * row + e] += own.pool[base + pr.p * row + e];
+        }
+      }
+      const std::string pool = where + (bf16_pool ? " bf16" : " fp32");
+      EXPECT_LE(RelErr(fused.dk, dk), kTol) << pool;
+      EXPECT_LE(RelErr(fused.dv, dv), kTol) << pool;
+      EXPECT_GT(RelErr(plain.dk, dk), 10 * kTol) << pool;  // the added values are not negligible
+      EXPECT_EQ(RelErr(fused.dkv, plain.dkv), 0.0) << pool;
+      EXPECT_LE(RelErr(fused.dq, plain.dq), 1e-4) << pool;
     }
   }
 }

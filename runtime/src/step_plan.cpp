@@ -305,6 +305,7 @@ class PlanWriter {
                                                   m_.num_attention_heads, kv, m_.head_dim, gb),
                             t, PagedTokensRead(c), 0, OpPart::kPaged);
       attention.pages = c.union_pages;
+      attention.adds_own_dkv = own_dkv;  // the accumulate below waits for no other op
       release = batch_.Push(attention, {h2d});
     }
     if (own_dkv) {

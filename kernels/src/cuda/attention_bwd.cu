@@ -77,6 +77,12 @@ struct BwdParams {
   float scale, scale_log2;
   const int32_t* union_pages;  // [n_union] or nullptr: earlier key blocks cover these pages only
   int n_union;
+  // Optional: the dKV that later chunks left in the own positions' pages (fp32 or bf16 as
+  // dkv_f32), added into dk_own / dv_own as they are written (DkvAccumulate, fused).
+  const void* own_dkv_pool;
+  const int32_t* own_dkv_slot;  // [own pages]
+  int own_p;
+  int64_t own_page_elems;
 };
 
 // The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
@@ -232,6 +238,53 @@ __device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vo
       StorePair(pool + kofs + (i0 + j) * 8, make_float2(ko[j].x + k.x, ko[j].y + k.y));
       StorePair(pool + vofs + (i0 + j) * 8, make_float2(vo[j].x + v.x, vo[j].y + v.y));
     }
+  }
+}
+
+// Writes one own key row's dK (already scaled) and dV, kPairs bf16 pairs each (pair i at element
+// 8 i), adding the dKV that later chunks left in the row's own page when prm.own_dkv_pool is set:
+// the fused DkvAccumulate, rounded once to bf16 instead of twice. Old values a pass at a time.
+template <int kPairs, typename KPair, typename VPair>
+__device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int64_t col, KPair dk,
+                                            VPair dv) {
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * (kPairs * 8);
+  bf16* dkr = prm.dk_own + kidx * kv_row + col;
+  bf16* dvr = prm.dv_own + kidx * kv_row + col;
+  if (prm.own_dkv_pool == nullptr) {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const float2 k = dk(i), v = dv(i);
+      *reinterpret_cast<uint32_t*>(dkr + i * 8) = PackBf16(k.x, k.y);
+      *reinterpret_cast<uint32_t*>(dvr + i * 8) = PackBf16(v.x, v.y);
+    }
+    return;
+  }
+  const int pg = kidx / prm.own_p, off = kidx - pg * prm.own_p;
+  const int64_t kofs =
+      static_cast<int64_t>(__ldg(prm.own_dkv_slot + pg)) * prm.own_page_elems + off * kv_row + col;
+  const int64_t vofs = kofs + static_cast<int64_t>(prm.own_p) * kv_row;
+  auto add = [&](auto* pool) {
+    constexpr int kPass = 8;
+#pragma unroll
+    for (int i0 = 0; i0 < kPairs; i0 += kPass) {
+      float2 ko[kPass], vo[kPass];
+#pragma unroll
+      for (int j = 0; j < kPass; ++j) {
+        ko[j] = LoadPair(pool + kofs + (i0 + j) * 8);
+        vo[j] = LoadPair(pool + vofs + (i0 + j) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < kPass; ++j) {
+        const float2 k = dk(i0 + j), v = dv(i0 + j);
+        *reinterpret_cast<uint32_t*>(dkr + (i0 + j) * 8) = PackBf16(ko[j].x + k.x, ko[j].y + k.y);
+        *reinterpret_cast<uint32_t*>(dvr + (i0 + j) * 8) = PackBf16(vo[j].x + v.x, vo[j].y + v.y);
+      }
+    }
+  };
+  if (prm.dkv_f32) {
+    add(static_cast<const float*>(prm.own_dkv_pool));
+  } else {
+    add(static_cast<const bf16*>(prm.own_dkv_pool));
   }
 }
 
@@ -573,14 +626,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
     if (!key_ok[hf]) continue;
     const int kidx = kb0 + kr0 + hf * 8;
     if (!earlier) {
-      bf16* dkr = prm.dk_own + kidx * kv_row + hkv * HD + 2 * tq;
-      bf16* dvr = prm.dv_own + kidx * kv_row + hkv * HD + 2 * tq;
-#pragma unroll
-      for (int nt = 0; nt < kDn; ++nt) {
-        *reinterpret_cast<uint32_t*>(dkr + nt * 8) =
-            PackBf16(dk[nt][2 * hf] * prm.scale, dk[nt][2 * hf + 1] * prm.scale);
-        *reinterpret_cast<uint32_t*>(dvr + nt * 8) = PackBf16(dv[nt][2 * hf], dv[nt][2 * hf + 1]);
-      }
+      StoreOwnRow<kDn>(
+          prm, kidx, hkv * HD + 2 * tq,
+          [&](int nt) {
+            return make_float2(dk[nt][2 * hf] * prm.scale, dk[nt][2 * hf + 1] * prm.scale);
+          },
+          [&](int nt) { return make_float2(dv[nt][2 * hf], dv[nt][2 * hf + 1]); });
     } else {
       const int pg = kidx / prm.p, off = kidx - pg * prm.p;
       const int64_t slot = __ldg(prm.dkv_slot + pg);
@@ -924,15 +975,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     if (!key_ok[hf]) continue;
     const int kidx = kb0 + kr0 + hf * 8;
     if (!earlier) {
-      bf16* dkr = prm.dk_own + kidx * kv_row + hkv * HD + 2 * tq;
-      bf16* dvr = prm.dv_own + kidx * kv_row + hkv * HD + 2 * tq;
-#pragma unroll
-      for (int i = 0; i < HD / 8; ++i) {
-        *reinterpret_cast<uint32_t*>(dkr + i * 8) =
-            PackBf16(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
-        *reinterpret_cast<uint32_t*>(dvr + i * 8) =
-            PackBf16(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]);
-      }
+      StoreOwnRow<HD / 8>(
+          prm, kidx, hkv * HD + 2 * tq,
+          [&](int i) {
+            return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
+          },
+          [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); });
     } else {
       const int pgi = kidx / prm.p, off = kidx - pgi * prm.p;
       const int64_t slot = __ldg(prm.dkv_slot + pgi);
@@ -1026,7 +1074,7 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
               const PagedKv<const bf16>& earlier, const PageSelection& selection, const bf16* out,
               const float* lse, const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
               const PagedKv<G>& dkv, bool dkv_f32, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream) {
+              cudaStream_t stream, const PagedKv<const G>* own_dkv) {
   Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
   Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
   Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
@@ -1106,6 +1154,17 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
     prm.union_pages = selection.union_pages;
     prm.n_union = static_cast<int>(selection.num_union_pages);
   }
+  if (own_dkv != nullptr) {
+    const KvPageShape& os = own_dkv->shape;
+    Require(own_dkv->pool != nullptr && own_dkv->page_slot != nullptr, "own dKV pages missing");
+    Require(os.num_kv_heads == shape.num_kv_heads && os.head_dim == shape.head_dim &&
+                os.page_tokens > 0 && own_dkv->num_pages * os.page_tokens >= t,
+            "own dKV pages do not cover the chunk's positions");
+    prm.own_dkv_pool = own_dkv->pool;
+    prm.own_dkv_slot = own_dkv->page_slot;
+    prm.own_p = static_cast<int>(os.page_tokens);
+    prm.own_page_elems = os.page_elements();
+  }
   if (hd == 128) {
     LaunchBwd<128>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
   } else {
@@ -1127,9 +1186,9 @@ void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k
                        const PageSelection& selection, const bf16* out, const float* lse,
                        const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
                        const PagedKv<float>& dkv, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const PagedKv<const float>* own_dkv) {
   Backward(shape, q, k_own, v_own, earlier, selection, out, lse, d_out, dq, dk_own, dv_own, dkv,
-           true, workspace, workspace_bytes, stream);
+           true, workspace, workspace_bytes, stream, own_dkv);
 }
 
 void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
@@ -1137,9 +1196,9 @@ void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k
                        const PageSelection& selection, const bf16* out, const float* lse,
                        const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
                        const PagedKv<bf16>& dkv, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const PagedKv<const bf16>* own_dkv) {
   Backward(shape, q, k_own, v_own, earlier, selection, out, lse, d_out, dq, dk_own, dv_own, dkv,
-           false, workspace, workspace_bytes, stream);
+           false, workspace, workspace_bytes, stream, own_dkv);
 }
 
 }  // namespace ctxplan::kernels::cuda

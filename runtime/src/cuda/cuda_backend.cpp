@@ -932,6 +932,7 @@ class TypedImpl final : public CudaBackend::Impl {
         AttentionBackward(op);
         break;
       case OpKind::kDkvAccumulate: {
+        if (own_dkv_added_layer_ == op.layer) break;  // done by the attention backward
         PagedKv<G> own = OwnDkv(op.layer);
         k::DkvAccumulate(PagedKv<const G>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
                          dk_.get(), dv_.get(), kv_dim_, compute_);
@@ -1298,11 +1299,20 @@ class TypedImpl final : public CudaBackend::Impl {
       selection.union_pages = union_dev_[parity_].get();
       selection.num_union_pages = static_cast<int64_t>(pages.size());
     }
+    // The layer's DkvAccumulate, fused: dK/dV of the own positions come out with what later
+    // chunks left in their pages already added.
+    own_dkv_added_layer_ = -1;
+    PagedKv<const G> own_dkv{};
+    if (op.adds_own_dkv) {
+      const PagedKv<G> own = OwnDkv(op.layer);
+      own_dkv = {own.shape, own.pool, own.page_slot, own.num_pages};
+      own_dkv_added_layer_ = op.layer;
+    }
     k::AttentionBackward(Shape(), q_.get(), k_.get(), v_.get(),
                          PagedKv<const bf16>{e.shape, e.pool, e.page_slot, e.num_pages}, selection,
                          saved_attn_[S(op)].get(), saved_lse_[S(op)].get(), d_attn_.get(),
                          dq_.get(), dk_.get(), dv_.get(), de, attention_ws_.get(),
-                         attention_ws_.bytes(), compute_);
+                         attention_ws_.bytes(), compute_, op.adds_own_dkv ? &own_dkv : nullptr);
   }
 
   struct PagePair {  // one page copy: device slot <-> pinned host page
@@ -1607,6 +1617,7 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<int32_t> union_dev_[2];
   PinnedArray<int32_t> union_host_[2];
   cudaEvent_t union_copied_[2] = {nullptr, nullptr};
+  int32_t own_dkv_added_layer_ = -1;        // the layer whose attention backward did DkvAccumulate
   std::vector<gpu::PageId> dkv_allocated_;  // this step's dKV pages, in allocation order
   std::vector<PagePair> pairs_;             // scratch of CopyIn / CopyOut
   std::vector<int64_t> zero_;

@@ -72,6 +72,9 @@ size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 //   dq     [t][H_q][d_h] bf16; dk_own, dv_own [t][H_kv][d_h] bf16
 //   dkv.pool [slots][2][p][H_kv][d_h] fp32 (or bf16, second overload), accumulated
 //   workspace: AttentionBackwardWorkspaceBytes(shape) bytes of device memory, 256-byte aligned
+//   own_dkv (optional): the dKV pages of the chunk's own positions, [slots][2][p][H_kv][d_h] in
+//     the dKV pool's type, covering the t positions; given, dk_own / dv_own are this backward's
+//     plus what later chunks left there (DkvAccumulate fused: rounded to bf16 once, not twice)
 // Determinism: dK/dV (own and pages) of a key are computed by one thread block (128 keys, or 64
 // for page-sparse selection over pages < 128 tokens) and KV head that loops over every query of
 // the GQA group: plain read-add-write into the pool, deterministic, no atomics, race-free since
@@ -82,13 +85,13 @@ void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k
                        const PageSelection& selection, const bf16* out, const float* lse,
                        const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
                        const PagedKv<float>& dkv, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const PagedKv<const float>* own_dkv = nullptr);
 void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
                        const bf16* v_own, const PagedKv<const bf16>& earlier,
                        const PageSelection& selection, const bf16* out, const float* lse,
                        const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
                        const PagedKv<bf16>& dkv, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const PagedKv<const bf16>* own_dkv = nullptr);
 
 // --- page selection ------------------------------------------------------------------------
 // Mean key of each of kv.num_pages full pages per KV head (fp32 sum, rounded once to bf16).
