@@ -202,11 +202,11 @@ __device__ int CollectSelectedTiles(const uint32_t* s_mask, int n_q_tiles, int t
   return *s_count;
 }
 
-// Adds one key row's dK (already scaled) and dV, kPairs bf16/fp32 pairs each (pair i at element
-// 8 i), into the dKV pool at kofs / vofs. The pool's old values of a pass are all loaded before
-// any is stored: the compiler may not move a load above a store to the same pool (V's offset is
-// a runtime page stride), so pair by pair each load waited a full memory round trip, 32 in a row
-// per key row.
+// One key row's dK (already scaled) and dV, kPairs pairs each (pair i at element 8 i), added to
+// the values at ksrc / vsrc and stored at kdst / vdst (fp32 or bf16 each; the same place for the
+// dKV pool's read-add-write). The old values of a pass are all loaded before any is stored: the
+// compiler may not move a load above a store that may alias it (V's offset is a runtime page
+// stride), so pair by pair each load waited a full memory round trip, 32 in a row per key row.
 __device__ __forceinline__ float2 LoadPair(const float* p) {
   return *reinterpret_cast<const float2*>(p);
 }
@@ -219,9 +219,9 @@ __device__ __forceinline__ void StorePair(float* p, float2 v) {
 __device__ __forceinline__ void StorePair(bf16* p, float2 v) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
 }
-template <int kPairs, typename T, typename KPair, typename VPair>
-__device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
-                                               VPair dv) {
+template <int kPairs, typename Src, typename Dst, typename KPair, typename VPair>
+__device__ __forceinline__ void AddRow(const Src* ksrc, const Src* vsrc, Dst* kdst, Dst* vdst,
+                                       KPair dk, VPair dv) {
   constexpr int kPass = 8;
   static_assert(kPairs % kPass == 0);
 #pragma unroll
@@ -229,21 +229,26 @@ __device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vo
     float2 ko[kPass], vo[kPass];
 #pragma unroll
     for (int j = 0; j < kPass; ++j) {
-      ko[j] = LoadPair(pool + kofs + (i0 + j) * 8);
-      vo[j] = LoadPair(pool + vofs + (i0 + j) * 8);
+      ko[j] = LoadPair(ksrc + (i0 + j) * 8);
+      vo[j] = LoadPair(vsrc + (i0 + j) * 8);
     }
 #pragma unroll
     for (int j = 0; j < kPass; ++j) {
       const float2 k = dk(i0 + j), v = dv(i0 + j);
-      StorePair(pool + kofs + (i0 + j) * 8, make_float2(ko[j].x + k.x, ko[j].y + k.y));
-      StorePair(pool + vofs + (i0 + j) * 8, make_float2(vo[j].x + v.x, vo[j].y + v.y));
+      StorePair(kdst + (i0 + j) * 8, make_float2(ko[j].x + k.x, ko[j].y + k.y));
+      StorePair(vdst + (i0 + j) * 8, make_float2(vo[j].x + v.x, vo[j].y + v.y));
     }
   }
 }
+template <int kPairs, typename T, typename KPair, typename VPair>
+__device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
+                                               VPair dv) {
+  AddRow<kPairs>(pool + kofs, pool + vofs, pool + kofs, pool + vofs, dk, dv);
+}
 
-// Writes one own key row's dK (already scaled) and dV, kPairs bf16 pairs each (pair i at element
-// 8 i), adding the dKV that later chunks left in the row's own page when prm.own_dkv_pool is set:
-// the fused DkvAccumulate, rounded once to bf16 instead of twice. Old values a pass at a time.
+// Writes one own key row's dK (already scaled) and dV, kPairs bf16 pairs each, adding the dKV
+// that later chunks left in the row's own page when prm.own_dkv_pool is set: the fused
+// DkvAccumulate, rounded once to bf16 instead of twice.
 template <int kPairs, typename KPair, typename VPair>
 __device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int64_t col, KPair dk,
                                             VPair dv) {
@@ -253,9 +258,8 @@ __device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int6
   if (prm.own_dkv_pool == nullptr) {
 #pragma unroll
     for (int i = 0; i < kPairs; ++i) {
-      const float2 k = dk(i), v = dv(i);
-      *reinterpret_cast<uint32_t*>(dkr + i * 8) = PackBf16(k.x, k.y);
-      *reinterpret_cast<uint32_t*>(dvr + i * 8) = PackBf16(v.x, v.y);
+      StorePair(dkr + i * 8, dk(i));
+      StorePair(dvr + i * 8, dv(i));
     }
     return;
   }
@@ -263,28 +267,12 @@ __device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int6
   const int64_t kofs =
       static_cast<int64_t>(__ldg(prm.own_dkv_slot + pg)) * prm.own_page_elems + off * kv_row + col;
   const int64_t vofs = kofs + static_cast<int64_t>(prm.own_p) * kv_row;
-  auto add = [&](auto* pool) {
-    constexpr int kPass = 8;
-#pragma unroll
-    for (int i0 = 0; i0 < kPairs; i0 += kPass) {
-      float2 ko[kPass], vo[kPass];
-#pragma unroll
-      for (int j = 0; j < kPass; ++j) {
-        ko[j] = LoadPair(pool + kofs + (i0 + j) * 8);
-        vo[j] = LoadPair(pool + vofs + (i0 + j) * 8);
-      }
-#pragma unroll
-      for (int j = 0; j < kPass; ++j) {
-        const float2 k = dk(i0 + j), v = dv(i0 + j);
-        *reinterpret_cast<uint32_t*>(dkr + (i0 + j) * 8) = PackBf16(ko[j].x + k.x, ko[j].y + k.y);
-        *reinterpret_cast<uint32_t*>(dvr + (i0 + j) * 8) = PackBf16(vo[j].x + v.x, vo[j].y + v.y);
-      }
-    }
-  };
   if (prm.dkv_f32) {
-    add(static_cast<const float*>(prm.own_dkv_pool));
+    const float* pool = static_cast<const float*>(prm.own_dkv_pool);
+    AddRow<kPairs>(pool + kofs, pool + vofs, dkr, dvr, dk, dv);
   } else {
-    add(static_cast<const bf16*>(prm.own_dkv_pool));
+    const bf16* pool = static_cast<const bf16*>(prm.own_dkv_pool);
+    AddRow<kPairs>(pool + kofs, pool + vofs, dkr, dvr, dk, dv);
   }
 }
 
