@@ -178,6 +178,30 @@ __device__ __forceinline__ bool ListContains(const int32_t* list, int n, int pag
   return lo < n && __ldg(list + lo) == page;
 }
 
+// Page-sparse key block: which of its pages each selection tile selected (s_mask[tile], bit i =
+// page first_page + i) and their union, which it returns (0: no tile attends these keys).
+template <int kThreads, int BN>
+__device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0, int n_e,
+                                                   int first_page, uint32_t* s_mask,
+                                                   uint32_t* s_union) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) *s_union = 0u;
+  __syncthreads();
+  const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
+  uint32_t local_union = 0u;
+  for (int st = tid; st < prm.sel_tiles; st += kThreads) {
+    const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
+    uint32_t m = 0u;
+    for (int pg = first_page; pg <= last_page; ++pg)
+      if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
+    s_mask[st] = m;
+    local_union |= m;
+  }
+  if (local_union) atomicOr(s_union, local_union);
+  __syncthreads();
+  return *s_union;
+}
+
 // The 64-query tiles a page-sparse key block serves, ascending: those whose selection tile
 // picked one of its pages (s_mask[selection tile] != 0). Warp 0 compacts them into s_tiles with
 // ballots; every thread gets the count after the barrier. The block then steps through the list
@@ -327,21 +351,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   // Which of the block's pages each selection tile selected (sparse), and their union.
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
-    if (tid == 0) *s_union = 0u;
-    __syncthreads();
-    const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
-    uint32_t local_union = 0u;
-    for (int st = tid; st < prm.sel_tiles; st += kBwdThreads) {
-      const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
-      uint32_t m = 0u;
-      for (int pg = first_page; pg <= last_page; ++pg)
-        if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
-      s_mask[st] = m;
-      local_union |= m;
-    }
-    if (local_union) atomicOr(s_union, local_union);
-    __syncthreads();
-    union_mask = *s_union;
+    union_mask = ScanSelections<kBwdThreads, BN>(prm, kb0, n_e, first_page, s_mask, s_union);
     if (union_mask == 0u) return;  // no tile attends these keys
   }
   const int qt_begin = earlier ? 0 : kb0 / BM;
@@ -705,21 +715,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
-    if (tid == 0) *s_union = 0u;
-    __syncthreads();
-    const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
-    uint32_t local_union = 0u;
-    for (int st = tid; st < prm.sel_tiles; st += kWbThreads) {
-      const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
-      uint32_t m = 0u;
-      for (int pg = first_page; pg <= last_page; ++pg)
-        if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
-      s_mask[st] = m;
-      local_union |= m;
-    }
-    if (local_union) atomicOr(s_union, local_union);
-    __syncthreads();
-    union_mask = *s_union;
+    union_mask = ScanSelections<kWbThreads, BN>(prm, kb0, n_e, first_page, s_mask, s_union);
     if (union_mask == 0u) return;
   }
   const int qt_begin = earlier ? 0 : kb0 / BM;
