@@ -131,6 +131,10 @@ void PrintTo(const BadInputCase& c, std::ostream* os) {
   for (const std::string& a : c.args) *os << " " << a;
 }
 
+// A step ctxtrain recorded on an H200 (traces/recorded/README.md).
+const std::string kRecordedTrace =
+    std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace";
+
 const std::vector<BadInputCase>& BadInputCases() {
   static const std::vector<BadInputCase> cases = {
       // Model files and names.
@@ -270,6 +274,11 @@ const std::vector<BadInputCase>& BadInputCases() {
        {"plan", "--context", "16K", "--output", "@DIR@"},
        {"--output", "accepted: a file in an existing, writable"},
        /*add_output=*/false},
+      // Replay.
+      {"ReplayByChunkUnknownKind",
+       {"replay", kRecordedTrace, "--by-chunk", "attention_sideways"},
+       {"--by-chunk", "'attention_sideways'", "not an op kind of this trace",
+        "accepted: attention_bwd.paged,"}},
   };
   return cases;
 }
@@ -494,6 +503,35 @@ TEST(CliTest, TimelineWritesChromeTrace) {
   counts >> tids >> counters;
   EXPECT_GE(tids, 3) << py.out;
   EXPECT_GT(counters, 0) << py.out;
+}
+
+// replay --by-chunk: one op kind chunk by chunk, as text and as JSON (one row per chunk with ops,
+// each op counted once).
+TEST(CliTest, ReplayByChunk) {
+  ScratchDir dir;
+  std::vector<std::string> args = {"replay", kRecordedTrace, "--by-chunk", "attention_bwd.paged"};
+  RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_NE(r.out.find("by chunk, attention_bwd.paged (per op)"), std::string::npos) << r.out;
+  args.push_back("--json");
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  RunResult py;
+  RUN_PYTHON_OR_SKIP(
+      py, dir.path(),
+      "import json,sys\n"
+      "j = json.load(open(sys.argv[1]))\n"
+      "rows = j['by_chunk']\n"
+      "kind = [k for k in j['by_kind'] if k['kind'] == 'attention_bwd' and "
+      "k['part'] == 'paged'][0]\n"
+      "assert all(r['kind'] == 'attention_bwd' and r['part'] == 'paged' for r in rows)\n"
+      "assert sum(r['count'] for r in rows) == kind['count']\n"
+      "assert abs(sum(r['measured_seconds'] for r in rows) - "
+      "kind['measured_seconds']) < 1e-9 * kind['count']\n"
+      "print(len(rows), sorted(r['chunk'] for r in rows)[0])\n",
+      dir.Write("replay.json", r.out));
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  EXPECT_EQ(py.out, "7 1\n");  // 8 chunks of 4096 at 32K: chunk 0 has no earlier pages
 }
 
 TEST(CliTest, ListNamesTheCatalogue) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
@@ -157,6 +158,20 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
   EXPECT_EQ(r.measured_host_peak, r.predicted_host_peak);
   for (const sim::KindComparison& k : r.by_kind)
     EXPECT_NEAR(k.measured_seconds, k.predicted_seconds, 1e-9 * k.count + 1e-9);
+  // Chunk by chunk, each kind's ops add up to its total.
+  for (const sim::KindComparison& k : r.by_kind) {
+    int64_t count = 0;
+    double measured = 0.0;
+    for (const sim::ChunkComparison& c : r.by_chunk) {
+      if (c.kind != k.kind || c.part != k.part) continue;
+      count += c.count;
+      measured += c.measured_seconds;
+      EXPECT_GE(c.chunk, -1);
+      EXPECT_LT(c.chunk, PlanGeometry(model, options).num_chunks());
+    }
+    EXPECT_EQ(count, k.count) << OpKindName(k.kind);
+    EXPECT_NEAR(measured, k.measured_seconds, 1e-9 * k.count + 1e-9) << OpKindName(k.kind);
+  }
   // A slower machine predicts the same ops slower.
   const sim::KernelTimeModel slower(LoadMachine("h100-125g"));
   EXPECT_GT(sim::Replay(trace, plan, slower, "t").predicted_step_seconds, r.predicted_step_seconds);
@@ -218,6 +233,20 @@ TEST(RecordedTrace, H200StepLoadsAndReplays) {
         << OpKindName(k.kind) << "." << OpPartName(k.part);
   }
   EXPECT_EQ(gemm_kinds, 12);  // 3 kinds x 4 parts (QKV, O, gate/up, down)
+  // Chunk by chunk: the paged attention backward runs once a layer in every chunk with earlier
+  // pages (all but the first), and takes real time there.
+  std::vector<int64_t> paged_per_chunk(
+      static_cast<size_t>(options.context_tokens / options.chunk_tokens), 0);
+  for (const sim::ChunkComparison& c : r.by_chunk) {
+    if (c.kind != OpKind::kAttentionBackward || c.part != OpPart::kPaged) continue;
+    ASSERT_GE(c.chunk, 0);
+    ASSERT_LT(c.chunk, static_cast<int32_t>(paged_per_chunk.size()));
+    paged_per_chunk[static_cast<size_t>(c.chunk)] = c.count;
+    EXPECT_GT(c.measured_seconds / static_cast<double>(c.count), 1e-3) << "chunk " << c.chunk;
+  }
+  EXPECT_EQ(paged_per_chunk[0], 0);
+  for (size_t chunk = 1; chunk < paged_per_chunk.size(); ++chunk)
+    EXPECT_EQ(paged_per_chunk[chunk], model.num_hidden_layers) << "chunk " << chunk;
 }
 
 }  // namespace

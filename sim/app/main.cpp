@@ -367,9 +367,33 @@ int RunTimeline(const TimelineFlags& f) {
 // --- replay --------------------------------------------------------------------------------
 struct ReplayFlags {
   std::string trace;
+  std::string by_chunk;  // an op kind, optionally ".part": its ops chunk by chunk
   RunFlags run;
   OutputFlags out;
 };
+
+std::string KindPartName(OpKind kind, OpPart part) {
+  std::string name(OpKindName(kind));
+  if (part != OpPart::kNone) name += "." + std::string(OpPartName(part));
+  return name;
+}
+
+// The ops of `name` (an op kind, or kind.part) chunk by chunk; an InputError naming the kinds the
+// trace holds when none match.
+std::vector<sim::ChunkComparison> ChunksOf(const sim::ReplayResult& r, const std::string& name) {
+  std::vector<sim::ChunkComparison> rows;
+  for (const sim::ChunkComparison& c : r.by_chunk)
+    if (KindPartName(c.kind, c.part) == name || std::string(OpKindName(c.kind)) == name)
+      rows.push_back(c);
+  if (rows.empty()) {
+    std::string accepted;
+    for (const sim::KindComparison& k : r.by_kind)
+      accepted += (accepted.empty() ? "" : ", ") + KindPartName(k.kind, k.part);
+    throw InputError("--by-chunk: '" + name +
+                     "' is not an op kind of this trace; accepted: " + accepted);
+  }
+  return rows;
+}
 
 int RunReplay(ReplayFlags f) {
   const OpTrace trace = ReadOpTrace(f.trace);
@@ -392,6 +416,8 @@ int RunReplay(ReplayFlags f) {
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
   const sim::ReplayResult r = sim::Replay(trace, plan, time_model, f.trace);
+  const std::vector<sim::ChunkComparison> chunks =
+      f.by_chunk.empty() ? std::vector<sim::ChunkComparison>{} : ChunksOf(r, f.by_chunk);
   auto source = trace.metadata.find("source");
   const std::string from = source == trace.metadata.end() ? "unknown" : source->second;
   if (f.out.json) {
@@ -415,7 +441,21 @@ int RunReplay(ReplayFlags f) {
           .Field("measured_seconds", k.measured_seconds)
           .Field("predicted_seconds", k.predicted_seconds)
           .EndObject();
-    j.EndArray().BeginArray("worst_ops");
+    j.EndArray();
+    if (!f.by_chunk.empty()) {
+      j.BeginArray("by_chunk");
+      for (const sim::ChunkComparison& c : chunks)
+        j.BeginObject()
+            .Field("kind", OpKindName(c.kind))
+            .Field("part", OpPartName(c.part))
+            .Field("chunk", static_cast<int64_t>(c.chunk))
+            .Field("count", c.count)
+            .Field("measured_seconds", c.measured_seconds)
+            .Field("predicted_seconds", c.predicted_seconds)
+            .EndObject();
+      j.EndArray();
+    }
+    j.BeginArray("worst_ops");
     for (const sim::OpComparison& c : r.worst)
       j.BeginObject()
           .Field("op_id", static_cast<int64_t>(c.measured.op_id))
@@ -462,12 +502,23 @@ int RunReplay(ReplayFlags f) {
          FormatGiB(device) + "; host " + FormatGiB(host) + "\n";
   s += "by kind                      count    measured s   predicted s   ratio\n";
   for (const sim::KindComparison& k : r.by_kind) {
-    std::string name(OpKindName(k.kind));
-    if (k.part != OpPart::kNone) name += "." + std::string(OpPartName(k.part));
+    const std::string name = KindPartName(k.kind, k.part);
     std::snprintf(line, sizeof line, "  %-24s %9lld %13.6f %13.6f %7.3f\n", name.c_str(),
                   static_cast<long long>(k.count), k.measured_seconds, k.predicted_seconds,
                   k.predicted_seconds > 0 ? k.measured_seconds / k.predicted_seconds : 0.0);
     s += line;
+  }
+  if (!f.by_chunk.empty()) {
+    s += "by chunk, " + f.by_chunk +
+         " (per op)\n  chunk      ops   measured ms  predicted ms   ratio\n";
+    for (const sim::ChunkComparison& c : chunks) {
+      const double n = static_cast<double>(c.count);
+      std::snprintf(line, sizeof line, "  %5d %8lld %13.4f %13.4f %7.3f\n", c.chunk,
+                    static_cast<long long>(c.count), c.measured_seconds * 1e3 / n,
+                    c.predicted_seconds * 1e3 / n,
+                    c.predicted_seconds > 0 ? c.measured_seconds / c.predicted_seconds : 0.0);
+      s += line;
+    }
   }
   s += "largest differences (op id, kind, chunk, layer, measured s, predicted s)\n";
   for (const sim::OpComparison& c : r.worst) {
@@ -540,6 +591,9 @@ int Main(int argc, char** argv) {
                          "machine preset (default: the trace's, else h200-125g)");
   replay_cmd->add_option("--gpu", replay.run.gpu, "catalogue GPU or path (instead of --machine)");
   replay_cmd->add_option("--host-ram", replay.run.host_ram, "host RAM with --gpu");
+  replay_cmd->add_option("--by-chunk", replay.by_chunk,
+                         "one op kind (or kind.part, as 'by kind' names them) chunk by chunk: "
+                         "its ops' mean measured and predicted time");
   AddOutputFlags(*replay_cmd, replay.out);
 
   CLI::App* list_cmd = app.add_subcommand("list", "the model, GPU and machine catalogue");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "ctxplan/models/errors.h"
 #include "ctxplan/sim/event_simulator.h"
@@ -47,6 +48,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   r.plan_ops = recorder.timed;
 
   std::map<std::pair<OpKind, OpPart>, KindComparison> by_kind;
+  std::map<std::tuple<OpKind, OpPart, int32_t>, ChunkComparison> by_chunk;
   int64_t first_start = INT64_MAX, last_end = INT64_MIN;
   std::vector<OpComparison> all;
   all.reserve(trace.ops.size());
@@ -79,6 +81,13 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
     ++k.count;
     k.measured_seconds += c.measured_seconds;
     k.predicted_seconds += c.predicted_seconds;
+    ChunkComparison& in_chunk = by_chunk[{p.kind, p.part, m.chunk}];
+    in_chunk.kind = p.kind;
+    in_chunk.part = p.part;
+    in_chunk.chunk = m.chunk;
+    ++in_chunk.count;
+    in_chunk.measured_seconds += c.measured_seconds;
+    in_chunk.predicted_seconds += c.predicted_seconds;
     all.push_back(c);
   }
   if (r.traced_ops > 0) r.measured_step_seconds = Seconds(last_end - first_start);
@@ -88,6 +97,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
     peak = std::max(peak, m.space_total_bytes);
   }
   for (const auto& [key, k] : by_kind) r.by_kind.push_back(k);
+  for (const auto& [key, c] : by_chunk) r.by_chunk.push_back(c);
   std::sort(r.by_kind.begin(), r.by_kind.end(),
             [](const auto& a, const auto& b) { return a.measured_seconds > b.measured_seconds; });
   auto error = [](const OpComparison& c) {

@@ -20,6 +20,16 @@ struct KindComparison {
   double predicted_seconds = 0.0;
 };
 
+// One op kind (and part) in one chunk: how its ops compare there (chunk -1: ops of no chunk).
+struct ChunkComparison {
+  OpKind kind = OpKind::kAlloc;
+  OpPart part = OpPart::kNone;
+  int32_t chunk = -1;
+  int64_t count = 0;
+  double measured_seconds = 0.0;  // summed durations
+  double predicted_seconds = 0.0;
+};
+
 struct OpComparison {
   OpRecord measured;
   double measured_seconds = 0.0;
@@ -33,10 +43,11 @@ struct ReplayResult {
   int64_t measured_host_peak = 0;
   int64_t predicted_gpu_peak = 0;
   int64_t predicted_host_peak = 0;
-  uint64_t plan_ops = 0;                // kernels and copies in the plan
-  uint64_t traced_ops = 0;              // of which the trace holds this many
-  std::vector<KindComparison> by_kind;  // sorted by measured time, largest first
-  std::vector<OpComparison> worst;      // largest |measured - predicted|, at most 10
+  uint64_t plan_ops = 0;                  // kernels and copies in the plan
+  uint64_t traced_ops = 0;                // of which the trace holds this many
+  std::vector<KindComparison> by_kind;    // sorted by measured time, largest first
+  std::vector<ChunkComparison> by_chunk;  // every kind, part and chunk, in that order
+  std::vector<OpComparison> worst;        // largest |measured - predicted|, at most 10
 };
 
 // Throws InputError when the trace does not follow this plan (an op id the plan lacks, or whose
