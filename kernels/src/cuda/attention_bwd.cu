@@ -1059,31 +1059,13 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
               const float* lse, const bf16* d_out, bf16* dq, bf16* dk_own, bf16* dv_own,
               const PagedKv<G>& dkv, bool dkv_f32, void* workspace, size_t workspace_bytes,
               cudaStream_t stream, const PagedKv<const G>* own_dkv) {
-  Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
-  Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
-  Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
-              shape.num_heads % shape.num_kv_heads == 0 && shape.num_kv_heads < 65536,
-          "query heads must be a positive multiple of KV heads");
-  Require(earlier.num_pages >= 0, "negative page count");
+  RequireAttentionInputs(shape, shape.num_kv_heads, earlier, selection);
   if (earlier.num_pages > 0) {
-    Require(earlier.pool != nullptr && earlier.page_slot != nullptr, "earlier pages missing");
-    Require(earlier.shape.num_kv_heads == shape.num_kv_heads &&
-                earlier.shape.head_dim == shape.head_dim,
-            "page shape differs from the attention shape");
-    Require(earlier.shape.page_tokens >= 16, "page_tokens must be >= 16");
-    Require(earlier.num_pages * earlier.shape.page_tokens < (int64_t{1} << 30),
-            "too many earlier positions");
     Require(dkv.pool != nullptr && dkv.page_slot != nullptr, "dKV pages missing");
     Require(
         dkv.num_pages == earlier.num_pages && dkv.shape.page_tokens == earlier.shape.page_tokens &&
             dkv.shape.num_kv_heads == shape.num_kv_heads && dkv.shape.head_dim == shape.head_dim,
         "dKV pages differ from the KV pages");
-  }
-  if (selection.pages != nullptr) {
-    Require(selection.query_tile > 0 && selection.query_tile % 128 == 0,
-            "page-sparse attention needs query_tile a multiple of 128");
-    Require(selection.pages_per_tile >= 0 && selection.pages_per_tile <= earlier.num_pages,
-            "pages_per_tile out of range");
   }
   if (shape.tokens == 0) return;
   Require(q && k_own && v_own && out && lse && d_out && dq && dk_own && dv_own, "null tensor");

@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ctxplan/kernels/cuda/attention.h"
+
 namespace ctxplan::kernels::cuda::detail {
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -81,6 +83,34 @@ constexpr float kLn2 = 0.6931471805599453f;
 // --- host-side checks ----------------------------------------------------------------------
 inline void Require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("ctxplan::kernels::cuda attention: " + what);
+}
+
+// The checks the forward and the backward share: the shape, the earlier pages, the selection.
+// grid_y_heads: the heads a launch puts on the grid's y dimension (at most 65535).
+inline void RequireAttentionInputs(const AttentionShape& shape, int64_t grid_y_heads,
+                                   const PagedKv<const bf16>& earlier,
+                                   const PageSelection& selection) {
+  Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
+  Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
+  Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
+              shape.num_heads % shape.num_kv_heads == 0 && grid_y_heads < 65536,
+          "query heads must be a positive multiple of KV heads");
+  Require(earlier.num_pages >= 0, "negative page count");
+  if (earlier.num_pages > 0) {
+    Require(earlier.pool != nullptr && earlier.page_slot != nullptr, "earlier pages missing");
+    Require(earlier.shape.num_kv_heads == shape.num_kv_heads &&
+                earlier.shape.head_dim == shape.head_dim,
+            "page shape differs from the attention shape");
+    Require(earlier.shape.page_tokens >= 16, "page_tokens must be >= 16");
+    Require(earlier.num_pages * earlier.shape.page_tokens < (int64_t{1} << 30),
+            "too many earlier positions");
+  }
+  if (selection.pages != nullptr) {
+    Require(selection.query_tile > 0 && selection.query_tile % 128 == 0,
+            "page-sparse attention needs query_tile a multiple of 128");
+    Require(selection.pages_per_tile >= 0 && selection.pages_per_tile <= earlier.num_pages,
+            "pages_per_tile out of range");
+  }
 }
 
 }  // namespace ctxplan::kernels::cuda::detail

@@ -698,27 +698,8 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
 void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
                       const bf16* v_own, const PagedKv<const bf16>& earlier,
                       const PageSelection& selection, bf16* out, float* lse, cudaStream_t stream) {
-  Require(shape.head_dim == 64 || shape.head_dim == 128, "head_dim must be 64 or 128");
-  Require(shape.tokens >= 0 && shape.tokens < (1 << 30), "tokens out of range");
-  Require(shape.num_kv_heads > 0 && shape.num_heads > 0 &&
-              shape.num_heads % shape.num_kv_heads == 0 && shape.num_heads < 65536,
-          "query heads must be a positive multiple of KV heads");
-  Require(earlier.num_pages >= 0, "negative page count");
-  if (earlier.num_pages > 0) {
-    Require(earlier.pool != nullptr && earlier.page_slot != nullptr, "earlier pages missing");
-    Require(earlier.shape.num_kv_heads == shape.num_kv_heads &&
-                earlier.shape.head_dim == shape.head_dim,
-            "page shape differs from the attention shape");
-    Require(earlier.shape.page_tokens >= 16, "page_tokens must be >= 16");
-    Require(earlier.num_pages * earlier.shape.page_tokens < (int64_t{1} << 30),
-            "too many earlier positions");
-  }
-  if (selection.pages != nullptr) {
-    Require(selection.query_tile > 0 && selection.query_tile % kFwdBM == 0,
-            "page-sparse attention needs query_tile a multiple of 128");
-    Require(selection.pages_per_tile >= 0 && selection.pages_per_tile <= earlier.num_pages,
-            "pages_per_tile out of range");
-  }
+  static_assert(kFwdBM == 128, "the shared check wants query tiles a multiple of 128");
+  RequireAttentionInputs(shape, shape.num_heads, earlier, selection);
   if (shape.tokens == 0) return;
   Require(q && k_own && v_own && out && lse, "null tensor");
 
