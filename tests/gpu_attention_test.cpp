@@ -19,19 +19,12 @@
 #include "ctxplan/kernels/cpu/reference.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "support/gpu.h"
 
 namespace ctxplan::kernels {
 namespace {
 
 using cuda::bf16;
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
 
 // --- host bf16 ---
 uint16_t ToBf16Bits(float f) {

@@ -15,6 +15,7 @@
 
 #include "ctxplan/traces/json_reader.h"
 #include "ctxplan/traces/op_trace.h"
+#include "support/gpu.h"
 #include "support/process.h"
 
 namespace ctxplan {
@@ -24,11 +25,6 @@ using test::ReadAll;
 using test::RunArgv;
 using test::RunResult;
 using test::ScratchDir;
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 // The binary: CTXTRAIN_EXE from the environment (binaries carried to a GPU machine), else the one
 // this build made.
@@ -67,7 +63,7 @@ void ExpectOneLine(const RunResult& r, int code, const std::vector<std::string>&
 }
 
 TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   ScratchDir dir;
   for (const char* grads : {"fp32", "bf16"}) {
     const std::string trace = (dir.path() / (std::string(grads) + ".ctxtrace")).string();
@@ -96,7 +92,7 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
 
 // A LoRA run on the CUDA backend: the base frozen on the GPU, the adapters trained by AdamW.
 TEST(CtxtrainCuda, LoraRunCompletes) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   ScratchDir dir;
   const RunResult r = Ctxtrain({"--lora-rank", "8", "--optimizer", "adamw-gpu"}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -105,7 +101,7 @@ TEST(CtxtrainCuda, LoraRunCompletes) {
 }
 
 TEST(CtxtrainCuda, FaultsEndTheRunWithOneLineAndKeepTheCheckpoint) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   ScratchDir dir;
   const std::string checkpoint = dir.Write("run.ckpt", "an earlier checkpoint");
   ExpectOneLine(Ctxtrain({"--save", checkpoint}, dir, "pinned-alloc"), 3, {"pin", "host"});

@@ -12,14 +12,10 @@
 #include "ctxplan/runtime/cpu_backend.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/token_data.h"
+#include "support/gpu.h"
 
 namespace ctxplan {
 namespace {
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 ModelSpec Small() {
   ModelSpec m = LoadModel("tiny");
@@ -70,7 +66,7 @@ double RelativeError(const std::vector<float>& out, const std::vector<float>& re
 }
 
 TEST(CudaBackend, MatchesTheCpuBackend) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 5);
   std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 9);
@@ -126,7 +122,7 @@ TEST(CudaBackend, MatchesTheCpuBackend) {
 }
 
 TEST(CudaBackend, TrainsAndTheLossFalls) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
   for (const GradDtype grads : {GradDtype::kFp32, GradDtype::kBf16}) {
     RunOptions o = Options(RunOptions::kAllPages, true, false, grads);
@@ -156,7 +152,7 @@ TEST(CudaBackend, TrainsAndTheLossFalls) {
 // AdamW on the host (gradients staged home, the update on CPU threads, weights copied back)
 // takes the same steps as AdamW on the GPU.
 TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
   const ModelWeights initial = RandomWeights(model, 2);
   std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 4);
@@ -197,7 +193,7 @@ TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
 // LoRA on the GPU against LoRA on the CPU: the adapters' gradients (base frozen), then a few
 // AdamW steps of the adapters alone.
 TEST(CudaBackend, LoraMatchesTheCpuBackend) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 5);
   const int64_t rank = 4;

@@ -26,40 +26,13 @@
 #include "ctxplan/runtime/op.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/json_reader.h"
+#include "support/cupti.h"
 
 namespace ctxplan::gpu {
 namespace {
 
 namespace k = kernels::cuda;
 using k::bf16;
-
-bool HaveGpu() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  (void)cudaGetLastError();
-  return ok;
-}
-
-// Under compute-sanitizer (or Nsight, or another profiler) CUPTI already has its one subscriber
-// and no tracer can be enabled: the tracer says so with a CuptiError, and these tests skip.
-bool CuptiBusy() {
-  static const bool busy = [] {
-    try {
-      CuptiTracerOptions options;
-      options.enabled = true;
-      CuptiTracer probe(options);
-      return false;
-    } catch (const CuptiError& e) {
-      std::printf("CUPTI unavailable: %s\n", e.what());
-      return e.result() == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
-    }
-  }();
-  return busy;
-}
-
-#define REQUIRE_CUPTI()                                          \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine"; \
-  if (CuptiBusy()) GTEST_SKIP() << "CUPTI is in use by another tool (compute-sanitizer?)"
 
 // Device buffers of one layer's linear layers, Qwen-like proportions at a small size.
 struct Layer {
@@ -306,7 +279,7 @@ void CheckAttribution(const TraceStepSummary& s, const std::vector<ChromeEvent>&
 }
 
 TEST(CuptiAttribution, CublasLtAndOwnKernelsMapToTheirOps) {
-  REQUIRE_CUPTI();
+  SKIP_WITHOUT_CUPTI();
   cudaStream_t stream;
   CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
@@ -343,7 +316,7 @@ TEST(CuptiAttribution, CublasLtAndOwnKernelsMapToTheirOps) {
 
 // Work launched outside any op is counted and named, not pinned on a neighbour.
 TEST(CuptiAttribution, WorkOutsideOpsIsUnattributedAndNamed) {
-  REQUIRE_CUPTI();
+  SKIP_WITHOUT_CUPTI();
   cudaStream_t stream;
   CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {

@@ -34,6 +34,7 @@
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/kernels/paged_kv.h"
+#include "support/gpu.h"
 
 namespace ctxplan::kernels {
 namespace {
@@ -45,16 +46,6 @@ using Ids = std::vector<int32_t>;
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kFp32Tolerance = 1e-5;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-bool HasGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_GPU()                                   \
-  do {                                                       \
-    if (!HasGpu()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (false)
 
 // --- host data ---------------------------------------------------------------------------------
 float RoundBf16(float v) {

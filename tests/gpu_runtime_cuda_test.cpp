@@ -23,40 +23,10 @@
 #include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
+#include "support/cupti.h"
 
 namespace ctxplan::gpu {
 namespace {
-
-bool HaveGpu() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  (void)cudaGetLastError();
-  return ok;
-}
-
-#define REQUIRE_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA GPU on this machine"
-
-// Under compute-sanitizer (or Nsight, or another profiler) CUPTI already has its one subscriber
-// and no tracer can be enabled: the tracer says so with a CuptiError, and these tests skip.
-bool CuptiBusy() {
-  static const bool busy = [] {
-    try {
-      CuptiTracerOptions options;
-      options.enabled = true;
-      CuptiTracer probe(options);
-      return false;
-    } catch (const CuptiError& e) {
-      std::printf("CUPTI unavailable: %s\n", e.what());
-      return e.result() == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
-    }
-  }();
-  return busy;
-}
-
-#define REQUIRE_CUPTI() \
-  REQUIRE_GPU();        \
-  if (CuptiBusy()) GTEST_SKIP() << "CUPTI is in use by another tool (compute-sanitizer?)"
 
 DeviceArena::Reservations Reserve(std::initializer_list<std::pair<MemCategory, uint64_t>> list) {
   DeviceArena::Reservations r{};
@@ -86,7 +56,7 @@ struct RecordingListener : MemoryEventListener {
 // --- DeviceArena ----------------------------------------------------------------------------
 
 TEST(DeviceArena, ReservesOnceAndAlignsEveryBuffer) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   std::ostringstream log;
   DeviceArena arena(Reserve({{MemCategory::kWeights, 1000},
                              {MemCategory::kActivations, 1 << 20},
@@ -132,7 +102,7 @@ TEST(DeviceArena, ReservesOnceAndAlignsEveryBuffer) {
 }
 
 TEST(DeviceArena, FirstFitFreeListCoalesces) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   DeviceArena arena(Reserve({{MemCategory::kDkvPages, 4 * 256}}));
   const uint64_t begin = 0;  // the only region
   DeviceBuffer p[4];
@@ -169,7 +139,7 @@ TEST(DeviceArena, FirstFitFreeListCoalesces) {
 }
 
 TEST(DeviceArena, ExhaustionNamesRequestCategoryAndFreeBytes) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   DeviceArena arena(Reserve({{MemCategory::kWeights, 1 << 16}, {MemCategory::kDkvPages, 1024}}));
   const DeviceBuffer a = arena.Allocate(MemCategory::kDkvPages, 256, "a");
   const DeviceBuffer b = arena.Allocate(MemCategory::kDkvPages, 256, "b");
@@ -197,7 +167,7 @@ TEST(DeviceArena, ExhaustionNamesRequestCategoryAndFreeBytes) {
 }
 
 TEST(DeviceArena, TracksPeakAndDeviceLevelUsage) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const DeviceMemoryInfo before = QueryDeviceMemory();
   DeviceArena arena(Reserve({{MemCategory::kActivations, 64 << 20}}));
   RecordingListener listener;
@@ -230,7 +200,7 @@ TEST(DeviceArena, TracksPeakAndDeviceLevelUsage) {
 // --- PinnedPageStore ------------------------------------------------------------------------
 
 TEST(PinnedPageStore, HandsOutPagesWithReferenceCounts) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   PinnedPageStoreOptions o;
   o.page_bytes = 4096;
   o.capacity_pages = 10;
@@ -283,7 +253,7 @@ TEST(PinnedPageStore, HandsOutPagesWithReferenceCounts) {
 }
 
 TEST(PinnedPageStore, GrowsByWholeBlocksWhenAllowed) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   PinnedPageStoreOptions o;
   o.page_bytes = 1024;
   o.capacity_pages = 2;
@@ -303,7 +273,7 @@ TEST(PinnedPageStore, GrowsByWholeBlocksWhenAllowed) {
 }
 
 TEST(PinnedPageStore, PinningFailureIsATypedError) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const uint64_t pebibyte = uint64_t{1} << 50;
   PinnedPageStoreOptions o;
   o.page_bytes = uint64_t{1} << 20;
@@ -330,7 +300,7 @@ TEST(PinnedPageStore, PinningFailureIsATypedError) {
 // --- OffloadEngine ---------------------------------------------------------------------------
 
 TEST(OffloadEngine, RoundTripThroughSlotsWithEventsAndCoalescing) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   constexpr uint64_t kPageBytes = 64 << 10;
   constexpr int64_t kFloats = kPageBytes / sizeof(float);
   PinnedPageStoreOptions o;
@@ -410,7 +380,7 @@ const OpRecord* FindOp(const std::vector<OpRecord>& ops, uint64_t id) {
 }
 
 TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
-  REQUIRE_CUPTI();
+  SKIP_WITHOUT_CUPTI();
   const auto trace_path = TempPath("ops.ctxtrace");
   std::ostringstream chrome_json;
   {
@@ -562,7 +532,7 @@ TEST(CuptiTracer, AttributesKernelsAndCopiesToPlanOps) {
 }
 
 TEST(CuptiTracer, DisabledRecordsNothing) {
-  REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const auto trace_path = TempPath("disabled.ctxtrace");
   CuptiTracer tracer(CuptiTracerOptions{});  // enabled = false
   EXPECT_FALSE(tracer.enabled());
@@ -588,7 +558,7 @@ TEST(CuptiTracer, DisabledRecordsNothing) {
   EXPECT_TRUE(trace.memory.empty());
 
   // A disabled tracer does not claim CUPTI: an enabled one can coexist with it, but not two.
-  if (CuptiBusy()) return;  // (a disabled tracer works under compute-sanitizer; these don't)
+  if (test::CuptiBusy()) return;  // (a disabled tracer works under compute-sanitizer; these don't)
   CuptiTracerOptions on;
   on.enabled = true;
   CuptiTracer first(on);
@@ -597,7 +567,7 @@ TEST(CuptiTracer, DisabledRecordsNothing) {
 }
 
 TEST(CuptiTracer, MisuseIsCaught) {
-  REQUIRE_CUPTI();
+  SKIP_WITHOUT_CUPTI();
   CuptiTracerOptions on;
   on.enabled = true;
   CuptiTracer tracer(on);
@@ -623,7 +593,7 @@ double TimeLoopMs(int launches, int64_t n, float* device, cudaStream_t stream,
 }
 
 TEST(CuptiTracer, TracingOverhead) {
-  REQUIRE_CUPTI();
+  SKIP_WITHOUT_CUPTI();
   constexpr int64_t kHuge = int64_t{1} << 27;  // 512 MiB: ~0.3 ms a kernel on an H200
   float* device = nullptr;
   CTXPLAN_CUDA_CHECK(cudaMalloc(&device, kHuge * sizeof(float)));
