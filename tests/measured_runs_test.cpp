@@ -85,8 +85,9 @@ TEST(MeasuredRuns, PlannerPredictsTheH200Runs) {
     const double device =
         static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0);
     const double host_gib = static_cast<double>(report.host_peak) / 1073741824.0;
-    // Step time: within 25% either way (the sparse attention backward's straggler blocks make
-    // offload-off sparse runs ~15% slower than predicted; the PCIe model is pessimistic at 512K).
+    // Step time: within 25% either way (offload-off sparse runs up to 10% slower than predicted:
+    // they were recorded with an older, slower sparse backward than the one whose measured rate
+    // the model uses; the PCIe model is pessimistic at 512K and 1M, by up to 13%).
     EXPECT_GT(speed, 1.0 / 1.25) << r.line;
     EXPECT_LT(speed, 1.25) << r.line;
     // GPU memory: the plan never under-predicts by more than 10% (the CUDA backend allocates

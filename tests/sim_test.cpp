@@ -291,6 +291,16 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kBackward)), 5e-6 + (1 << 30) / 48.5e9,
               1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
+  // The attention backward at the measured rate; over page-sparse selections, the same pairs
+  // take 1 / sparse_attention_backward_efficiency as long.
+  const OpCost dense = AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2);
+  const OpCost sparse = AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true);
+  EXPECT_EQ(sparse.flops, dense.flops);
+  const double dense_s = TicksToSeconds(model.Duration(dense, Phase::kBackward));
+  EXPECT_NEAR(dense_s, dense.flops / (H200().gpu.attention_bwd_tflops.value * 1e12), 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, Phase::kBackward)),
+              dense_s / model.calibration().sparse_attention_backward_efficiency, 1e-9);
+  EXPECT_LT(model.calibration().sparse_attention_backward_efficiency, 1.0);
 }
 
 }  // namespace

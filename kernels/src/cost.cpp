@@ -83,14 +83,15 @@ OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_re
 }
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
-                             int64_t grad_bytes) {
+                             int64_t grad_bytes, bool page_sparse) {
   // S = QK^T recomputed, then dV, dP, dQ, dK: five GEMM-shaped products against forward's two.
   double flops = 10.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +   // Q, O, dO in; dQ out
                  2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +           // K, V
                  2.0 * 2.0 * D(kv_tokens_read * kv_dim) * D(grad_bytes) +  // dK, dV RMW
                  D(q_tokens * num_heads) * kFp32Bytes;
-  return {flops, bytes, RateClass::kAttentionBackward};
+  return {flops, bytes,
+          page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward};
 }
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
   return Memory(3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes), 2.0 * D(tokens * kv_dim));

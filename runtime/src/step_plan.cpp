@@ -300,10 +300,11 @@ class PlanWriter {
         0, OpPart::kOwn));
     OpId release = kNoOp;
     if (paged) {
-      Op attention = Kernel(w, OpKind::kAttentionBackward,
-                            AttentionBackwardCost(c.pairs_paged, t, PagedTokensRead(c),
-                                                  m_.num_attention_heads, kv, m_.head_dim, gb),
-                            t, PagedTokensRead(c), 0, OpPart::kPaged);
+      Op attention =
+          Kernel(w, OpKind::kAttentionBackward,
+                 AttentionBackwardCost(c.pairs_paged, t, PagedTokensRead(c), m_.num_attention_heads,
+                                       kv, m_.head_dim, gb, c.sparse),
+                 t, PagedTokensRead(c), 0, OpPart::kPaged);
       attention.pages = c.union_pages;
       attention.adds_own_dkv = own_dkv;  // the accumulate below waits for no other op
       release = batch_.Push(attention, {h2d});

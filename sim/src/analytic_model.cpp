@@ -157,8 +157,9 @@ class TimeRecurrence {
     linear(pre, d, q);
     add(pre, AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb));
     if (b.paged)
-      add(b.attn_paged, AttentionBackwardCost(c.pairs_paged, t, g_.paged_tokens_read(c),
-                                              m_.num_attention_heads, kv, m_.head_dim, gb));
+      add(b.attn_paged,
+          AttentionBackwardCost(c.pairs_paged, t, g_.paged_tokens_read(c), m_.num_attention_heads,
+                                kv, m_.head_dim, gb, c.sparse));
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     add(b.after, RopeCost(t, q, kv));
     linear(b.after, q + 2 * kv, d);

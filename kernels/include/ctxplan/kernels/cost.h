@@ -13,14 +13,15 @@ namespace ctxplan {
 
 // Which achieved rate bounds an op: the planner has a measured or estimated rate for each.
 enum class RateClass : uint8_t {
-  kGemm,               // tensor-core matrix multiply (cuBLASLt)
-  kAttentionForward,   // flash-class attention forward
-  kAttentionBackward,  // flash-class attention backward
-  kMemoryBound,        // elementwise / reduction kernels: bytes over HBM bandwidth
-  kHostToDevice,       // copy engine, host -> device
-  kDeviceToHost,       // copy engine, device -> host
-  kHostCompute,        // CPU work (optimizer on the host): bytes over host DRAM bandwidth
-  kNone,               // bookkeeping, no duration
+  kGemm,                     // tensor-core matrix multiply (cuBLASLt)
+  kAttentionForward,         // flash-class attention forward
+  kAttentionBackward,        // flash-class attention backward
+  kSparseAttentionBackward,  // attention backward over page-sparse selections of earlier pages
+  kMemoryBound,              // elementwise / reduction kernels: bytes over HBM bandwidth
+  kHostToDevice,             // copy engine, host -> device
+  kDeviceToHost,             // copy engine, device -> host
+  kHostCompute,              // CPU work (optimizer on the host): bytes over host DRAM bandwidth
+  kNone,                     // bookkeeping, no duration
 };
 
 struct OpCost {
@@ -53,10 +54,12 @@ OpCost PageTopKCost(int64_t tiles, int64_t pages);
 // `pairs`: attended (query, key) pairs per head; `kv_tokens_read`: K/V positions loaded.
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                             int64_t num_heads, int64_t kv_dim, int64_t head_dim);
-// dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`.
+// dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`. page_sparse: the pairs are
+// those of page-sparse selections (its own rate class: the kernel's per-key-block costs weigh
+// more when each key block serves a few query tiles instead of all of them).
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
-                             int64_t grad_bytes);
+                             int64_t grad_bytes, bool page_sparse = false);
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);

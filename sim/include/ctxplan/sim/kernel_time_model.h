@@ -18,6 +18,12 @@ struct KernelTimeCalibration {
   double gemm_efficiency = 1.0;
   double attention_forward_efficiency = 1.0;
   double attention_backward_efficiency = 1.0;
+  // The backward over page-sparse selections reaches this fraction of the backward's rate: its
+  // key blocks serve a few query tiles each, not all, and pay their fixed costs (K/V load, the
+  // dKV read-add-write, one block per SM) for less work. Measured with ctxtrain on the H200 (own
+  // and paged attention backward of Qwen2.5-7B, k 64 of 128-token pages, chunk 4096, from
+  // chunk 3 on): 512K 6.6 ms a call and 1M 6.3 ms against 4.8 ms at the backward's rate.
+  double sparse_attention_backward_efficiency = 0.7;
   // Memory-bound kernels reach this fraction of the measured device-to-device copy bandwidth.
   double memory_efficiency = 0.8;
   // A kernel never takes less than this (launch and tail effects).
@@ -45,6 +51,7 @@ class KernelTimeModel {
   double gemm_seconds_per_flop_ = 0;
   double attention_fwd_seconds_per_flop_ = 0;
   double attention_bwd_seconds_per_flop_ = 0;
+  double sparse_attention_bwd_seconds_per_flop_ = 0;
   double hbm_seconds_per_byte_ = 0;
   double h2d_seconds_per_byte_ = 0;
   double d2h_seconds_per_byte_ = 0;
