@@ -1253,9 +1253,18 @@ class TypedImpl final : public CudaBackend::Impl {
     return s;
   }
 
+  // The pages the tiles' selections of `op`'s layer attend, at most the slots the plan provisioned
+  // (the staging copies and the backward's key-block launch both rely on that bound).
   std::vector<int32_t> UnionPages(const Op& op) const {
-    return AttendedPages(
+    std::vector<int32_t> pages = AttendedPages(
         c_, op.phase == Phase::kBackward ? saved_selection_host_[S(op)] : selection_host_);
+    if (static_cast<int64_t>(pages.size()) > slot_capacity_)
+      throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
+                       std::to_string(op.layer) + " need " + std::to_string(pages.size()) +
+                       " page slots but the plan provisioned " + std::to_string(slot_capacity_) +
+                       "; accepted: a selection model that bounds the union (--selection "
+                       "disjoint)");
+    return pages;
   }
 
   k::AttentionShape Shape() const {
@@ -1284,12 +1293,6 @@ class TypedImpl final : public CudaBackend::Impl {
       // The backward launches key blocks over the union of the tiles' selections only. Its
       // pinned staging was last read by the copy two layers ago: wait for that before rewriting.
       const std::vector<int32_t> pages = UnionPages(op);
-      if (static_cast<int64_t>(pages.size()) > slot_capacity_)
-        throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
-                         std::to_string(op.layer) + " need " + std::to_string(pages.size()) +
-                         " pages but the plan provisioned " + std::to_string(slot_capacity_) +
-                         "; accepted: a selection model that bounds the union (--selection "
-                         "disjoint)");
       CTXPLAN_CUDA_CHECK(cudaEventSynchronize(union_copied_[parity_]));
       std::copy(pages.begin(), pages.end(), union_host_[parity_].get());
       CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(union_dev_[parity_].get(), union_host_[parity_].get(),
@@ -1368,12 +1371,6 @@ class TypedImpl final : public CudaBackend::Impl {
     }
     const auto l = static_cast<size_t>(op.layer);
     union_ = UnionPages(op);
-    if (static_cast<int64_t>(union_.size()) > slot_capacity_)
-      throw InputError(
-          "page selections of chunk " + std::to_string(c_.index) + " layer " + std::to_string(l) +
-          " need " + std::to_string(union_.size()) + " page slots but the plan provisioned " +
-          std::to_string(slot_capacity_) +
-          "; accepted: a selection model that bounds the union (--selection disjoint)");
     // The host staging of this parity's table was last read by a copy two layers ago: it must
     // have finished before the host rewrites the table.
     const OpId previous = table_user_[parity_];
