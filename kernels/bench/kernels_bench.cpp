@@ -34,6 +34,7 @@
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/kernels/paged_kv.h"
+#include "stream_peer.h"
 
 namespace {
 
@@ -320,6 +321,22 @@ void BenchMemoryBound(double bw) {
         reps);
     AddMemory("rmsnorm bwd +d_add (fp32 dW)", s, 4 * per_tensor + kTokens * 4.0 + kHidden * 10.0,
               bw);
+    // The elementwise peer with the same streams (stream_peer.cu): what a kernel with no row
+    // reductions reaches at these sizes.
+    for (int inputs = 1; inputs <= 3; ++inputs) {
+      s = MedianSeconds(
+          [&](int i) {
+            const Set& b = set[i % sets];
+            ctxplan::kernels::bench::StreamPeerInputs in;
+            in.in[0] = b.x;
+            in.in[1] = b.dy;
+            in.in[2] = b.r;
+            ctxplan::kernels::bench::LaunchElementwiseSum(in, inputs, td, b.h, nullptr);
+          },
+          reps);
+      AddMemory("peer: elementwise " + std::to_string(inputs) + " in, 1 out", s,
+                (inputs + 1) * per_tensor, bw);
+    }
   }
 
   {  // RoPE on the Q and K heads of a fused QKV row
