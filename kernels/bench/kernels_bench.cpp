@@ -1,6 +1,6 @@
 // Benchmark of the CUDA kernels of ops.h at Qwen2.5-7B shapes (chunk 4096 tokens, hidden 3584,
 // intermediate 18944, 28 / 4 heads of 128, vocabulary 152064). A plain main, run by hand on the
-// GPU machine (never in CI):   kernels_bench [--quick]
+// GPU machine (never in CI):   kernels_bench [--quick] [--only memory|gemms|loss]
 //
 // Ceilings are measured in the same run:
 //   - memory bandwidth: cudaMemcpyAsync device-to-device of a 1 GiB buffer, bytes read + written;
@@ -671,7 +671,25 @@ void PrintTable(double bw) {
 
 int main(int argc, char** argv) {
   try {
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    std::string only;  // memory, gemms or loss; empty: all
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--quick") {
+        quick = true;
+      } else if (a == "--only" && i + 1 < argc &&
+                 (std::strcmp(argv[i + 1], "memory") == 0 ||
+                  std::strcmp(argv[i + 1], "gemms") == 0 ||
+                  std::strcmp(argv[i + 1], "loss") == 0)) {
+        only = argv[++i];
+      } else {
+        std::fprintf(stderr,
+                     "kernels_bench: unknown argument '%s'; usage: kernels_bench [--quick] "
+                     "[--only memory|gemms|loss]\n",
+                     a.c_str());
+        return 2;
+      }
+    }
     if (quick) g_samples = 7;
     int device = 0;
     cudaDeviceProp prop{};
@@ -681,9 +699,9 @@ int main(int argc, char** argv) {
                 prop.l2CacheSize >> 20, prop.totalGlobalMem / double(1 << 30));
     const double bw = MeasureCopyBandwidth();
     std::printf("device-to-device copy (1 GiB, read + write): %.1f GB/s\n", bw);
-    BenchMemoryBound(bw);
-    BenchGemms();
-    BenchLoss(quick);
+    if (only.empty() || only == "memory") BenchMemoryBound(bw);
+    if (only.empty() || only == "gemms") BenchGemms();
+    if (only.empty() || only == "loss") BenchLoss(quick);
     PrintTable(bw);
     return 0;
   } catch (const std::exception& e) {

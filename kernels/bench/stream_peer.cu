@@ -73,8 +73,10 @@ void LaunchElementwiseSum(const StreamPeerInputs& inputs, int count, int64_t ele
   int device = 0, sms = 0, per_sm = 0;
   CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-  const int64_t wanted = (vectors + int64_t{kThreads} * kUnroll - 1) / (int64_t{kThreads} * kUnroll);
+  CTXPLAN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  const int64_t wanted =
+      (vectors + int64_t{kThreads} * kUnroll - 1) / (int64_t{kThreads} * kUnroll);
   const int grid = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{sms} * (per_sm / kThreads))));
   switch (count) {

@@ -10,17 +10,22 @@
 // Backward: a grid of resident blocks, each looping over rows; a thread always owns the same
 // columns, so d_weight is summed over rows in its registers, written as one fp32 partial row per
 // block into the scratch, and a second kernel adds the column sums of the partials into d_weight
-// in a fixed order: deterministic, no atomics. Rows of at most 512 16-byte chunks (hidden <= 4096)
-// take the pipelined variant, which streams the next three rows into shared memory with cp.async;
-// wider rows prefetch the next row into registers (or, past 8 elements a thread, not at all).
-// Measured at t = 4096, d = 3584 on the H200: 29.9 us pipelined vs 35.6 us register prefetch.
-// Of the 29.9 us the row kernel takes 27.2 us (~95% of a D2D copy of its 88 MB) and the column
-// sums ~2.9 us, mostly the second kernel's drain / fill gap. One cooperative kernel instead (grid
-// barrier, then the whole grid sums the partials) measured slower: 31.9 us; so did the row kernel
-// summing in its last-arriving blocks (an arrival counter, each of the last 112 blocks one slice of
-// 32 columns): 32.9 us, and 41.7 us with d_add (35.2 us with the second kernel); so did one
-// 448-thread block a multiprocessor with 8 stages (half the partial rows): 36.9 us. Unrolling the
-// column sums and giving every block the same row count (256 blocks of 16 rows) changed nothing.
+// in a fixed order: deterministic, no atomics. Rows of at most 512 16-byte chunks (hidden <=
+// 4096) take the pipelined variant, which streams the next row into shared memory with cp.async
+// and takes one barrier a row; wider rows prefetch the next row into registers (or, past 8
+// elements a thread, not at all).
+// Measured at t = 4096, d = 3584 on the H200 (kernels_bench): 28.0 us, of which the row kernel
+// alone 25.1 us (3.5 TB/s, within 4% of an elementwise kernel moving the same three streams:
+// 24.2 us) and the column sums ~2.8 us, the kernel boundary: blocks of 32 x 8 ... 8 x 32 or eight
+// loads in flight a thread changed nothing. With d_add 33.8 us (row kernel 30.8 us, the
+// elementwise peer of four streams 30.7 us). Tried and slower (most against the earlier kernel:
+// two barriers a row, four stages, 29.9 us): three or four stages instead of two (+0.3 / +0.5
+// us), two rows an iteration (+2 us), the blocks of a cluster of 2 / 4 / 8 adding their d_weight
+// rows through distributed shared memory first (+1.4 us with the cluster launch alone, +10 us at 4
+// and 8: fewer resident blocks), one cooperative kernel (grid barrier, then the whole grid sums the
+// partials; 31.9 us), the row kernel summing in its last-arriving blocks (32.9 us), one 448-thread
+// block a multiprocessor with 8 stages (36.9 us), the register-prefetch kernel at this width (35.6
+// us).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(BackwardMaxThreads(kVec* kChunks),
 // d_add) into shared memory with cp.async, so two rows are in flight per block without holding
 // registers, and no barrier guards the staging buffers (a thread only ever reads back what it
 // copied itself; cp.async.wait_group orders that).
-constexpr int kStages = 4;
+constexpr int kStages = 2;
 constexpr int kPipelinedMaxThreads = 512;
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -249,7 +254,9 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Dynamic shared memory: [kStages][arrays][blockDim.x] 16-byte chunks (arrays: x, dy, d_add).
+// Dynamic shared memory: [kStages][arrays][blockDim.x] 16-byte chunks (arrays: x, dy, d_add);
+// One barrier a row: the row sums of consecutive rows go to alternating shared slots, so no
+// second barrier guards their reuse.
 template <bool kAdd>
 __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
     RmsNormBackwardPipelinedKernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
@@ -259,11 +266,14 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
   constexpr int kVec = 8;
   constexpr int kArrays = kAdd ? 3 : 2;
   extern __shared__ uint4 staged[];
-  __shared__ float shared[detail::kWarpSize];
+  __shared__ float row_sums[2][detail::kWarpSize];
   detail::GridDependencyWaitAndTrigger();
   const int chunks = static_cast<int>(hidden / kVec);
   const int c = threadIdx.x;  // this thread's chunk of every row
   const bool active = c < chunks;
+  const int lane = threadIdx.x % detail::kWarpSize;
+  const int warp = threadIdx.x / detail::kWarpSize;
+  const int warps = blockDim.x / detail::kWarpSize;
   auto slot = [&](int stage, int array) {
     return staged + (stage * kArrays + array) * blockDim.x + threadIdx.x;
   };
@@ -283,7 +293,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(blockIdx.x + static_cast<int64_t>(s) * gridDim.x, s);
   const float inv_hidden = 1.0f / static_cast<float>(hidden);
-  int stage = 0;
+  int stage = 0, parity = 0;
   for (int64_t row = blockIdx.x; row < tokens; row += gridDim.x) {
     issue(row + static_cast<int64_t>(kStages - 1) * gridDim.x, (stage + kStages - 1) % kStages);
     const float rs = rstd[row];
@@ -297,7 +307,10 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) dot = fmaf(g[e] * w[e], xv[e], dot);
     }
-    const float total = BlockSum(dot, shared);
+    dot = detail::WarpSum(dot);
+    if (lane == 0) row_sums[parity][warp] = dot;
+    __syncthreads();
+    const float total = detail::WarpSum(lane < warps ? row_sums[parity][lane] : 0.0f);
     const float coupling = rs * rs * rs * total * inv_hidden;
     if (active) {
       float out[kVec];
@@ -309,6 +322,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
       }
       StoreVec<kVec>(dx + row * hidden + c * kVec, out);
     }
+    parity ^= 1;
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();
@@ -317,6 +331,8 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 
 // d_weight[col] += sum over the `rows` partial rows, in a fixed order.
 // grid: ceil(d / 32) blocks of (32, 32) threads.
+// (Eight loads in flight a thread, or blocks of 32 x 8, 16 x 16, 8 x 32 threads, measured no
+// faster on the H200: the ~2.8 us this kernel adds to the backward is the kernel boundary.)
 template <typename GradT>
 __global__ void __launch_bounds__(kColumnSumTile* kColumnSumTile)
     ColumnSumKernel(const float* __restrict__ partial, int rows, int64_t hidden,
@@ -429,7 +445,9 @@ int ResidentBlocks(const void* kernel, int threads, size_t smem = 0) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(kernel, threads, smem);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (smem > 48 * 1024) {
+  // The limit is on static + dynamic shared memory together: raised for any dynamic size (48 KB
+  // of dynamic memory alone failed to launch beside the kernel's static row sums).
+  if (smem > 0) {
     CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
     CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
