@@ -13,11 +13,18 @@ for t in gpu_kernels_test gpu_attention_test; do
   [ -n "$exe" ] || { echo "=== $t: not built"; continue; }
   echo "=== $t"; timeout 300 "$exe" 2>&1 | grep -E "^\[  (PASSED|FAILED)|FAILED" | tail -6
   for tool in memcheck racecheck; do
-    # racecheck's reports inside cuBLASLt's own GEMM kernels (nvjet_*) are not ours: named here.
+    # racecheck cannot follow the mbarrier / TMA synchronisation of cuBLASLt's own GEMM kernels
+    # (nvjet_*) and reports races inside them; every report is kept (leaving those kernels out
+    # with --kernel-name-exclude made the sanitizer fail inside them), then counted per kernel.
     echo "--- compute-sanitizer --tool $tool $t"
-    timeout 600 compute-sanitizer --tool $tool --print-limit 20 "$exe" > "$out/$t.$tool.log" 2>&1
+    timeout 600 compute-sanitizer --tool $tool --print-limit 100000 "$exe" > "$out/$t.$tool.log" 2>&1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$t.$tool.log" | tail -1
-    grep -iE "^=+ +(in|at) .*(kernel|nvjet)" "$out/$t.$tool.log" | sort | uniq -c | head -8
+    if [ $tool = racecheck ]; then
+      grep -E "Race reported between" "$out/$t.$tool.log" |
+        sed -E 's/.* access at ([^+ ]+).*/\1/' | sort | uniq -c | head -12
+      echo "race reports outside cuBLASLt's nvjet kernels:" \
+        "$(grep -E 'Race reported between' "$out/$t.$tool.log" | grep -vc nvjet)"
+    fi
   done
 done
 echo "=== kernels_bench --quick"
