@@ -660,7 +660,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 // All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async.
 // NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves page-sparse selection over
 // pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
-// independently, half of its work masked.
+// independently, half of its work masked (measured on the H200, 64K last chunk, p 64, 64 random
+// pages a tile: 5.07 ms on 128-key blocks against 4.00 ms; 5.31 against 4.23 ms when every tile
+// selects the same pages). Per attended pair it runs ~1.7x the 128-key kernel's time: a 64-query
+// item's Q / dO loads and dQ atomics serve 64 keys instead of 128.
 template <int NWG>
 struct WbSmem {  // head_dim 128, 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
