@@ -515,8 +515,10 @@ TEST(GpuAttention, FusedOwnDkvAccumulate) {
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages, per_tile;
   };
+  // The last two: no earlier pages (a first chunk), d_h 128 and 64.
   for (const Shape sh : {Shape{300, 14, 2, 128, 64, 6, 0}, Shape{384, 14, 2, 128, 128, 8, 3},
-                         Shape{256, 8, 4, 64, 64, 5, 0}}) {
+                         Shape{256, 8, 4, 64, 64, 5, 0}, Shape{200, 14, 2, 128, 64, 0, 0},
+                         Shape{129, 8, 4, 64, 64, 0, 0}}) {
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(41);
     if (sh.per_tile > 0) {

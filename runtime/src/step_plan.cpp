@@ -294,10 +294,15 @@ class PlanWriter {
     batch_.Push(
         Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
     Linear(w, t, d, q, OpPart::kO);
-    batch_.Push(Kernel(
+    // The layer's attention backward adds the own pages' dKV (DkvAccumulate) as it writes dK/dV:
+    // the paged op when there is one (its kernel covers the own positions too), else the own op,
+    // which then waits for the own pages' copy in.
+    Op own_attention = Kernel(
         w, OpKind::kAttentionBackward,
         AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb), t, t,
-        0, OpPart::kOwn));
+        0, OpPart::kOwn);
+    own_attention.adds_own_dkv = own_dkv && !paged;
+    batch_.Push(own_attention, {own_attention.adds_own_dkv ? h2d : kNoOp});
     OpId release = kNoOp;
     if (paged) {
       Op attention =

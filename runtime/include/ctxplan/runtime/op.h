@@ -84,9 +84,10 @@ struct Op {
   int64_t m = 0, n = 0, k = 0;
   int64_t pages = 0;
   OpCost cost;
-  // kAttentionBackward over earlier pages whose layer's kDkvAccumulate follows with the same
-  // inputs ready: a backend may add the own pages' dKV as it writes dK/dV (the CUDA backend does,
-  // and leaves the kDkvAccumulate op empty; the cost stays on the kDkvAccumulate op).
+  // kAttentionBackward (the paged op, or the own op of a chunk with no earlier pages) whose
+  // layer's kDkvAccumulate follows with the same inputs ready: a backend may add the own pages'
+  // dKV as it writes dK/dV (the CUDA backend does, and leaves the kDkvAccumulate op empty; the
+  // cost stays on the kDkvAccumulate op).
   bool adds_own_dkv = false;
 
   // kAlloc / kFree: what and how much.
