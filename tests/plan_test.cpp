@@ -168,6 +168,45 @@ TEST(StepPlan, EveryStepAllocationDiesWithItsChunk) {
   }
 }
 
+// Every layer-chunk whose own pages hold dKV from later chunks has exactly one attention backward
+// marked to add it (adds_own_dkv), before its kDkvAccumulate; with offload that op waits for the
+// layer's copy in, which brings those pages. The first chunk (no earlier pages) included.
+TEST(StepPlan, OwnDkvAccumulateRidesOnOneAttentionBackward) {
+  for (bool offload : {true, false}) {
+    for (int64_t budget : {int64_t{64}, RunOptions::kAllPages}) {
+      const StepPlan plan(Qwen7B(), Options(40'000, budget, offload));
+      std::map<OpId, OpKind> kind_of;
+      std::map<std::pair<int32_t, int32_t>, int> marked;  // (chunk, layer) -> marked attention ops
+      int accumulates = 0;
+      auto ops = plan.Ops();
+      while (ops.Next()) {
+        const Op& op = ops.Current();
+        kind_of[op.id] = op.kind;
+        const auto key = std::make_pair(op.chunk, op.layer);
+        if (op.adds_own_dkv) {
+          ASSERT_EQ(op.kind, OpKind::kAttentionBackward);
+          ++marked[key];
+          if (offload) {
+            bool waits_for_copy = false;
+            for (int d = 0; d < op.num_deps; ++d)
+              waits_for_copy = waits_for_copy || kind_of[op.deps[d]] == OpKind::kCopyH2D;
+            EXPECT_TRUE(waits_for_copy) << "chunk " << op.chunk << " layer " << op.layer;
+          }
+        }
+        if (op.kind == OpKind::kDkvAccumulate) {
+          ++accumulates;
+          EXPECT_EQ(marked[key], 1) << "chunk " << op.chunk << " layer " << op.layer;
+        }
+      }
+      // Chunks 0 .. N-2 of 10 (the last chunk's own pages meet no later chunk), every layer.
+      EXPECT_EQ(accumulates, 9 * Qwen7B().num_hidden_layers) << "offload " << offload;
+      int total_marked = 0;
+      for (const auto& [key, count] : marked) total_marked += count;
+      EXPECT_EQ(total_marked, accumulates);
+    }
+  }
+}
+
 TEST(StepPlan, OffloadOffMovesNothingOverPcie) {
   const PlanWalk walk = Walk(StepPlan(Qwen7B(), Options(64 * 1024, 64, false)));
   EXPECT_EQ(walk.h2d_bytes, 0.0);
