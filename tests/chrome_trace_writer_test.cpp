@@ -25,19 +25,21 @@
 
 #include "ctxplan/models/errors.h"
 #include "ctxplan/traces/atomic_file.h"
+#include "ctxplan/traces/json_reader.h"
 
 namespace ctxplan {
 namespace {
 
-// ---- a strict RFC 8259 parser, so the tests check real JSON, not substrings -------------------
+// ---- the project's strict RFC 8259 reader, so the tests check real JSON, not substrings --------
 //
-// Stricter than most readers on purpose: no trailing commas, no leading zeros, no raw control
-// characters, valid UTF-8 only, paired surrogates only, and no duplicate object keys.
+// json_reader.h rejects trailing commas, leading zeros, raw control characters, invalid UTF-8,
+// unpaired surrogates and duplicate object keys. Its values are copied into a tree with lookup by
+// key and numbers as doubles, which is what these tests read.
 
 struct JsonMember;
 
 struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  using Kind = JsonValue::Kind;
   Kind kind = Kind::kNull;
   bool boolean = false;
   double number = 0;
@@ -69,294 +71,30 @@ const Json& Json::operator[](std::string_view key) const {
   throw std::runtime_error("no key '" + std::string(key) + "'");
 }
 
-class StrictJsonParser {
- public:
-  static Json Parse(std::string_view text) {
-    StrictJsonParser parser(text);
-    parser.SkipWhitespace();
-    Json value = parser.ParseValue(0);
-    parser.SkipWhitespace();
-    if (parser.pos_ != text.size()) parser.Fail("trailing characters");
-    return value;
-  }
+Json ToTree(const JsonValue& value) {
+  Json json;
+  json.kind = value.kind;
+  json.boolean = value.boolean;
+  json.text = value.text;
+  if (value.kind == Json::Kind::kNumber) json.number = std::strtod(value.text.c_str(), nullptr);
+  for (const JsonValue& item : value.items) json.items.push_back(ToTree(item));
+  for (const auto& [key, member] : value.members) json.members.push_back({key, ToTree(member)});
+  return json;
+}
 
- private:
-  explicit StrictJsonParser(std::string_view text) : text_(text) {}
+// Throws InputError (a std::runtime_error) on anything RFC 8259 rejects.
+Json ParseJson(std::string_view text) {
+  return ToTree(JsonParser(text, "test JSON", 0).ParseDocument());
+}
 
-  [[noreturn]] void Fail(const std::string& what) const {
-    throw std::runtime_error("invalid JSON at byte " + std::to_string(pos_) + ": " + what);
-  }
-  char Peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-  void Expect(char c) {
-    if (Peek() != c || pos_ >= text_.size()) Fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  void SkipWhitespace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-
-  Json ParseValue(int depth) {
-    if (depth > 64) Fail("nesting too deep");
-    Json value;
-    switch (Peek()) {
-      case '{':
-        ParseObject(value, depth);
-        break;
-      case '[':
-        ParseArray(value, depth);
-        break;
-      case '"':
-        value.kind = Json::Kind::kString;
-        value.text = ParseString();
-        break;
-      case 't':
-        ParseLiteral("true");
-        value.kind = Json::Kind::kBool;
-        value.boolean = true;
-        break;
-      case 'f':
-        ParseLiteral("false");
-        value.kind = Json::Kind::kBool;
-        break;
-      case 'n':
-        ParseLiteral("null");
-        break;
-      default:
-        ParseNumber(value);
-        break;
-    }
-    return value;
-  }
-
-  void ParseLiteral(std::string_view literal) {
-    if (text_.substr(pos_, literal.size()) != literal) Fail("bad literal");
-    pos_ += literal.size();
-  }
-
-  void ParseObject(Json& value, int depth) {
-    value.kind = Json::Kind::kObject;
-    Expect('{');
-    SkipWhitespace();
-    if (Peek() == '}') {
-      ++pos_;
-      return;
-    }
-    while (true) {
-      SkipWhitespace();
-      if (Peek() != '"') Fail("expected a key");
-      std::string key = ParseString();
-      if (value.Has(key)) Fail("duplicate key '" + key + "'");
-      SkipWhitespace();
-      Expect(':');
-      SkipWhitespace();
-      value.members.push_back({std::move(key), ParseValue(depth + 1)});
-      SkipWhitespace();
-      if (Peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      Expect('}');
-      return;
-    }
-  }
-
-  void ParseArray(Json& value, int depth) {
-    value.kind = Json::Kind::kArray;
-    Expect('[');
-    SkipWhitespace();
-    if (Peek() == ']') {
-      ++pos_;
-      return;
-    }
-    while (true) {
-      SkipWhitespace();
-      value.items.push_back(ParseValue(depth + 1));
-      SkipWhitespace();
-      if (Peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      Expect(']');
-      return;
-    }
-  }
-
-  static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-  void ParseNumber(Json& value) {
-    const size_t start = pos_;
-    if (Peek() == '-') ++pos_;
-    if (Peek() == '0') {
-      ++pos_;
-    } else if (IsDigit(Peek())) {
-      while (IsDigit(Peek())) ++pos_;
-    } else {
-      Fail("expected a value");
-    }
-    if (Peek() == '.') {
-      ++pos_;
-      if (!IsDigit(Peek())) Fail("digit expected after '.'");
-      while (IsDigit(Peek())) ++pos_;
-    }
-    if (Peek() == 'e' || Peek() == 'E') {
-      ++pos_;
-      if (Peek() == '+' || Peek() == '-') ++pos_;
-      if (!IsDigit(Peek())) Fail("digit expected in exponent");
-      while (IsDigit(Peek())) ++pos_;
-    }
-    value.kind = Json::Kind::kNumber;
-    value.text = std::string(text_.substr(start, pos_ - start));
-    // The literal is validated already; strtod only converts (and, unlike stod, takes denormals).
-    value.number = std::strtod(value.text.c_str(), nullptr);
-  }
-
-  uint32_t ParseHex4() {
-    if (text_.size() - pos_ < 4) Fail("short \\u escape");
-    uint32_t code = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = text_[pos_++];
-      code <<= 4;
-      if (c >= '0' && c <= '9') {
-        code |= static_cast<uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        code |= static_cast<uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        code |= static_cast<uint32_t>(c - 'A' + 10);
-      } else {
-        Fail("bad hex digit");
-      }
-    }
-    return code;
-  }
-
-  static void AppendUtf8(std::string& out, uint32_t code) {
-    if (code < 0x80) {
-      out += static_cast<char>(code);
-    } else if (code < 0x800) {
-      out += static_cast<char>(0xC0 | (code >> 6));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else if (code < 0x10000) {
-      out += static_cast<char>(0xE0 | (code >> 12));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (code >> 18));
-      out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    }
-  }
-
-  // Decodes one raw UTF-8 character, validating it independently of the writer's validator.
-  void CopyUtf8Character(std::string& out) {
-    const auto lead = static_cast<uint8_t>(text_[pos_]);
-    int length = 0;
-    uint32_t code = 0;
-    if (lead < 0x80) {
-      length = 1;
-      code = lead;
-    } else if ((lead & 0xE0) == 0xC0) {
-      length = 2;
-      code = lead & 0x1Fu;
-    } else if ((lead & 0xF0) == 0xE0) {
-      length = 3;
-      code = lead & 0x0Fu;
-    } else if ((lead & 0xF8) == 0xF0) {
-      length = 4;
-      code = lead & 0x07u;
-    } else {
-      Fail("invalid UTF-8 lead byte");
-    }
-    if (text_.size() - pos_ < static_cast<size_t>(length)) Fail("truncated UTF-8");
-    for (int i = 1; i < length; ++i) {
-      const auto byte = static_cast<uint8_t>(text_[pos_ + static_cast<size_t>(i)]);
-      if ((byte & 0xC0) != 0x80) Fail("invalid UTF-8 continuation");
-      code = (code << 6) | (byte & 0x3Fu);
-    }
-    static constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (code < kMinForLength[length]) Fail("overlong UTF-8");
-    if (code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) Fail("invalid code point");
-    out.append(text_.substr(pos_, static_cast<size_t>(length)));
-    pos_ += static_cast<size_t>(length);
-  }
-
-  std::string ParseString() {
-    Expect('"');
-    std::string out;
-    while (true) {
-      if (pos_ >= text_.size()) Fail("unterminated string");
-      const char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (static_cast<uint8_t>(c) < 0x20) Fail("raw control character in string");
-      if (c != '\\') {
-        CopyUtf8Character(out);
-        continue;
-      }
-      ++pos_;
-      const char escape = Peek();
-      ++pos_;
-      switch (escape) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          uint32_t code = ParseHex4();
-          if (code >= 0xDC00 && code <= 0xDFFF) Fail("lone low surrogate");
-          if (code >= 0xD800 && code <= 0xDBFF) {
-            if (text_.substr(pos_, 2) != "\\u") Fail("lone high surrogate");
-            pos_ += 2;
-            const uint32_t low = ParseHex4();
-            if (low < 0xDC00 || low > 0xDFFF) Fail("bad low surrogate");
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          }
-          AppendUtf8(out, code);
-          break;
-        }
-        default:
-          Fail("bad escape");
-      }
-    }
-  }
-
-  std::string_view text_;
-  size_t pos_ = 0;
-};
-
-TEST(StrictJsonParserTest, RejectsWhatRfc8259Rejects) {
+TEST(JsonReaderTest, RejectsWhatRfc8259Rejects) {
   for (const char* bad : {"", "{", "{\"a\":1,}", "[1,]", "01", "1.", ".5", "+1", "NaN", "\"\t\"",
                           "\"\\x\"", "\"\xff\"", "\"\xc0\xaf\"", "\"\\ud800\"", "{\"a\":1,\"a\":2}",
                           "[1] [2]", "tru", "{'a':1}"}) {
-    EXPECT_THROW(StrictJsonParser::Parse(bad), std::runtime_error) << bad;
+    EXPECT_THROW(ParseJson(bad), std::runtime_error) << bad;
   }
-  const Json ok = StrictJsonParser::Parse(
-      " {\"a\":[1,-0.5e+3,true,false,null],\"b\":\"\\u00e9\\ud83d\\ude00\\/\"} ");
+  const Json ok =
+      ParseJson(" {\"a\":[1,-0.5e+3,true,false,null],\"b\":\"\\u00e9\\ud83d\\ude00\\/\"} ");
   EXPECT_EQ(ok["a"].items.size(), 5u);
   EXPECT_EQ(ok["a"].items[1].number, -500.0);
   EXPECT_EQ(ok["b"].text, "\u00e9\U0001F600/");
@@ -365,7 +103,7 @@ TEST(StrictJsonParserTest, RejectsWhatRfc8259Rejects) {
 // ---- helpers ----------------------------------------------------------------------------------
 
 Json ParseTrace(const std::string& text) {
-  Json trace = StrictJsonParser::Parse(text);
+  Json trace = ParseJson(text);
   if (trace.kind != Json::Kind::kObject || !trace.Has("traceEvents") ||
       trace["traceEvents"].kind != Json::Kind::kArray) {
     throw std::runtime_error("not a JSON Object Format trace");
@@ -578,7 +316,7 @@ TEST(ChromeTraceWriterTest, ReplacesInvalidUtf8) {
   for (const auto& [input, expected] : cases) {
     std::string json;
     AppendJsonString(json, input);
-    EXPECT_EQ(StrictJsonParser::Parse(json).text, expected) << json;
+    EXPECT_EQ(ParseJson(json).text, expected) << json;
   }
 }
 
@@ -586,7 +324,7 @@ TEST(ChromeTraceWriterTest, FormatsNumbersAsJson) {
   auto number = [](double value) {
     std::string out;
     AppendJsonNumber(out, value);
-    StrictJsonParser::Parse(out);  // Must be a valid JSON number.
+    ParseJson(out);  // Must be a valid JSON number.
     return out;
   };
   EXPECT_EQ(number(0.1), "0.1");
@@ -594,11 +332,11 @@ TEST(ChromeTraceWriterTest, FormatsNumbersAsJson) {
   EXPECT_EQ(number(17179869184.0), "17179869184");
   EXPECT_EQ(number(1e300), "1e+300");
   EXPECT_EQ(number(5e-324), "5e-324");
-  EXPECT_EQ(StrictJsonParser::Parse(number(1.0 / 3.0)).number, 1.0 / 3.0) << "round-trips";
+  EXPECT_EQ(ParseJson(number(1.0 / 3.0)).number, 1.0 / 3.0) << "round-trips";
 
   std::string fixed;
   AppendJsonFixed(fixed, 1e300, 3);
-  EXPECT_EQ(StrictJsonParser::Parse(fixed).number, 1e300);
+  EXPECT_EQ(ParseJson(fixed).number, 1e300);
   std::string integer;
   AppendJsonInt(integer, std::numeric_limits<int64_t>::min());
   EXPECT_EQ(integer, "-9223372036854775808");
