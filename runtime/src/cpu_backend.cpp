@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/op_dispatch.h"
 #include "ctxplan/runtime/plan_geometry.h"
 
 namespace ctxplan {
@@ -18,6 +19,7 @@ using kernels::PageSelection;
 
 class CpuBackend::Impl {
  public:
+  static constexpr const char* kName = "CPU backend";
   Impl(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,
        OptimizerState* optimizer, LoraState* lora)
       : m_(model), w_(weights), g_(grads), optimizer_(optimizer), lora_(lora) {
@@ -93,106 +95,17 @@ class CpuBackend::Impl {
     }
     ++ops_;
     if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
-    switch (op.kind) {
-      case OpKind::kEmbeddingForward:
-        EmbeddingForward();
-        break;
-      case OpKind::kEmbeddingBackward:
-        if (!Lora())  // frozen under LoRA
-          cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
-        break;
-      case OpKind::kRmsNormForward:
-        NormForward(op);
-        break;
-      case OpKind::kRmsNormBackward:
-        NormBackward(op);
-        break;
-      case OpKind::kLinearForward:
-        LinearForward(op);
-        break;
-      case OpKind::kLinearBackwardInput:
-        LinearBackward(op, /*input=*/true);
-        break;
-      case OpKind::kLinearBackwardWeight:
-        LinearBackward(op, /*input=*/false);
-        break;
-      case OpKind::kRopeForward:
-        cpu::RopeForward(q_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
-                         m_.rope_theta);
-        cpu::RopeForward(k_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
-                         m_.rope_theta);
-        break;
-      case OpKind::kRopeBackward:
-        cpu::RopeBackward(dq_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
-                          m_.rope_theta);
-        cpu::RopeBackward(dk_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
-                          m_.rope_theta);
-        break;
-      case OpKind::kKvWrite:
-        KvWrite(op.layer);
-        break;
-      case OpKind::kPageSummary:
-        PageSummary(op.layer);
-        break;
-      case OpKind::kPageScore:
-        scores_.resize(static_cast<size_t>(c_.tiles * c_.earlier_pages));
-        cpu::PageScore(q_.data(), T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim,
-                       o_.query_tile, summaries_[L(op)].data(), c_.earlier_pages, scores_.data());
-        break;
-      case OpKind::kPageTopK: {
-        selection_.resize(static_cast<size_t>(c_.tiles * (o_.page_budget + o_.sink_pages)));
-        pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages, o_.page_budget,
-                                        o_.sink_pages, selection_.data());
-        selection_.resize(static_cast<size_t>(c_.tiles * pages_per_tile_));
-        if (Saves(op)) saved_selection_[S(op)] = selection_;
-        break;
-      }
-      case OpKind::kAttentionForward:
-        AttentionForward(op);
-        break;
-      case OpKind::kAttentionBackward:
-        AttentionBackward(op);
-        break;
-      case OpKind::kDkvAccumulate:
-        DkvAccumulate(op.layer);
-        break;
-      case OpKind::kSwigluForward:
-        act_.resize(static_cast<size_t>(T() * inter_));
-        cpu::SwigluForward(gate_up_.data(), T(), inter_, act_.data());
-        break;
-      case OpKind::kSwigluBackward:
-        d_gate_up_.resize(gate_up_.size());
-        cpu::SwigluBackward(gate_up_.data(), d_act_.data(), T(), inter_, d_gate_up_.data());
-        break;
-      case OpKind::kLossForwardBackward:
-        Loss();
-        break;
-      case OpKind::kZeroFill:
-        break;  // fresh dKV slots are zeroed when the backward's copy stages the union
-      case OpKind::kAdamW:
-        OptimizerStep();
-        break;
-      case OpKind::kCopyH2D:
-        CopyIn(op);
-        break;
-      case OpKind::kCopyD2H:
-        CopyOut(op);
-        break;
-      default:
-        throw InternalError("CPU backend: unexpected op " + std::string(OpKindName(op.kind)));
-    }
+    DispatchComputeOp(*this, op);
   }
 
  private:
+  template <typename Backend>
+  friend void ctxplan::DispatchComputeOp(Backend& backend, const Op& op);
+
   int64_t T() const { return c_.tokens; }
   static size_t L(const Op& op) { return static_cast<size_t>(op.layer); }
-  // Where the state pass 2 reads back lives: per layer, or per chunk and layer when kept.
-  size_t S(const Op& op) const {
-    return static_cast<size_t>(o_.keep_layer_inputs ? op.chunk * layers_ + op.layer : op.layer);
-  }
-  bool Saves(const Op& op) const {
-    return op.phase == Phase::kRecompute || (op.phase == Phase::kFill && o_.keep_layer_inputs);
-  }
+  size_t S(const Op& op) const { return SavedLayerSlot(op, o_.keep_layer_inputs, layers_); }
+  bool Saves(const Op& op) const { return SavesLayerState(op, o_.keep_layer_inputs); }
   std::span<const int32_t> ChunkTokens() const {
     return tokens_.subspan(static_cast<size_t>(c_.start), static_cast<size_t>(c_.tokens));
   }
@@ -221,9 +134,19 @@ class CpuBackend::Impl {
   }
 
   // --- forward ---------------------------------------------------------------------------
-  void EmbeddingForward() {
+  void EmbeddingForward(const Op&) {
     cpu::EmbeddingForward(ChunkTokens(), w_.embedding.data(), vocab_, d_, h_.data());
     has_pending_ = false;
+  }
+
+  void RopeForward(const Op&) {
+    cpu::RopeForward(q_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start, m_.rope_theta);
+    cpu::RopeForward(k_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start, m_.rope_theta);
+  }
+
+  void SwigluForward(const Op&) {
+    act_.resize(static_cast<size_t>(T() * inter_));
+    cpu::SwigluForward(gate_up_.data(), T(), inter_, act_.data());
   }
 
   void AddPending() {
@@ -360,13 +283,26 @@ class CpuBackend::Impl {
     return pages;
   }
 
-  void KvWrite(int32_t layer) { cpu::KvWrite(k_.data(), v_.data(), T(), OwnPages(layer, false)); }
+  void KvWrite(const Op& op) { cpu::KvWrite(k_.data(), v_.data(), T(), OwnPages(op.layer, false)); }
 
-  void PageSummary(int32_t layer) {
-    PagedKv<float> own = OwnPages(layer, false);
+  void PageSummary(const Op& op) {
+    PagedKv<float> own = OwnPages(op.layer, false);
     PagedKv<const float> view{own.shape, own.pool, own.page_slot, own.num_pages};
-    cpu::PageSummary(view,
-                     summaries_[static_cast<size_t>(layer)].data() + c_.earlier_pages * kv_dim_);
+    cpu::PageSummary(view, summaries_[L(op)].data() + c_.earlier_pages * kv_dim_);
+  }
+
+  void PageScore(const Op& op) {
+    scores_.resize(static_cast<size_t>(c_.tiles * c_.earlier_pages));
+    cpu::PageScore(q_.data(), T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim,
+                   o_.query_tile, summaries_[L(op)].data(), c_.earlier_pages, scores_.data());
+  }
+
+  void PageTopK(const Op& op) {
+    selection_.resize(static_cast<size_t>(c_.tiles * (o_.page_budget + o_.sink_pages)));
+    pages_per_tile_ = cpu::PageTopK(scores_.data(), c_.tiles, c_.earlier_pages, o_.page_budget,
+                                    o_.sink_pages, selection_.data());
+    selection_.resize(static_cast<size_t>(c_.tiles * pages_per_tile_));
+    if (Saves(op)) saved_selection_[S(op)] = selection_;
   }
 
   std::vector<int32_t> UnionPages(const Op& op) const {
@@ -460,14 +396,8 @@ class CpuBackend::Impl {
     return {T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim, scale_};
   }
 
-  // The CPU reference computes the chunk's own part and its earlier pages in one call: it runs
-  // at the last attention op of the layer (the paged one, or the own one of the first chunk).
-  bool LastAttentionOp(const Op& op) const {
-    return op.part == OpPart::kPaged || c_.earlier_pages == 0;
-  }
-
   void AttentionForward(const Op& op) {
-    if (!LastAttentionOp(op)) return;
+    if (!IsLastAttentionOp(op, c_)) return;
     attn_.resize(static_cast<size_t>(T() * q_dim_));
     lse_.resize(static_cast<size_t>(T() * m_.num_attention_heads));
     PagedKv<float> e = Earlier(op, false);
@@ -481,7 +411,7 @@ class CpuBackend::Impl {
   }
 
   void AttentionBackward(const Op& op) {
-    if (!LastAttentionOp(op)) return;
+    if (!IsLastAttentionOp(op, c_)) return;
     const size_t l = L(op), saved = S(op);
     dq_.resize(static_cast<size_t>(T() * q_dim_));
     dk_.resize(static_cast<size_t>(T() * kv_dim_));
@@ -496,14 +426,14 @@ class CpuBackend::Impl {
       for (const int32_t page : UnionPages(op)) dkv_present_[l][static_cast<size_t>(page)] = 1;
   }
 
-  void DkvAccumulate(int32_t layer) {
-    PagedKv<float> own = OwnPages(layer, true);
+  void DkvAccumulate(const Op& op) {
+    PagedKv<float> own = OwnPages(op.layer, true);
     cpu::DkvAccumulate(PagedKv<const float>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
                        dk_.data(), dv_.data());
   }
 
   // --- loss and backward -------------------------------------------------------------------
-  void Loss() {
+  void Loss(const Op&) {
     const bool tied = w_.lm_head.empty();
     const float* head = tied ? w_.embedding.data() : w_.lm_head.data();
     float* d_head = Lora() ? nullptr : tied ? g_.embedding.data() : g_.lm_head.data();
@@ -519,6 +449,26 @@ class CpuBackend::Impl {
     loss_sum_ += loss;
     labelled_ += std::count_if(labels.begin(), labels.end(), [](int32_t v) { return v >= 0; });
   }
+
+  void EmbeddingBackward(const Op&) {
+    if (!Lora())  // frozen under LoRA
+      cpu::EmbeddingBackward(ChunkTokens(), dh_.data(), vocab_, d_, g_.embedding.data());
+  }
+
+  void RopeBackward(const Op&) {
+    cpu::RopeBackward(dq_.data(), T(), m_.num_attention_heads, m_.head_dim, c_.start,
+                      m_.rope_theta);
+    cpu::RopeBackward(dk_.data(), T(), m_.num_key_value_heads, m_.head_dim, c_.start,
+                      m_.rope_theta);
+  }
+
+  void SwigluBackward(const Op&) {
+    d_gate_up_.resize(gate_up_.size());
+    cpu::SwigluBackward(gate_up_.data(), d_act_.data(), T(), inter_, d_gate_up_.data());
+  }
+
+  // Fresh dKV slots are zeroed when the backward's copy stages the union.
+  void ZeroFill(const Op&) {}
 
   void NormBackward(const Op& op) {
     const size_t n = static_cast<size_t>(T() * d_);
@@ -629,7 +579,7 @@ class CpuBackend::Impl {
     }
   }
 
-  void OptimizerStep() {
+  void OptimizerStep(const Op&) {
     if (Lora()) {  // the adapters alone
       std::vector<std::vector<float>*> w, g, m, v;
       lora_->weights.ForEach([&](const std::string&, std::vector<float>& t) { w.push_back(&t); });

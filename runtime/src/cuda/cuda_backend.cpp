@@ -23,6 +23,7 @@
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/runtime/lora.h"
+#include "ctxplan/runtime/op_dispatch.h"
 #include "ctxplan/runtime/plan_geometry.h"
 
 namespace ctxplan {
@@ -229,6 +230,7 @@ namespace {
 template <typename G>  // gradients and dKV pages: float or bf16 (the run's grad dtype)
 class TypedImpl final : public CudaBackend::Impl {
  public:
+  static constexpr const char* kName = "CUDA backend";
   TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log,
             const LoraWeights* lora)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
@@ -823,12 +825,8 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   int64_t T() const { return c_.tokens; }
-  size_t S(const Op& op) const {
-    return static_cast<size_t>(o_.keep_layer_inputs ? op.chunk * layers_ + op.layer : op.layer);
-  }
-  bool Saves(const Op& op) const {
-    return op.phase == Phase::kRecompute || (op.phase == Phase::kFill && o_.keep_layer_inputs);
-  }
+  size_t S(const Op& op) const { return SavedLayerSlot(op, o_.keep_layer_inputs, layers_); }
+  bool Saves(const Op& op) const { return SavesLayerState(op, o_.keep_layer_inputs); }
   DeviceLayer<bf16>& W(const Op& op) { return weights_.layers[static_cast<size_t>(op.layer)]; }
   DeviceLayer<G>& Grad(const Op& op) { return grads_.layers[static_cast<size_t>(op.layer)]; }
   float Eps() const { return static_cast<float>(m_.rms_norm_eps); }
@@ -866,113 +864,90 @@ class TypedImpl final : public CudaBackend::Impl {
     });
   }
 
-  void Run(const Op& op) {
-    switch (op.kind) {
-      case OpKind::kEmbeddingForward:
-        k::EmbeddingForward(tokens_.get() + c_.start, weights_.embedding.get(), T(), vocab_, d_,
-                            h_.get(), compute_);
-        has_pending_ = false;
-        break;
-      case OpKind::kEmbeddingBackward:
-        if (!Lora())  // frozen under LoRA
-          k::EmbeddingBackward(tokens_.get() + c_.start, dh_.get(), T(), vocab_, d_,
-                               grads_.embedding.get(), compute_);
-        break;
-      case OpKind::kRmsNormForward:
-        NormForward(op);
-        break;
-      case OpKind::kRmsNormBackward:
-        NormBackward(op);
-        break;
-      case OpKind::kLinearForward:
-        LinearForward(op);
-        break;
-      case OpKind::kLinearBackwardInput:
-        LinearBackward(op, true);
-        break;
-      case OpKind::kLinearBackwardWeight:
-        LinearBackward(op, false);
-        break;
-      case OpKind::kRopeForward:
-        k::RopeForward(q_.get(), T(), m_.num_attention_heads, m_.head_dim, q_dim_, c_.start,
-                       m_.rope_theta, compute_);
-        k::RopeForward(k_.get(), T(), m_.num_key_value_heads, m_.head_dim, kv_dim_, c_.start,
-                       m_.rope_theta, compute_);
-        break;
-      case OpKind::kRopeBackward:
-        k::RopeBackward(dq_.get(), T(), m_.num_attention_heads, m_.head_dim, q_dim_, c_.start,
-                        m_.rope_theta, compute_);
-        k::RopeBackward(dk_.get(), T(), m_.num_key_value_heads, m_.head_dim, kv_dim_, c_.start,
-                        m_.rope_theta, compute_);
-        break;
-      case OpKind::kKvWrite: {
-        PagedKv<bf16> own = OwnKv(op.layer);
-        k::KvWrite(k_.get(), v_.get(), kv_dim_, T(), own, compute_);
-        break;
-      }
-      case OpKind::kPageSummary: {
-        PagedKv<bf16> own = OwnKv(op.layer);
-        k::PageSummary(PagedKv<const bf16>{own.shape, own.pool, own.page_slot, own.num_pages},
-                       summaries_[static_cast<size_t>(op.layer)].get() + c_.earlier_pages * kv_dim_,
-                       compute_);
-        break;
-      }
-      case OpKind::kPageScore:
-        k::PageScore(q_.get(), T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim,
-                     o_.query_tile, summaries_[static_cast<size_t>(op.layer)].get(),
-                     c_.earlier_pages, scores_.get(), score_ws_.get(), score_ws_.bytes(), compute_);
-        break;
-      case OpKind::kPageTopK:
-        TopK(op);
-        break;
-      case OpKind::kAttentionForward:
-        AttentionForward(op);
-        break;
-      case OpKind::kAttentionBackward:
-        AttentionBackward(op);
-        break;
-      case OpKind::kDkvAccumulate: {
-        if (own_dkv_added_layer_ == op.layer) break;  // done by the attention backward
-        PagedKv<G> own = OwnDkv(op.layer);
-        k::DkvAccumulate(PagedKv<const G>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
-                         dk_.get(), dv_.get(), kv_dim_, compute_);
-        break;
-      }
-      case OpKind::kSwigluForward:
-        k::SwigluForward(gate_up_.get(), T(), inter_, act_.get(), compute_);
-        break;
-      case OpKind::kSwigluBackward:
-        k::SwigluBackward(gate_up_.get(), d_act_.get(), T(), inter_, d_gate_up_.get(), compute_);
-        break;
-      case OpKind::kLossForwardBackward: {
-        const bool tied = weights_.lm_head.size() == 0;
-        const float scale = labelled_total_ > 0 ? 1.0f / static_cast<float>(labelled_total_) : 0.0f;
-        k::LinearCrossEntropy(gemm_, LossShape(T()), xnf_.get(),
-                              tied ? weights_.embedding.get() : weights_.lm_head.get(),
-                              labels_.get() + c_.start, scale, d_xnf_.get(),
-                              Lora() ? nullptr
-                              : tied ? grads_.embedding.get()
-                                     : grads_.lm_head.get(),
-                              loss_.get() + c_.index, loss_ws_.get(), compute_);
-        break;
-      }
-      case OpKind::kZeroFill:
-        break;  // fresh dKV slots are zeroed when the backward's copy stages the union
-      case OpKind::kAdamW:
-        if (o_.optimizer == OptimizerKind::kAdamWHost)
-          HostOptimizer();
-        else
-          Optimizer();
-        break;
-      case OpKind::kCopyH2D:
-        CopyIn(op);
-        break;
-      case OpKind::kCopyD2H:
-        CopyOut(op);
-        break;
-      default:
-        throw InternalError("CUDA backend: unexpected op " + std::string(OpKindName(op.kind)));
-    }
+  void Run(const Op& op) { DispatchComputeOp(*this, op); }
+
+  template <typename Backend>
+  friend void ctxplan::DispatchComputeOp(Backend& backend, const Op& op);
+
+  void EmbeddingForward(const Op&) {
+    k::EmbeddingForward(tokens_.get() + c_.start, weights_.embedding.get(), T(), vocab_, d_,
+                        h_.get(), compute_);
+    has_pending_ = false;
+  }
+
+  void EmbeddingBackward(const Op&) {
+    if (!Lora())  // frozen under LoRA
+      k::EmbeddingBackward(tokens_.get() + c_.start, dh_.get(), T(), vocab_, d_,
+                           grads_.embedding.get(), compute_);
+  }
+
+  void RopeForward(const Op&) {
+    k::RopeForward(q_.get(), T(), m_.num_attention_heads, m_.head_dim, q_dim_, c_.start,
+                   m_.rope_theta, compute_);
+    k::RopeForward(k_.get(), T(), m_.num_key_value_heads, m_.head_dim, kv_dim_, c_.start,
+                   m_.rope_theta, compute_);
+  }
+
+  void RopeBackward(const Op&) {
+    k::RopeBackward(dq_.get(), T(), m_.num_attention_heads, m_.head_dim, q_dim_, c_.start,
+                    m_.rope_theta, compute_);
+    k::RopeBackward(dk_.get(), T(), m_.num_key_value_heads, m_.head_dim, kv_dim_, c_.start,
+                    m_.rope_theta, compute_);
+  }
+
+  void KvWrite(const Op& op) {
+    PagedKv<bf16> own = OwnKv(op.layer);
+    k::KvWrite(k_.get(), v_.get(), kv_dim_, T(), own, compute_);
+  }
+
+  void PageSummary(const Op& op) {
+    PagedKv<bf16> own = OwnKv(op.layer);
+    k::PageSummary(PagedKv<const bf16>{own.shape, own.pool, own.page_slot, own.num_pages},
+                   summaries_[static_cast<size_t>(op.layer)].get() + c_.earlier_pages * kv_dim_,
+                   compute_);
+  }
+
+  void PageScore(const Op& op) {
+    k::PageScore(q_.get(), T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim,
+                 o_.query_tile, summaries_[static_cast<size_t>(op.layer)].get(), c_.earlier_pages,
+                 scores_.get(), score_ws_.get(), score_ws_.bytes(), compute_);
+  }
+
+  void DkvAccumulate(const Op& op) {
+    if (own_dkv_added_layer_ == op.layer) return;  // done by the attention backward
+    PagedKv<G> own = OwnDkv(op.layer);
+    k::DkvAccumulate(PagedKv<const G>{own.shape, own.pool, own.page_slot, own.num_pages}, T(),
+                     dk_.get(), dv_.get(), kv_dim_, compute_);
+  }
+
+  void SwigluForward(const Op&) {
+    k::SwigluForward(gate_up_.get(), T(), inter_, act_.get(), compute_);
+  }
+
+  void SwigluBackward(const Op&) {
+    k::SwigluBackward(gate_up_.get(), d_act_.get(), T(), inter_, d_gate_up_.get(), compute_);
+  }
+
+  void Loss(const Op&) {
+    const bool tied = weights_.lm_head.size() == 0;
+    const float scale = labelled_total_ > 0 ? 1.0f / static_cast<float>(labelled_total_) : 0.0f;
+    k::LinearCrossEntropy(gemm_, LossShape(T()), xnf_.get(),
+                          tied ? weights_.embedding.get() : weights_.lm_head.get(),
+                          labels_.get() + c_.start, scale, d_xnf_.get(),
+                          Lora() ? nullptr
+                          : tied ? grads_.embedding.get()
+                                 : grads_.lm_head.get(),
+                          loss_.get() + c_.index, loss_ws_.get(), compute_);
+  }
+
+  // Fresh dKV slots are zeroed when the backward's copy stages the union.
+  void ZeroFill(const Op&) {}
+
+  void OptimizerStep(const Op&) {
+    if (o_.optimizer == OptimizerKind::kAdamWHost)
+      HostOptimizer();
+    else
+      Optimizer();
   }
 
   void NormForward(const Op& op) {
@@ -1227,7 +1202,7 @@ class TypedImpl final : public CudaBackend::Impl {
     return p;
   }
 
-  void TopK(const Op& op) {
+  void PageTopK(const Op& op) {
     pages_per_tile_ = k::PageTopK(scores_.get(), c_.tiles, c_.earlier_pages, o_.page_budget,
                                   o_.sink_pages, selected_.get(), compute_);
     const size_t n = static_cast<size_t>(c_.tiles * pages_per_tile_);
@@ -1270,12 +1245,9 @@ class TypedImpl final : public CudaBackend::Impl {
   k::AttentionShape Shape() const {
     return {T(), m_.num_attention_heads, m_.num_key_value_heads, m_.head_dim, scale_};
   }
-  bool LastAttentionOp(const Op& op) const {
-    return op.part == OpPart::kPaged || c_.earlier_pages == 0;
-  }
 
   void AttentionForward(const Op& op) {
-    if (!LastAttentionOp(op)) return;
+    if (!IsLastAttentionOp(op, c_)) return;
     attn_ptr_ = Saves(op) ? saved_attn_[S(op)].get() : attn_.get();
     float* lse = Saves(op) ? saved_lse_[S(op)].get() : lse_.get();
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
@@ -1285,7 +1257,7 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void AttentionBackward(const Op& op) {
-    if (!LastAttentionOp(op)) return;
+    if (!IsLastAttentionOp(op, c_)) return;
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
     PagedKv<G> de = Earlier<G>(op.layer, true);
     PageSelection selection = Selection(op);
