@@ -483,6 +483,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
   // wait for S_j only, run tile j's softmax while the tensor cores work on P_{j-1} V_{j-1}, then
   // wait for that, rescale O and pack P_j. Loads: K_{j+1} and V_j are issued at the top of
   // iteration j into the buffers that S_{j-1} and P_{j-2} V_{j-2} (both complete) used.
+  // (Three buffers each, loads issued two iterations ahead, measured 1-2% slower on the H200:
+  // 64K causal 427 vs 432 TFLOP/s, chunked 365-370 vs 372-376; the loads are not what waits.)
   int sa, sb;
   tile_slots(0, sa, sb);
   load_kv(0, 0, 0, sa, sb);
