@@ -294,10 +294,22 @@ void BenchSparse(Chunked& ch, int reps) {
   }
   Dev<int32_t> sel_d(sel.size());
   CTXPLAN_CUDA_CHECK(cudaMemcpy(sel_d.p, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+  // The backward's key blocks cover the union of the tiles' selections only, as the runtime
+  // launches it (PageSelection::union_pages).
+  auto union_of = [](std::vector<int32_t> pages) {
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    return pages;
+  };
+  const std::vector<int32_t> uni = union_of(sel);
+  Dev<int32_t> uni_d(uni.size());
+  CTXPLAN_CUDA_CHECK(cudaMemcpy(uni_d.p, uni.data(), uni.size() * 4, cudaMemcpyHostToDevice));
   PageSelection sparse;
   sparse.query_tile = tile;
   sparse.pages_per_tile = per_tile;
   sparse.pages = sel_d.p;
+  sparse.union_pages = uni_d.p;
+  sparse.num_union_pages = static_cast<int64_t>(uni.size());
   Row s;
   s.shape = "last_chunk_sparse64_p" + std::to_string(ch.p);
   s.pairs = own_pairs + static_cast<double>(ch.c) * per_tile * ch.p;
@@ -306,8 +318,9 @@ void BenchSparse(Chunked& ch, int reps) {
   Report(s);
   std::printf(
       "SPARSE p=%lld: attended pairs ratio %.3f; time ratio fwd %.3f, bwd %.3f "
-      "(sparse/dense)\n",
-      static_cast<long long>(ch.p), s.pairs / d.pairs, s.fwd_ms / d.fwd_ms, s.bwd_ms / d.bwd_ms);
+      "(sparse/dense; the selections' union %zu of %lld pages)\n",
+      static_cast<long long>(ch.p), s.pairs / d.pairs, s.fwd_ms / d.fwd_ms, s.bwd_ms / d.bwd_ms,
+      uni.size(), static_cast<long long>(earlier_pages));
 
   // The same number of attended pairs when every tile selects the same pages (neighbouring
   // tiles of real text select alike): few key blocks with many tiles each instead of many with
@@ -317,6 +330,10 @@ void BenchSparse(Chunked& ch, int reps) {
     shared_sel.insert(shared_sel.end(), sel.begin(), sel.begin() + per_tile);
   CTXPLAN_CUDA_CHECK(
       cudaMemcpy(sel_d.p, shared_sel.data(), shared_sel.size() * 4, cudaMemcpyHostToDevice));
+  const std::vector<int32_t> shared_uni = union_of(shared_sel);
+  CTXPLAN_CUDA_CHECK(
+      cudaMemcpy(uni_d.p, shared_uni.data(), shared_uni.size() * 4, cudaMemcpyHostToDevice));
+  sparse.num_union_pages = static_cast<int64_t>(shared_uni.size());
   Row sh = s;
   sh.shape = "last_chunk_sparse64_shared_p" + std::to_string(ch.p);
   sh.fwd_ms = TimeMs([&] { ch.Forward(last, sparse); }, reps, 2);
@@ -326,6 +343,50 @@ void BenchSparse(Chunked& ch, int reps) {
       "SPARSE p=%lld, one selection for every tile: time ratio fwd %.3f, bwd %.3f "
       "(sparse/dense)\n",
       static_cast<long long>(ch.p), sh.fwd_ms / d.fwd_ms, sh.bwd_ms / d.bwd_ms);
+
+  // Proportionality: time against the pages each tile selects (random, the sink included; k = 1
+  // is the sink alone, so its time is the own positions' causal part plus one page).
+  std::printf("SPARSE-K p=%lld, time (ms) against pages a tile:", static_cast<long long>(ch.p));
+  double t1_fwd = 0, t1_bwd = 0;
+  for (const int64_t k : {int64_t{1}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}}) {
+    if (k > earlier_pages) break;
+    std::vector<int32_t> ksel;
+    std::mt19937 krng(11 + static_cast<uint32_t>(k));
+    for (int64_t t = 0; t < tiles; ++t) {
+      std::vector<int32_t> cand(earlier_pages - 1);
+      std::iota(cand.begin(), cand.end(), 1);
+      std::shuffle(cand.begin(), cand.end(), krng);
+      std::vector<int32_t> pick(cand.begin(), cand.begin() + (k - 1));
+      pick.push_back(0);
+      std::sort(pick.begin(), pick.end());
+      ksel.insert(ksel.end(), pick.begin(), pick.end());
+    }
+    const std::vector<int32_t> kuni = union_of(ksel);
+    Dev<int32_t> ksel_d(ksel.size()), kuni_d(kuni.size());
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(ksel_d.p, ksel.data(), ksel.size() * 4, cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(kuni_d.p, kuni.data(), kuni.size() * 4, cudaMemcpyHostToDevice));
+    PageSelection ks;
+    ks.query_tile = tile;
+    ks.pages_per_tile = k;
+    ks.pages = ksel_d.p;
+    ks.union_pages = kuni_d.p;
+    ks.num_union_pages = static_cast<int64_t>(kuni.size());
+    const double f = TimeMs([&] { ch.Forward(last, ks); }, reps, 2);
+    const double b = TimeMs([&] { ch.Backward(last, ks); }, reps, 2);
+    if (k == 1) {
+      t1_fwd = f;
+      t1_bwd = b;
+    }
+    std::printf(" k %lld fwd %.3f bwd %.3f", static_cast<long long>(k), f, b);
+    if (k > 1)
+      std::printf(" (per page above k 1: fwd %.1f us, bwd %.1f us)", (f - t1_fwd) / (k - 1) * 1e3,
+                  (b - t1_bwd) / (k - 1) * 1e3);
+    std::printf(";");
+  }
+  std::printf(" dense (all %lld pages): per page above k 1: fwd %.1f us, bwd %.1f us\n",
+              static_cast<long long>(earlier_pages),
+              (d.fwd_ms - t1_fwd) / static_cast<double>(earlier_pages - 1) * 1e3,
+              (d.bwd_ms - t1_bwd) / static_cast<double>(earlier_pages - 1) * 1e3);
 
   // Page selection for this chunk: summaries of the earlier pages, scores, top-k.
   Dev<bf16> sums(earlier_pages * kHkv * kHd);
