@@ -301,6 +301,15 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, Phase::kBackward)),
               dense_s / model.calibration().sparse_attention_backward_efficiency, 1e-9);
   EXPECT_LT(model.calibration().sparse_attention_backward_efficiency, 1.0);
+  // The forward alike, with its own efficiency.
+  const OpCost dense_fwd = AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128);
+  const OpCost sparse_fwd = AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true);
+  EXPECT_EQ(sparse_fwd.flops, dense_fwd.flops);
+  const double dense_fwd_s = TicksToSeconds(model.Duration(dense_fwd, Phase::kFill));
+  EXPECT_NEAR(dense_fwd_s, dense_fwd.flops / (H200().gpu.attention_fwd_tflops.value * 1e12), 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(sparse_fwd, Phase::kFill)),
+              dense_fwd_s / model.calibration().sparse_attention_forward_efficiency, 1e-9);
+  EXPECT_LT(model.calibration().sparse_attention_forward_efficiency, 1.0);
 }
 
 }  // namespace

@@ -74,12 +74,13 @@ OpCost PageTopKCost(int64_t tiles, int64_t pages) {
   return Memory(D(tiles * pages) * kFp32Bytes * 2.0, D(tiles * pages) * 4.0);
 }
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
-                            int64_t num_heads, int64_t kv_dim, int64_t head_dim) {
+                            int64_t num_heads, int64_t kv_dim, int64_t head_dim, bool page_sparse) {
   double flops = 4.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 2.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q in, O out
                  2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
                  D(q_tokens * num_heads) * kFp32Bytes;                    // log-sum-exp
-  return {flops, bytes, RateClass::kAttentionForward};
+  return {flops, bytes,
+          page_sparse ? RateClass::kSparseAttentionForward : RateClass::kAttentionForward};
 }
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,

@@ -192,7 +192,7 @@ class PlanWriter {
     if (paged) {
       Op attention = Kernel(w, OpKind::kAttentionForward,
                             AttentionForwardCost(c.pairs_paged, t, PagedTokensRead(c),
-                                                 m_.num_attention_heads, kv, m_.head_dim),
+                                                 m_.num_attention_heads, kv, m_.head_dim, c.sparse),
                             t, PagedTokensRead(c), 0, OpPart::kPaged);
       attention.pages = c.union_pages;
       const OpId id = batch_.Push(attention, {h2d});

@@ -115,7 +115,7 @@ class TimeRecurrence {
         AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim));
     if (f.paged)
       add(f.attn_paged, AttentionForwardCost(c.pairs_paged, t, g_.paged_tokens_read(c),
-                                             m_.num_attention_heads, kv, m_.head_dim));
+                                             m_.num_attention_heads, kv, m_.head_dim, c.sparse));
     add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
         f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
         f.post, LinearForwardCost(t, d, inter, r));

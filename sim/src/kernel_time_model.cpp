@@ -16,6 +16,8 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelTimeCalibrati
       1.0 / (gpu.attention_fwd_tflops.value * 1e12 * c.attention_forward_efficiency);
   attention_bwd_seconds_per_flop_ =
       1.0 / (gpu.attention_bwd_tflops.value * 1e12 * c.attention_backward_efficiency);
+  sparse_attention_fwd_seconds_per_flop_ =
+      attention_fwd_seconds_per_flop_ / c.sparse_attention_forward_efficiency;
   sparse_attention_bwd_seconds_per_flop_ =
       attention_bwd_seconds_per_flop_ / c.sparse_attention_backward_efficiency;
   hbm_seconds_per_byte_ = 1.0 / (gpu.d2d_copy_gbs.value * 1e9 * c.memory_efficiency);
@@ -41,7 +43,10 @@ Tick KernelTimeModel::Duration(const OpCost& cost, Phase phase) const {
       seconds = std::max(seconds, c.min_kernel_seconds);
       break;
     case RateClass::kAttentionForward:
-      seconds = std::max(cost.flops * attention_fwd_seconds_per_flop_,
+    case RateClass::kSparseAttentionForward:
+      seconds = std::max(cost.flops * (cost.rate == RateClass::kAttentionForward
+                                           ? attention_fwd_seconds_per_flop_
+                                           : sparse_attention_fwd_seconds_per_flop_),
                          cost.bytes * hbm_seconds_per_byte_);
       seconds = std::max(seconds, c.min_kernel_seconds);
       break;

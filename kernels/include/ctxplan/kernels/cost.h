@@ -15,6 +15,7 @@ namespace ctxplan {
 enum class RateClass : uint8_t {
   kGemm,                     // tensor-core matrix multiply (cuBLASLt)
   kAttentionForward,         // flash-class attention forward
+  kSparseAttentionForward,   // attention forward over page-sparse selections of earlier pages
   kAttentionBackward,        // flash-class attention backward
   kSparseAttentionBackward,  // attention backward over page-sparse selections of earlier pages
   kMemoryBound,              // elementwise / reduction kernels: bytes over HBM bandwidth
@@ -52,8 +53,11 @@ OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_
                      int64_t kv_dim);
 OpCost PageTopKCost(int64_t tiles, int64_t pages);
 // `pairs`: attended (query, key) pairs per head; `kv_tokens_read`: K/V positions loaded.
+// page_sparse: the pairs are those of page-sparse selections (its own rate class: each query tile
+// gathers its own pages, scattered over the whole context).
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
-                            int64_t num_heads, int64_t kv_dim, int64_t head_dim);
+                            int64_t num_heads, int64_t kv_dim, int64_t head_dim,
+                            bool page_sparse = false);
 // dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`. page_sparse: the pairs are
 // those of page-sparse selections (its own rate class: the kernel's per-key-block costs weigh
 // more when each key block serves a few query tiles instead of all of them).
