@@ -484,7 +484,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
   // wait for that, rescale O and pack P_j. Loads: K_{j+1} and V_j are issued at the top of
   // iteration j into the buffers that S_{j-1} and P_{j-2} V_{j-2} (both complete) used.
   // (Three buffers each, loads issued two iterations ahead, measured 1-2% slower on the H200:
-  // 64K causal 427 vs 432 TFLOP/s, chunked 365-370 vs 372-376; the loads are not what waits.)
+  // 64K causal 427 vs 432 TFLOP/s, chunked 365-370 vs 372-376; the loads are not what waits.
+  // Each warpgroup loading its own 64-key tiles and syncing on a barrier of its own, so that the
+  // two drift apart instead of running in lockstep: 346 vs 432 TFLOP/s, 212 vs 371 on the last
+  // chunk over pages; twice the K / V traffic through the L2 and half-width S tiles.)
   int sa, sb;
   tile_slots(0, sa, sb);
   load_kv(0, 0, 0, sa, sb);
