@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // --- scores, step 1: qg[tile][H_kv][d] = sum over the tile's queries and the group's heads ---
+constexpr int kSumSplits = 8;  // partial sums per tile and KV head (the 16-byte kernel)
 __global__ void __launch_bounds__(kThreads)
     QueryTileSumKernel(const bf16* __restrict__ q, int t, int hq, int hkv, int hd, int query_tile,
                        float* __restrict__ qg) {
@@ -99,20 +100,26 @@ __global__ void __launch_bounds__(kThreads)
 // time. Needs d_h / 8 a power of two (d_h 64 ... 512) and q 16-byte aligned. H200, 64K last
 // chunk (attention_bench SELECT): the whole page score 0.063 -> 0.028 ms at p 128, 0.066 ->
 // 0.031 ms at p 64.
+// grid (tiles, H_kv, kSumSplits): split z sums its share of the tile's rows into partial z of
+// qg ([kSumSplits][tiles][H_kv][d]); the score kernel adds the partials in order. One block per
+// tile and KV head (128 blocks at t = 4096) waited out seven rounds of loads: H200, 64K last
+// chunk, the page score 0.028 -> 0.023 ms at p 128 (0.030 -> 0.026 at p 64) with eight splits.
 __global__ void __launch_bounds__(kThreads)
     QueryTileSumVecKernel(const bf16* __restrict__ q, int t, int hq, int hkv, int hd,
                           int query_tile, float* __restrict__ qg) {
-  const int tile = blockIdx.x, g = blockIdx.y;
+  const int tile = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int group = hq / hkv;
   const int chunks = hd / 8;
   const int lanes = kThreads / chunks;
   const int c = threadIdx.x % chunks, sub = threadIdx.x / chunks;
   const int i0 = tile * query_tile, i1 = min(t, i0 + query_tile);
   const int rows = (i1 - i0) * group;
+  const int per_split = (rows + gridDim.z - 1) / gridDim.z;
+  const int r0 = split * per_split, r1 = min(rows, r0 + per_split);
   __shared__ float part[8][kThreads];
   float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 8
-  for (int r = sub; r < rows; r += lanes) {
+  for (int r = r0 + sub; r < r1; r += lanes) {
     const int i = i0 + r / group, h = g * group + r % group;
     const uint4 raw =
         __ldg(reinterpret_cast<const uint4*>(q + (static_cast<int64_t>(i) * hq + h) * hd) + c);
@@ -128,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = 0; e < 8; ++e) part[e][threadIdx.x] = acc[e];
   __syncthreads();
   if (sub == 0) {
-    float* dst = qg + (static_cast<int64_t>(tile) * hkv + g) * hd + c * 8;
+    float* dst = qg + ((static_cast<int64_t>(split) * gridDim.x + tile) * hkv + g) * hd + c * 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       float total = 0.0f;
@@ -138,15 +145,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// --- scores, step 2: grid (page blocks of 32, tiles); a warp per page, 4 pages per warp ---
+// --- scores, step 2: grid (page blocks of 32, tiles); a warp per page, 4 pages per warp; the
+// tile's query sum is the sum of step 1's `splits` partials, added in order ---
 constexpr int kPagesPerBlock = 32;
 __global__ void __launch_bounds__(kThreads)
-    PageScoreKernel(const float* __restrict__ qg, const bf16* __restrict__ summaries, int pages,
-                    int kdim, float* __restrict__ scores) {
+    PageScoreKernel(const float* __restrict__ qg, int splits, const bf16* __restrict__ summaries,
+                    int pages, int kdim, float* __restrict__ scores) {
   extern __shared__ float s_q[];  // [kdim]
   const int tile = blockIdx.y;
-  for (int i = threadIdx.x; i < kdim; i += kThreads)
-    s_q[i] = qg[static_cast<int64_t>(tile) * kdim + i];
+  for (int i = threadIdx.x; i < kdim; i += kThreads) {
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z)
+      sum += qg[(static_cast<int64_t>(z) * gridDim.y + tile) * kdim + i];
+    s_q[i] = sum;
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int k = 0; k < kPagesPerBlock / (kThreads / 32); ++k) {
@@ -284,7 +296,7 @@ size_t PageScoreWorkspaceBytes(int64_t tokens, int64_t num_kv_heads, int64_t hea
                                int64_t query_tile) {
   if (tokens <= 0 || query_tile <= 0) return 0;
   const int64_t tiles = (tokens + query_tile - 1) / query_tile;
-  return static_cast<size_t>(tiles * num_kv_heads * head_dim) * sizeof(float);
+  return static_cast<size_t>(kSumSplits * tiles * num_kv_heads * head_dim) * sizeof(float);
 }
 
 void PageScore(const bf16* q, int64_t tokens, int64_t num_heads, int64_t num_kv_heads,
@@ -303,10 +315,12 @@ void PageScore(const bf16* q, int64_t tokens, int64_t num_heads, int64_t num_kv_
           "workspace too small");
   Require(tiles < 65536, "too many query tiles");
   float* qg = static_cast<float*>(workspace);
-  const dim3 sum_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(num_kv_heads));
   const int64_t chunks = head_dim / 8;
   const bool vec =
       head_dim % 8 == 0 && (chunks & (chunks - 1)) == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  const int splits = vec ? kSumSplits : 1;
+  const dim3 sum_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(num_kv_heads),
+                      static_cast<unsigned>(splits));
   if (vec) {
     QueryTileSumVecKernel<<<sum_grid, kThreads, 0, stream>>>(
         q, static_cast<int>(tokens), static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
@@ -322,8 +336,8 @@ void PageScore(const bf16* q, int64_t tokens, int64_t num_heads, int64_t num_kv_
   Require(smem <= 48 * 1024, "H_kv * head_dim too large");
   const dim3 grid(static_cast<unsigned>((pages + kPagesPerBlock - 1) / kPagesPerBlock),
                   static_cast<unsigned>(tiles));
-  PageScoreKernel<<<grid, kThreads, smem, stream>>>(qg, summaries, static_cast<int>(pages), kdim,
-                                                    scores);
+  PageScoreKernel<<<grid, kThreads, smem, stream>>>(qg, splits, summaries, static_cast<int>(pages),
+                                                    kdim, scores);
   CTXPLAN_CUDA_CHECK_LAUNCH();
 }
 
