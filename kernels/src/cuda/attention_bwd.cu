@@ -119,6 +119,45 @@ __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   }
 }
 
+// K and V rows of a key block into shared memory (cp.async, once per block): the own positions
+// from k_own / v_own, earlier ones through the page table; rows past the region or on pages no
+// tile of the block selected are zero-filled. offset(row, c): the byte offset of 16-byte chunk c
+// of row `row` in the kernel's tile layout.
+template <int HD, int BN, int kThreads, typename Offset>
+__device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bool earlier,
+                                               int region_end, uint32_t union_mask, int first_page,
+                                               int hkv, int64_t kv_row, uint32_t sK, uint32_t sV,
+                                               Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll 4
+  for (int i = 0; i < BN / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int kidx = kb0 + row;
+    bool valid = kidx < region_end;
+    const bf16* ksrc = prm.k_own;
+    const bf16* vsrc = prm.v_own;
+    if (earlier) {
+      const int pg = kidx / prm.p;
+      valid = valid && ((union_mask >> (pg - first_page)) & 1u);
+      if (valid) {
+        const int off = kidx - pg * prm.p;
+        const int slot = __ldg(prm.page_slot + pg);
+        ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
+               c * 8;
+        vsrc = ksrc + prm.p * kv_row;
+      }
+    } else if (valid) {
+      ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
+      vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
+    }
+    CpAsync16(sK + offset(row, c), ksrc, valid);
+    CpAsync16(sV + offset(row, c), vsrc, valid);
+  }
+}
+
 // --- 1. preprocess -------------------------------------------------------------------------
 template <int HD>
 __global__ void AttnBwdPreKernel(const bf16* __restrict__ out, const bf16* __restrict__ d_out,
@@ -372,34 +411,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   }
 
   // --- K and V of the block (once) ---
-  {
-    const int c = tid % kChunks;
-    constexpr int kRowsPerPass = kBwdThreads / kChunks;
-#pragma unroll 4
-    for (int i = 0; i < BN / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int kidx = kb0 + row;
-      bool valid = kidx < region_end;
-      const bf16* ksrc = prm.k_own;
-      const bf16* vsrc = prm.v_own;
-      if (earlier) {
-        const int pg = kidx / prm.p;
-        valid = valid && ((union_mask >> (pg - first_page)) & 1u);
-        if (valid) {
-          const int off = kidx - pg * prm.p;
-          const int slot = __ldg(prm.page_slot + pg);
-          ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
-                 c * 8;
-          vsrc = ksrc + prm.p * kv_row;
-        }
-      } else if (valid) {
-        ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
-        vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
-      }
-      CpAsync16(sK + SwzOffset<HD>(row, c), ksrc, valid);
-      CpAsync16(sV + SwzOffset<HD>(row, c), vsrc, valid);
-    }
-  }
+  LoadKeyBlockKv<HD, BN, kBwdThreads>(prm, kb0, earlier, region_end, union_mask, first_page, hkv,
+                                      kv_row, sK, sV,
+                                      [](int row, int c) { return SwzOffset<HD>(row, c); });
 
   // --- iteration over (query head of the group, 64-query tile) ---
   // Items: every query head of the group, and per head the block's query tiles in ascending order
@@ -747,33 +761,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
   }
 
-  {  // K and V of the block
-    const int c = tid % kChunks;
-#pragma unroll 4
-    for (int i = 0; i < BN / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int kidx = kb0 + row;
-      bool valid = kidx < region_end;
-      const bf16* ksrc = prm.k_own;
-      const bf16* vsrc = prm.v_own;
-      if (earlier) {
-        const int pgi = kidx / prm.p;
-        valid = valid && ((union_mask >> (pgi - first_page)) & 1u);
-        if (valid) {
-          const int off = kidx - pgi * prm.p;
-          const int slot = __ldg(prm.page_slot + pgi);
-          ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
-                 c * 8;
-          vsrc = ksrc + prm.p * kv_row;
-        }
-      } else if (valid) {
-        ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
-        vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
-      }
-      CpAsync16(sK + Sw128<BN>(row, c), ksrc, valid);
-      CpAsync16(sV + Sw128<BN>(row, c), vsrc, valid);
-    }
-  }
+  LoadKeyBlockKv<HD, BN, kWbThreads>(prm, kb0, earlier, region_end, union_mask, first_page, hkv,
+                                     kv_row, sK, sV,
+                                     [](int row, int c) { return Sw128<BN>(row, c); });
 
   // Items: every query head of the group, and per head the block's query tiles in ascending order
   // (measured: descending, which makes blocks running side by side add into the same dQ rows at
