@@ -56,6 +56,45 @@ struct FwdParams {
   float scale_log2;
 };
 
+// The block's query rows q0 .. q0 + BM - 1 of head h, and rows kbase .. kbase + BN - 1 of the
+// chunk's own K or V (`own`, rows of kv_row elements, KV head hkv), into shared tiles with
+// cp.async; rows past the end zero-filled. offset(row, c): the byte offset of 16-byte chunk c of
+// row `row` in the kernel's tile layout. (Two functions, not one over a row stride: the two
+// address expressions compile differently, and these keep each kernel's code as it was.)
+template <int HD, int BM, int kThreads, typename Offset>
+__device__ __forceinline__ void LoadQueryRows(const FwdParams& prm, int q0, int h, uint32_t sQ,
+                                              Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < BM / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int qi = q0 + row;
+    const bool valid = qi < prm.t;
+    const bf16* src = valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
+    CpAsync16(sQ + offset(row, c), src, valid);
+  }
+}
+
+template <int HD, int BN, int kThreads, typename Offset>
+__device__ __forceinline__ void LoadOwnRows(const bf16* own, int kbase, int own_end, int64_t kv_row,
+                                            int hkv, uint32_t dst, Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < BN / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int k = kbase + row;
+    const bool valid = k < own_end;
+    const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
+    CpAsync16(dst + offset(row, c), src, valid);
+  }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams prm) {
   constexpr int BM = kFwdBM, BN = kFwdBN;
@@ -126,32 +165,15 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
         }
       }
     } else {
-      const int kbase = (j - ne_tiles) * BN;
-      const bf16* own = which ? prm.v_own : prm.k_own;
-#pragma unroll
-      for (int i = 0; i < BN / kRowsPerPass; ++i) {
-        const int row = i * kRowsPerPass + tid / kChunks;
-        const int k = kbase + row;
-        const bool valid = k < own_end;
-        const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
-        CpAsync16(dst_base + SwzOffset<HD>(row, c), src, valid);
-      }
+      LoadOwnRows<HD, BN, kFwdThreads>(which ? prm.v_own : prm.k_own, (j - ne_tiles) * BN, own_end,
+                                       kv_row, hkv, dst_base,
+                                       [](int row, int c) { return SwzOffset<HD>(row, c); });
     }
   };
 
   // --- prologue: Q and tile 0 ---
-  {
-    const int c = tid % kChunks;
-#pragma unroll
-    for (int i = 0; i < BM / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int qi = q0 + row;
-      const bool valid = qi < t;
-      const bf16* src =
-          valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
-      CpAsync16(sQ + SwzOffset<HD>(row, c), src, valid);
-    }
-  }
+  LoadQueryRows<HD, BM, kFwdThreads>(prm, q0, h, sQ,
+                                     [](int row, int c) { return SwzOffset<HD>(row, c); });
   int slot_cur = tile_slot(0);
   load_kv(0, 0, 0, slot_cur);
   CpAsyncCommit();  // group: Q + K0
@@ -453,32 +475,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
         }
       }
     } else {
-      const int kbase = (j - ne_tiles) * BN;
-      const bf16* own = which ? prm.v_own : prm.k_own;
-#pragma unroll
-      for (int i = 0; i < BN / kRowsPerPass; ++i) {
-        const int row = i * kRowsPerPass + tid / kChunks;
-        const int k = kbase + row;
-        const bool valid = k < own_end;
-        const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
-        CpAsync16(dst + Sw128<BN>(row, c), src, valid);
-      }
+      LoadOwnRows<HD, BN, kWgThreads>(which ? prm.v_own : prm.k_own, (j - ne_tiles) * BN, own_end,
+                                      kv_row, hkv, dst,
+                                      [](int row, int c) { return Sw128<BN>(row, c); });
     }
   };
 
   // --- prologue ---
-  {
-    const int c = tid % kChunks;
-#pragma unroll
-    for (int i = 0; i < BM / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int qi = q0 + row;
-      const bool valid = qi < t;
-      const bf16* src =
-          valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
-      CpAsync16(sQ + Sw128<BM>(row, c), src, valid);
-    }
-  }
+  LoadQueryRows<HD, BM, kWgThreads>(prm, q0, h, sQ,
+                                    [](int row, int c) { return Sw128<BM>(row, c); });
   // Schedule (per warpgroup), iteration j: issue S_j = Q K_j and O += P_{j-1} V_{j-1} back to back,
   // wait for S_j only, run tile j's softmax while the tensor cores work on P_{j-1} V_{j-1}, then
   // wait for that, rescale O and pack P_j. Loads: K_{j+1} and V_j are issued at the top of
