@@ -158,6 +158,34 @@ __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bo
   }
 }
 
+// One item's operands into buffer `buf`: the Q and dO rows of the 64 queries from q0 of query head
+// h (rows past t zero-filled; at sQ / sdO + buf * kBufBytes), and their LSE2 and D (16 chunks
+// each, at sL / sD + buf * BM * 4). offset(row, c) as in LoadKeyBlockKv.
+template <int HD, int BM, int kThreads, int kBufBytes, typename Offset>
+__device__ __forceinline__ void LoadItemOperands(const BwdParams& prm, int h, int q0, uint32_t sQ,
+                                                 uint32_t sdO, uint32_t sL, uint32_t sD, int buf,
+                                                 Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < BM / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int qi = q0 + row;
+    const bool valid = qi < prm.t;
+    const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
+    CpAsync16(sQ + buf * kBufBytes + offset(row, c), prm.q + off, valid);
+    CpAsync16(sdO + buf * kBufBytes + offset(row, c), prm.d_out + off, valid);
+  }
+  if (tid < 2 * (BM / 4)) {  // 16 chunks of LSE, 16 of D
+    const int which = tid / (BM / 4), c4 = tid % (BM / 4);
+    const float* src =
+        (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
+    CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
+  }
+}
+
 // --- 1. preprocess -------------------------------------------------------------------------
 template <int HD>
 __global__ void AttnBwdPreKernel(const bf16* __restrict__ out, const bf16* __restrict__ d_out,
@@ -361,7 +389,6 @@ template <int HD, bool kOverUnion>
 __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams prm) {
   using L = BwdSmem<HD>;
   constexpr int BN = kBwdBN, BM = kBwdBM;
-  constexpr int kChunks = HD / 8;
   constexpr int kDn = HD / 8;  // n-tiles of dK / dV rows
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = SmemAddr(smem);
@@ -427,25 +454,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
     }
   };
   auto load_item = [&](int hl, int qt, int buf) {
-    const int h = hkv * prm.group + hl;
-    const int q0 = qt * BM;
-    const int c = tid % kChunks;
-    constexpr int kRowsPerPass = kBwdThreads / kChunks;
-#pragma unroll
-    for (int i = 0; i < BM / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int qi = q0 + row;
-      const bool valid = qi < t;
-      const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
-      CpAsync16(sQ + buf * L::kQ + SwzOffset<HD>(row, c), prm.q + off, valid);
-      CpAsync16(sdO + buf * L::kQ + SwzOffset<HD>(row, c), prm.d_out + off, valid);
-    }
-    if (tid < 2 * (BM / 4)) {  // 16 chunks of LSE, 16 of D
-      const int which = tid / (BM / 4), c4 = tid % (BM / 4);
-      const float* src =
-          (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
-      CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
-    }
+    LoadItemOperands<HD, BM, kBwdThreads, L::kQ>(
+        prm, hkv * prm.group + hl, qt * BM, sQ, sdO, sL, sD, buf,
+        [](int row, int c) { return SwzOffset<HD>(row, c); });
   };
 
   int hl = 0, item = 0;
@@ -711,8 +722,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   using L = WbSmem<NWG>;
   constexpr int kWbThreads = 128 * NWG;
   constexpr int HD = 128, BN = 64 * NWG, BM = kBwdBM;
-  constexpr int kChunks = HD / 8;
-  constexpr int kRowsPerPass = kWbThreads / kChunks;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -776,24 +785,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     }
   };
   auto load_item = [&](int hl, int qt, int buf) {
-    const int h = hkv * prm.group + hl;
-    const int q0 = qt * BM;
-    const int c = tid % kChunks;
-#pragma unroll
-    for (int i = 0; i < BM / kRowsPerPass; ++i) {
-      const int row = i * kRowsPerPass + tid / kChunks;
-      const int qi = q0 + row;
-      const bool valid = qi < t;
-      const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
-      CpAsync16(sQ + buf * 16384 + Sw128<BM>(row, c), prm.q + off, valid);
-      CpAsync16(sdO + buf * 16384 + Sw128<BM>(row, c), prm.d_out + off, valid);
-    }
-    if (tid < 2 * (BM / 4)) {
-      const int which = tid / (BM / 4), c4 = tid % (BM / 4);
-      const float* src =
-          (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
-      CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
-    }
+    LoadItemOperands<HD, BM, kWbThreads, 16384>(prm, hkv * prm.group + hl, qt * BM, sQ, sdO, sL, sD,
+                                                buf,
+                                                [](int row, int c) { return Sw128<BM>(row, c); });
   };
 
   int hl = 0, item = 0;
