@@ -291,25 +291,24 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kBackward)), 5e-6 + (1 << 30) / 48.5e9,
               1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
-  // The attention backward at the measured rate; over page-sparse selections, the same pairs
-  // take 1 / sparse_attention_backward_efficiency as long.
-  const OpCost dense = AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2);
-  const OpCost sparse = AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true);
-  EXPECT_EQ(sparse.flops, dense.flops);
-  const double dense_s = TicksToSeconds(model.Duration(dense, Phase::kBackward));
-  EXPECT_NEAR(dense_s, dense.flops / (H200().gpu.attention_bwd_tflops.value * 1e12), 1e-9);
-  EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, Phase::kBackward)),
-              dense_s / model.calibration().sparse_attention_backward_efficiency, 1e-9);
-  EXPECT_LT(model.calibration().sparse_attention_backward_efficiency, 1.0);
-  // The forward alike, with its own efficiency.
-  const OpCost dense_fwd = AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128);
-  const OpCost sparse_fwd = AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true);
-  EXPECT_EQ(sparse_fwd.flops, dense_fwd.flops);
-  const double dense_fwd_s = TicksToSeconds(model.Duration(dense_fwd, Phase::kFill));
-  EXPECT_NEAR(dense_fwd_s, dense_fwd.flops / (H200().gpu.attention_fwd_tflops.value * 1e12), 1e-9);
-  EXPECT_NEAR(TicksToSeconds(model.Duration(sparse_fwd, Phase::kFill)),
-              dense_fwd_s / model.calibration().sparse_attention_forward_efficiency, 1e-9);
-  EXPECT_LT(model.calibration().sparse_attention_forward_efficiency, 1.0);
+  // Attention at the measured rate; over page-sparse selections, the same pairs take
+  // 1 / sparse efficiency as long (the forward and the backward each with their own).
+  auto check_sparse = [&](const OpCost& dense, const OpCost& sparse, Phase phase, double tflops,
+                          double efficiency) {
+    EXPECT_EQ(sparse.flops, dense.flops);
+    const double dense_s = TicksToSeconds(model.Duration(dense, phase));
+    EXPECT_NEAR(dense_s, dense.flops / (tflops * 1e12), 1e-9);
+    EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, phase)), dense_s / efficiency, 1e-9);
+    EXPECT_LT(efficiency, 1.0);
+  };
+  check_sparse(AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2),
+               AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true),
+               Phase::kBackward, H200().gpu.attention_bwd_tflops.value,
+               model.calibration().sparse_attention_backward_efficiency);
+  check_sparse(AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128),
+               AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true), Phase::kFill,
+               H200().gpu.attention_fwd_tflops.value,
+               model.calibration().sparse_attention_forward_efficiency);
 }
 
 }  // namespace

@@ -257,6 +257,49 @@ void BenchChunked(Chunked& ch, int reps) {
   Report(r);
 }
 
+// Page selections of `tiles` query tiles: the sink (page 0) and per_tile - 1 other pages drawn at
+// random from 1 .. earlier_pages - 1, ascending per tile, one generator for all tiles.
+std::vector<int32_t> RandomSelection(int64_t tiles, int64_t earlier_pages, int64_t per_tile,
+                                     uint32_t seed) {
+  std::vector<int32_t> sel;
+  std::mt19937 rng(seed);
+  for (int64_t t = 0; t < tiles; ++t) {
+    std::vector<int32_t> cand(earlier_pages - 1);
+    std::iota(cand.begin(), cand.end(), 1);
+    std::shuffle(cand.begin(), cand.end(), rng);
+    std::vector<int32_t> pick(cand.begin(), cand.begin() + (per_tile - 1));
+    pick.push_back(0);  // sink
+    std::sort(pick.begin(), pick.end());
+    sel.insert(sel.end(), pick.begin(), pick.end());
+  }
+  return sel;
+}
+
+// A host selection on the device with the union of its pages, over which the backward's key
+// blocks are launched as the runtime launches them (PageSelection::union_pages).
+struct DeviceSelection {
+  DeviceSelection(const std::vector<int32_t>& sel, int64_t query_tile, int64_t per_tile)
+      : pages(sel.size()), union_pages(UnionOf(sel)), union_d(union_pages.size()) {
+    CTXPLAN_CUDA_CHECK(cudaMemcpy(pages.p, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpy(union_d.p, union_pages.data(), union_pages.size() * 4, cudaMemcpyHostToDevice));
+    view.query_tile = query_tile;
+    view.pages_per_tile = per_tile;
+    view.pages = pages.p;
+    view.union_pages = union_d.p;
+    view.num_union_pages = static_cast<int64_t>(union_pages.size());
+  }
+  static std::vector<int32_t> UnionOf(std::vector<int32_t> p) {
+    std::sort(p.begin(), p.end());
+    p.erase(std::unique(p.begin(), p.end()), p.end());
+    return p;
+  }
+  Dev<int32_t> pages;
+  std::vector<int32_t> union_pages;
+  Dev<int32_t> union_d;
+  PageSelection view;
+};
+
 // The last chunk alone: dense vs 64 pages per tile.
 void BenchSparse(Chunked& ch, int reps) {
   const int64_t last = ch.n / ch.c - 1;
@@ -281,35 +324,9 @@ void BenchSparse(Chunked& ch, int reps) {
       acc_bytes / 1e6);
 
   const int64_t per_tile = std::min<int64_t>(64, earlier_pages);
-  std::vector<int32_t> sel;
-  std::mt19937 rng(3);
-  for (int64_t t = 0; t < tiles; ++t) {
-    std::vector<int32_t> cand(earlier_pages - 1);
-    std::iota(cand.begin(), cand.end(), 1);
-    std::shuffle(cand.begin(), cand.end(), rng);
-    std::vector<int32_t> pick(cand.begin(), cand.begin() + (per_tile - 1));
-    pick.push_back(0);  // sink
-    std::sort(pick.begin(), pick.end());
-    sel.insert(sel.end(), pick.begin(), pick.end());
-  }
-  Dev<int32_t> sel_d(sel.size());
-  CTXPLAN_CUDA_CHECK(cudaMemcpy(sel_d.p, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-  // The backward's key blocks cover the union of the tiles' selections only, as the runtime
-  // launches it (PageSelection::union_pages).
-  auto union_of = [](std::vector<int32_t> pages) {
-    std::sort(pages.begin(), pages.end());
-    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-    return pages;
-  };
-  const std::vector<int32_t> uni = union_of(sel);
-  Dev<int32_t> uni_d(uni.size());
-  CTXPLAN_CUDA_CHECK(cudaMemcpy(uni_d.p, uni.data(), uni.size() * 4, cudaMemcpyHostToDevice));
-  PageSelection sparse;
-  sparse.query_tile = tile;
-  sparse.pages_per_tile = per_tile;
-  sparse.pages = sel_d.p;
-  sparse.union_pages = uni_d.p;
-  sparse.num_union_pages = static_cast<int64_t>(uni.size());
+  const std::vector<int32_t> sel = RandomSelection(tiles, earlier_pages, per_tile, 3);
+  const DeviceSelection random(sel, tile, per_tile);
+  const PageSelection& sparse = random.view;
   Row s;
   s.shape = "last_chunk_sparse64_p" + std::to_string(ch.p);
   s.pairs = own_pairs + static_cast<double>(ch.c) * per_tile * ch.p;
@@ -320,7 +337,7 @@ void BenchSparse(Chunked& ch, int reps) {
       "SPARSE p=%lld: attended pairs ratio %.3f; time ratio fwd %.3f, bwd %.3f "
       "(sparse/dense; the selections' union %zu of %lld pages)\n",
       static_cast<long long>(ch.p), s.pairs / d.pairs, s.fwd_ms / d.fwd_ms, s.bwd_ms / d.bwd_ms,
-      uni.size(), static_cast<long long>(earlier_pages));
+      random.union_pages.size(), static_cast<long long>(earlier_pages));
 
   // The same number of attended pairs when every tile selects the same pages (neighbouring
   // tiles of real text select alike): few key blocks with many tiles each instead of many with
@@ -328,16 +345,11 @@ void BenchSparse(Chunked& ch, int reps) {
   std::vector<int32_t> shared_sel;
   for (int64_t t = 0; t < tiles; ++t)
     shared_sel.insert(shared_sel.end(), sel.begin(), sel.begin() + per_tile);
-  CTXPLAN_CUDA_CHECK(
-      cudaMemcpy(sel_d.p, shared_sel.data(), shared_sel.size() * 4, cudaMemcpyHostToDevice));
-  const std::vector<int32_t> shared_uni = union_of(shared_sel);
-  CTXPLAN_CUDA_CHECK(
-      cudaMemcpy(uni_d.p, shared_uni.data(), shared_uni.size() * 4, cudaMemcpyHostToDevice));
-  sparse.num_union_pages = static_cast<int64_t>(shared_uni.size());
+  const DeviceSelection shared(shared_sel, tile, per_tile);
   Row sh = s;
   sh.shape = "last_chunk_sparse64_shared_p" + std::to_string(ch.p);
-  sh.fwd_ms = TimeMs([&] { ch.Forward(last, sparse); }, reps, 2);
-  sh.bwd_ms = TimeMs([&] { ch.Backward(last, sparse); }, reps, 2);
+  sh.fwd_ms = TimeMs([&] { ch.Forward(last, shared.view); }, reps, 2);
+  sh.bwd_ms = TimeMs([&] { ch.Backward(last, shared.view); }, reps, 2);
   Report(sh);
   std::printf(
       "SPARSE p=%lld, one selection for every tile: time ratio fwd %.3f, bwd %.3f "
@@ -350,27 +362,9 @@ void BenchSparse(Chunked& ch, int reps) {
   double t1_fwd = 0, t1_bwd = 0;
   for (const int64_t k : {int64_t{1}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{128}}) {
     if (k > earlier_pages) break;
-    std::vector<int32_t> ksel;
-    std::mt19937 krng(11 + static_cast<uint32_t>(k));
-    for (int64_t t = 0; t < tiles; ++t) {
-      std::vector<int32_t> cand(earlier_pages - 1);
-      std::iota(cand.begin(), cand.end(), 1);
-      std::shuffle(cand.begin(), cand.end(), krng);
-      std::vector<int32_t> pick(cand.begin(), cand.begin() + (k - 1));
-      pick.push_back(0);
-      std::sort(pick.begin(), pick.end());
-      ksel.insert(ksel.end(), pick.begin(), pick.end());
-    }
-    const std::vector<int32_t> kuni = union_of(ksel);
-    Dev<int32_t> ksel_d(ksel.size()), kuni_d(kuni.size());
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(ksel_d.p, ksel.data(), ksel.size() * 4, cudaMemcpyHostToDevice));
-    CTXPLAN_CUDA_CHECK(cudaMemcpy(kuni_d.p, kuni.data(), kuni.size() * 4, cudaMemcpyHostToDevice));
-    PageSelection ks;
-    ks.query_tile = tile;
-    ks.pages_per_tile = k;
-    ks.pages = ksel_d.p;
-    ks.union_pages = kuni_d.p;
-    ks.num_union_pages = static_cast<int64_t>(kuni.size());
+    const DeviceSelection kd(
+        RandomSelection(tiles, earlier_pages, k, 11 + static_cast<uint32_t>(k)), tile, k);
+    const PageSelection& ks = kd.view;
     const double f = TimeMs([&] { ch.Forward(last, ks); }, reps, 2);
     const double b = TimeMs([&] { ch.Backward(last, ks); }, reps, 2);
     if (k == 1) {

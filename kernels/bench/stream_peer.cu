@@ -70,15 +70,18 @@ void LaunchElementwiseSum(const StreamPeerInputs& inputs, int count, int64_t ele
     throw std::invalid_argument("ElementwiseSum: elements must be a multiple of 8");
   }
   const int64_t vectors = elements / kVecElements;
-  int device = 0, sms = 0, per_sm = 0;
-  CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
-  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CTXPLAN_CUDA_CHECK(
-      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  // Blocks resident at once on the device (asked once: the peer runs inside timed loops).
+  static const int64_t resident = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+    CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CTXPLAN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    return int64_t{sms} * (per_sm / kThreads);
+  }();
   const int64_t wanted =
       (vectors + int64_t{kThreads} * kUnroll - 1) / (int64_t{kThreads} * kUnroll);
-  const int grid = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{sms} * (per_sm / kThreads))));
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, resident)));
   switch (count) {
     case 1:
       ElementwiseSumKernel<1><<<grid, kThreads, 0, stream>>>(inputs, vectors, out);
