@@ -207,4 +207,18 @@ __device__ __forceinline__ float BlockSum(float v, float* shared) {
   return WarpSum(total);
 }
 
+// BlockSum for a loop that sums once an iteration: `shared` holds 2 x 32 floats and consecutive
+// calls pass parity 0, 1, 0, ...; writing the other half each time, the call needs no leading
+// barrier (the previous call's barrier already ordered the reads of the half it overwrites).
+__device__ __forceinline__ float BlockSumAlternating(float v, float (&shared)[2][kWarpSize],
+                                                     int parity) {
+  v = WarpSum(v);
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  if (lane == 0) shared[parity][warp] = v;
+  __syncthreads();
+  return WarpSum(lane < warps ? shared[parity][lane] : 0.0f);
+}
+
 }  // namespace ctxplan::kernels::cuda::detail

@@ -254,9 +254,9 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Dynamic shared memory: [kStages][arrays][blockDim.x] 16-byte chunks (arrays: x, dy, d_add);
-// One barrier a row: the row sums of consecutive rows go to alternating shared slots, so no
-// second barrier guards their reuse.
+// Dynamic shared memory: [kStages][arrays][blockDim.x] 16-byte chunks (arrays: x, dy, d_add).
+// One barrier a row: the row sums of consecutive rows go to alternating halves of row_sums
+// (BlockSumAlternating), so no second barrier guards their reuse.
 template <bool kAdd>
 __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
     RmsNormBackwardPipelinedKernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
@@ -271,9 +271,6 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
   const int chunks = static_cast<int>(hidden / kVec);
   const int c = threadIdx.x;  // this thread's chunk of every row
   const bool active = c < chunks;
-  const int lane = threadIdx.x % detail::kWarpSize;
-  const int warp = threadIdx.x / detail::kWarpSize;
-  const int warps = blockDim.x / detail::kWarpSize;
   auto slot = [&](int stage, int array) {
     return staged + (stage * kArrays + array) * blockDim.x + threadIdx.x;
   };
@@ -307,10 +304,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) dot = fmaf(g[e] * w[e], xv[e], dot);
     }
-    dot = detail::WarpSum(dot);
-    if (lane == 0) row_sums[parity][warp] = dot;
-    __syncthreads();
-    const float total = detail::WarpSum(lane < warps ? row_sums[parity][lane] : 0.0f);
+    const float total = detail::BlockSumAlternating(dot, row_sums, parity);
     const float coupling = rs * rs * rs * total * inv_hidden;
     if (active) {
       float out[kVec];
