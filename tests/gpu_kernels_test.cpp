@@ -391,6 +391,69 @@ void CheckRmsNormBackward(bool with_add) {
   }
 }
 
+// The final norm's variant: three calls of different lengths (so different grids) add to the
+// same partial rows, summed into d_weight once at the end; d_weight must equal the sum of the
+// three calls' gradients, and the whole sequence run twice must give the same bits.
+template <typename GradT>
+void CheckRmsNormBackwardIntoPartials() {
+  std::mt19937 rng(406);
+  const int64_t call_tokens[] = {1000, 7, 333};
+  for (const int64_t hidden : {int64_t{3584}, int64_t{77}, int64_t{8192}}) {
+    const Floats w = Uniform(rng, hidden, 0.5, 1.5);
+    const Floats dw0 = Uniform(rng, hidden, -1, 1);
+    auto d_w = UploadBf16(w);
+    DeviceBuffer<char> partials(cuda::RmsNormBackwardScratchBytes(1000, hidden));
+    Floats dw_ref = dw0;
+    std::vector<GradT> results[2];
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer<GradT> d_dw(HostAs<GradT>(dw0));
+      CTXPLAN_CUDA_CHECK(cudaMemset(partials.get(), 0, partials.size()));
+      std::mt19937 call_rng(407);  // the same calls in both runs
+      int rows = 0;
+      for (const int64_t t : call_tokens) {
+        const Floats x = Uniform(call_rng, t * hidden, -2, 2);
+        const Floats dy = Uniform(call_rng, t * hidden, -1, 1);
+        Floats y(t * hidden), rstd(t);
+        cpu::RmsNormForward(x.data(), w.data(), t, hidden, kEps, y.data(), rstd.data());
+        auto d_x = UploadBf16(x);
+        auto d_dy = UploadBf16(dy);
+        FloatBuffer d_rstd(rstd);
+        Bf16Buffer d_dx(t * hidden);
+        rows = std::max(rows, cuda::RmsNormBackwardIntoPartials(
+                                  d_x->get(), d_w->get(), d_rstd.get(), d_dy->get(), t, hidden,
+                                  d_dx.get(), reinterpret_cast<float*>(partials.get()), nullptr));
+        if (run == 1) continue;
+        Floats dx(t * hidden);
+        cpu::RmsNormBackward(x.data(), w.data(), rstd.data(), dy.data(), t, hidden, dx.data(),
+                             dw_ref.data());
+        Expect(
+            "rmsnorm bwd into partials dx t=" + std::to_string(t) + " d=" + std::to_string(hidden),
+            RelativeError(DownloadFloats(d_dx), dx), kBf16Tolerance);
+      }
+      EXPECT_GT(rows, 0);
+      EXPECT_LE(static_cast<size_t>(rows) * hidden * sizeof(float), partials.size());
+      cuda::RmsNormAddPartials(reinterpret_cast<const float*>(partials.get()), rows, hidden,
+                               d_dw.get(), nullptr);
+      results[run] = d_dw.Download();
+      if (run == 0) {
+        const double tol = std::is_same_v<GradT, float> ? kFp32Tolerance : kBf16Tolerance;
+        Expect("rmsnorm bwd into partials, 3 calls, d_weight " + std::string(TypeName<GradT>()) +
+                   " d=" + std::to_string(hidden),
+               RelativeError(DownloadAsFloats(d_dw), dw_ref), tol);
+      }
+    }
+    EXPECT_EQ(0,
+              std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(GradT)))
+        << "deterministic d=" << hidden;
+  }
+}
+
+TEST(GpuKernels, RmsNormBackwardIntoPartials) {
+  SKIP_WITHOUT_GPU();
+  CheckRmsNormBackwardIntoPartials<float>();
+  CheckRmsNormBackwardIntoPartials<bf16>();
+}
+
 TEST(GpuKernels, RmsNormBackwardFp32Weight) {
   SKIP_WITHOUT_GPU();
   CheckRmsNormBackward<float>(false);

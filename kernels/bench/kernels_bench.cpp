@@ -268,10 +268,12 @@ void BenchMemoryBound(double bw) {
     const double per_tensor = td * 2.0;
     const int sets = SetsFor(static_cast<size_t>(4 * per_tensor));
     Arena arena(sets * (5 * td * 2 + kTokens * 4 + 1024) + kHidden * 8 +
-                cu::RmsNormBackwardScratchBytes(kTokens, kHidden) + (size_t{1} << 20));
+                2 * cu::RmsNormBackwardScratchBytes(kTokens, kHidden) + (size_t{1} << 20));
     bf16* weight = arena.Take<bf16>(kHidden);
     float* d_weight = arena.Take<float>(kHidden);
     void* scratch = arena.Take<char>(cu::RmsNormBackwardScratchBytes(kTokens, kHidden));
+    float* partials = arena.Take<float>(cu::RmsNormBackwardScratchBytes(kTokens, kHidden) / 4);
+    CTXPLAN_CUDA_CHECK(cudaMemset(partials, 0, cu::RmsNormBackwardScratchBytes(kTokens, kHidden)));
     FillRandom(weight, kHidden, 0.5, 1.5, 4);
     FillRandom(d_weight, kHidden, -1, 1, 5);
     struct Set {
@@ -312,6 +314,23 @@ void BenchMemoryBound(double bw) {
         },
         reps);
     AddMemory("rmsnorm bwd (fp32 dW)", s, 3 * per_tensor + kTokens * 4.0 + kHidden * 10.0, bw);
+    // The final norm as the runtime runs it (once a chunk, no d_add): d_weight stays in the fp32
+    // partial rows across the step's chunks, summed into d_weight once a step (timed below). The
+    // bytes counted are the plain backward's; the partial rows' read and write are overhead.
+    int rows = 0;
+    s = MedianSeconds(
+        [&](int i) {
+          const Set& b = set[i % sets];
+          rows = cu::RmsNormBackwardIntoPartials(b.x, weight, b.rstd, b.dy, kTokens, kHidden, b.h,
+                                                 partials, nullptr);
+        },
+        reps);
+    AddMemory("rmsnorm bwd, final norm (dW summed a step)", s,
+              3 * per_tensor + kTokens * 4.0 + kHidden * 2.0, bw);
+    const double step_sum = MedianSeconds(
+        [&](int) { cu::RmsNormAddPartials(partials, rows, kHidden, d_weight, nullptr); }, reps);
+    std::printf("  %-44s %9.1f us  (once a step: %.2f us a chunk at 16 chunks)\n",
+                "  its d_weight sum", step_sum * 1e6, step_sum * 1e6 / 16);
     s = MedianSeconds(
         [&](int i) {
           const Set& b = set[i % sets];

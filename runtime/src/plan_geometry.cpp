@@ -157,7 +157,13 @@ int64_t PlanGeometry::workspace_bytes() const {
   const int64_t padded = CeilDiv(c, 128) * 128;
   const int64_t attention = c * m.num_attention_heads * m.head_dim * kFp32Bytes +
                             2 * m.num_attention_heads * padded * kFp32Bytes;
-  return kCublasWorkspaceBytes + loss + attention;
+  // The RMSNorm backward's d_weight partial rows: the layers' norms', and unless the norms are
+  // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend.cpp,
+  // FinalNormBackward).
+  const int64_t norm_partial_sets = options_.lora_rank > 0 ? 1 : 2;
+  const int64_t norm_partials =
+      norm_partial_sets * std::min(c, kNormPartialRows) * m.hidden_size * kFp32Bytes;
+  return kCublasWorkspaceBytes + loss + attention + norm_partials;
 }
 
 int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {

@@ -10,10 +10,13 @@
 // Backward: a grid of resident blocks, each looping over rows; a thread always owns the same
 // columns, so d_weight is summed over rows in its registers, written as one fp32 partial row per
 // block into the scratch, and a second kernel adds the column sums of the partials into d_weight
-// in a fixed order: deterministic, no atomics. Rows of at most 512 16-byte chunks (hidden <=
-// 4096) take the pipelined variant, which streams the next row into shared memory with cp.async
-// and takes one barrier a row; wider rows prefetch the next row into registers (or, past 8
-// elements a thread, not at all).
+// in a fixed order: deterministic, no atomics. The final norm's backward (once a chunk, no
+// d_add) skips that second kernel: RmsNormBackwardIntoPartials adds to partial rows the caller
+// keeps across the step's chunks, and RmsNormAddPartials sums them once a step (H200, t = 4096,
+// d = 3584: 25.1 us a chunk against 27.5 us with the sum every call; the sum 3.2 us a step).
+// Rows of at most 512 16-byte chunks (hidden <= 4096) take the pipelined variant, which streams
+// the next row into shared memory with cp.async and takes one barrier a row; wider rows prefetch
+// the next row into registers (or, past 8 elements a thread, not at all).
 // Measured at t = 4096, d = 3584 on the H200 (kernels_bench): 28.0 us, of which the row kernel
 // alone 25.1 us (3.5 TB/s, within 4% of an elementwise kernel moving the same three streams:
 // 24.2 us) and the column sums ~2.8 us, the kernel boundary: blocks of 32 x 8 ... 8 x 32 or eight
@@ -144,16 +147,22 @@ __global__ void __launch_bounds__(BackwardMaxThreads(kVec* kChunks),
     RmsNormBackwardKernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
                           const float* __restrict__ rstd, const bf16* __restrict__ dy,
                           const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
-                          float* __restrict__ partial) {
+                          float* __restrict__ partial, bool add_to_partial) {
   constexpr bool kPrefetch = kVec * kChunks <= 8;
   __shared__ float shared[detail::kWarpSize];
   detail::GridDependencyWaitAndTrigger();
   const int chunks = static_cast<int>(hidden / kVec);
+  float* my_partial = partial + static_cast<int64_t>(blockIdx.x) * hidden;
   float dw[kChunks][kVec];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
+    const int c = threadIdx.x + i * blockDim.x;
+    if (add_to_partial && c < chunks) {
+      LoadVec<kVec>(my_partial + c * kVec, dw[i]);
+    } else {
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) dw[i][e] = 0.0f;
+      for (int e = 0; e < kVec; ++e) dw[i][e] = 0.0f;
+    }
   }
   auto load_row = [&](int64_t row, float(&xv)[kChunks][kVec], float(&g)[kChunks][kVec]) {
     const int64_t base = row * hidden;
@@ -226,7 +235,6 @@ __global__ void __launch_bounds__(BackwardMaxThreads(kVec* kChunks),
       }
     }
   }
-  float* my_partial = partial + static_cast<int64_t>(blockIdx.x) * hidden;
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int c = threadIdx.x + i * blockDim.x;
@@ -262,7 +270,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
     RmsNormBackwardPipelinedKernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
                                    const float* __restrict__ rstd, const bf16* __restrict__ dy,
                                    const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx,
-                                   float* __restrict__ partial) {
+                                   float* __restrict__ partial, bool add_to_partial) {
   constexpr int kVec = 8;
   constexpr int kArrays = kAdd ? 3 : 2;
   extern __shared__ uint4 staged[];
@@ -283,10 +291,12 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
     }
     CpAsyncCommit();  // possibly empty: keeps one group per row for wait_group
   };
+  float* my_partial = partial + static_cast<int64_t>(blockIdx.x) * hidden + c * kVec;
   float w[kVec], dw[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) dw[e] = 0.0f;
   if (active) LoadVec<kVec>(weight + c * kVec, w);
+  if (active && add_to_partial) LoadVec<kVec>(my_partial, dw);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(blockIdx.x + static_cast<int64_t>(s) * gridDim.x, s);
   const float inv_hidden = 1.0f / static_cast<float>(hidden);
@@ -320,7 +330,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();
-  if (active) StoreVec<kVec>(partial + static_cast<int64_t>(blockIdx.x) * hidden + c * kVec, dw);
+  if (active) StoreVec<kVec>(my_partial, dw);
 }
 
 // d_weight[col] += sum over the `rows` partial rows, in a fixed order.
@@ -470,7 +480,7 @@ int64_t BackwardBlocks(int64_t tokens) {
 template <int kVec, bool kAdd>
 int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
                        const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* partial,
-                       cudaStream_t stream) {
+                       bool add_to_partial, cudaStream_t stream) {
   if constexpr (kVec == 8) {
     if (hidden / kVec <= kPipelinedMaxThreads && PipelinedBackwardEnabled()) {
       const int threads =
@@ -482,7 +492,7 @@ int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, con
       const int grid = static_cast<int>(std::min<int64_t>(
           BackwardBlocks(tokens), int64_t{per_sm} * detail::MultiprocessorCount()));
       detail::Launch(kernel, dim3(grid), dim3(threads), smem, stream, x, weight, rstd, dy, d_add,
-                     tokens, hidden, dx, partial);
+                     tokens, hidden, dx, partial, add_to_partial);
       return grid;
     }
   }
@@ -497,7 +507,7 @@ int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, con
       const int per_sm = ResidentBlocks(reinterpret_cast<const void*>(kernel), cfg.threads);    \
       grid = static_cast<int>(std::min<int64_t>(BackwardBlocks(tokens), per_sm * sms));         \
       detail::Launch(kernel, dim3(grid), dim3(cfg.threads), stream, x, weight, rstd, dy, d_add, \
-                     tokens, hidden, dx, partial);                                              \
+                     tokens, hidden, dx, partial, add_to_partial);                              \
     }                                                                                           \
     break;
   switch (cfg.chunks) {
@@ -513,35 +523,53 @@ int LaunchBackwardRows(const bf16* x, const bf16* weight, const float* rstd, con
   return grid;
 }
 
+// The row kernel for any width and alignment; returns its grid (the partial rows it wrote).
+int BackwardRows(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
+                 const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* partial,
+                 bool add_to_partial, cudaStream_t stream) {
+  bool vec = hidden % 8 == 0 && IsAligned(x, 16) && IsAligned(weight, 16) && IsAligned(dy, 16) &&
+             IsAligned(dx, 16) && IsAligned(partial, 16);
+  if (d_add != nullptr) vec = vec && IsAligned(d_add, 16);
+  if (d_add != nullptr) {
+    return vec ? LaunchBackwardRows<8, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
+                                             partial, add_to_partial, stream)
+               : LaunchBackwardRows<1, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
+                                             partial, add_to_partial, stream);
+  }
+  return vec ? LaunchBackwardRows<8, false>(x, weight, rstd, dy, d_add, tokens, hidden, dx, partial,
+                                            add_to_partial, stream)
+             : LaunchBackwardRows<1, false>(x, weight, rstd, dy, d_add, tokens, hidden, dx, partial,
+                                            add_to_partial, stream);
+}
+
+void CheckPartials(const char* name, const void* partials) {
+  if (partials == nullptr || !IsAligned(partials, 16)) {
+    throw std::invalid_argument(std::string(name) +
+                                ": partial rows must be 16-byte aligned device memory");
+  }
+}
+
+template <typename GradT>
+void AddPartials(const float* partial, int rows, int64_t hidden, GradT* d_weight,
+                 cudaStream_t stream) {
+  if (rows <= 0) return;
+  const dim3 block(kColumnSumTile, kColumnSumTile);
+  const unsigned grid = static_cast<unsigned>(CeilDiv(hidden, kColumnSumTile));
+  detail::Launch(ColumnSumKernel<GradT>, dim3(grid), block, stream, partial, rows, hidden,
+                 d_weight);
+}
+
 template <typename GradT>
 void Backward(const bf16* x, const bf16* weight, const float* rstd, const bf16* dy,
               const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, GradT* d_weight,
               void* scratch, cudaStream_t stream) {
   CheckShape(kBackwardName, tokens, hidden);
   if (tokens == 0) return;
-  if (scratch == nullptr || !IsAligned(scratch, 16)) {
-    throw std::invalid_argument("RmsNormBackward: scratch must be 16-byte aligned device memory");
-  }
+  CheckPartials(kBackwardName, scratch);
   float* partial = static_cast<float*>(scratch);
-  bool vec = hidden % 8 == 0 && IsAligned(x, 16) && IsAligned(weight, 16) && IsAligned(dy, 16) &&
-             IsAligned(dx, 16);
-  if (d_add != nullptr) vec = vec && IsAligned(d_add, 16);
-  int rows = 0;
-  if (d_add != nullptr) {
-    rows = vec ? LaunchBackwardRows<8, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
-                                             partial, stream)
-               : LaunchBackwardRows<1, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
-                                             partial, stream);
-  } else {
-    rows = vec ? LaunchBackwardRows<8, false>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
-                                              partial, stream)
-               : LaunchBackwardRows<1, false>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
-                                              partial, stream);
-  }
-  const dim3 block(kColumnSumTile, kColumnSumTile);
-  const unsigned grid = static_cast<unsigned>(CeilDiv(hidden, kColumnSumTile));
-  detail::Launch(ColumnSumKernel<GradT>, dim3(grid), block, stream, partial, rows, hidden,
-                 d_weight);
+  const int rows = BackwardRows(x, weight, rstd, dy, d_add, tokens, hidden, dx, partial,
+                                /*add_to_partial=*/false, stream);
+  AddPartials(partial, rows, hidden, d_weight, stream);
 }
 
 }  // namespace
@@ -575,6 +603,30 @@ void RmsNormBackward(const bf16* x, const bf16* weight, const float* rstd, const
                      const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, bf16* d_weight,
                      void* scratch, cudaStream_t stream) {
   Backward(x, weight, rstd, dy, d_add, tokens, hidden, dx, d_weight, scratch, stream);
+}
+
+int RmsNormBackwardIntoPartials(const bf16* x, const bf16* weight, const float* rstd,
+                                const bf16* dy, int64_t tokens, int64_t hidden, bf16* dx,
+                                float* partials, cudaStream_t stream) {
+  CheckShape(kBackwardName, tokens, hidden);
+  if (tokens == 0) return 0;
+  CheckPartials(kBackwardName, partials);
+  return BackwardRows(x, weight, rstd, dy, nullptr, tokens, hidden, dx, partials,
+                      /*add_to_partial=*/true, stream);
+}
+
+void RmsNormAddPartials(const float* partials, int rows, int64_t hidden, float* d_weight,
+                        cudaStream_t stream) {
+  CheckShape(kBackwardName, rows, hidden);
+  if (rows > 0) CheckPartials(kBackwardName, partials);
+  AddPartials(partials, rows, hidden, d_weight, stream);
+}
+
+void RmsNormAddPartials(const float* partials, int rows, int64_t hidden, bf16* d_weight,
+                        cudaStream_t stream) {
+  CheckShape(kBackwardName, rows, hidden);
+  if (rows > 0) CheckPartials(kBackwardName, partials);
+  AddPartials(partials, rows, hidden, d_weight, stream);
 }
 
 }  // namespace ctxplan::kernels::cuda

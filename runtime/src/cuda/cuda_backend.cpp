@@ -348,6 +348,9 @@ class TypedImpl final : public CudaBackend::Impl {
     constexpr MemCategory kWs = MemCategory::kWorkspace;
     want.Want(norm_scratch_, k::RmsNormBackwardScratchBytes(o_.chunk_tokens, d_), kWs,
               "RMSNorm backward scratch");
+    if (!Lora())
+      want.Want(final_norm_partials_, k::RmsNormBackwardScratchBytes(o_.chunk_tokens, d_) / 4, kWs,
+                "final norm d_weight partials [rows][d]");
     const k::AttentionShape full{o_.chunk_tokens, m_.num_attention_heads, m_.num_key_value_heads,
                                  m_.head_dim, scale_};
     want.Want(attention_ws_, k::AttentionBackwardWorkspaceBytes(full), kWs,
@@ -739,11 +742,15 @@ class TypedImpl final : public CudaBackend::Impl {
     ops_ = 0;
     chunk_index_ = -1;
     slot_uses_ = own_uses_ = 0;
+    final_norm_backwards_ = 0;
+    final_norm_rows_ = 0;
     layer_key_ = {-1, -1, -1};
     table_user_[0] = table_user_[1] = kNoOp;
   }
 
   StepOutputs EndStep() override {
+    CTXPLAN_CHECK(final_norm_backwards_ == 0,
+                  "CUDA backend: the step ended with the final norm's d_weight partials unsummed");
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     arena_->SampleDeviceUsed();
     std::vector<float> losses(loss_.size());
@@ -1016,9 +1023,13 @@ class TypedImpl final : public CudaBackend::Impl {
   void NormBackward(const Op& op) {
     switch (op.part) {
       case OpPart::kFinalNorm:
-        k::RmsNormBackward(hf_.get(), weights_.final_norm.get(), rstdf_.get(), d_xnf_.get(),
-                           nullptr, T(), d_, dh_.get(), NormGrad(grads_.final_norm),
-                           norm_scratch_.get(), compute_);
+        if (Lora()) {  // a frozen norm: its d_weight is discarded
+          k::RmsNormBackward(hf_.get(), weights_.final_norm.get(), rstdf_.get(), d_xnf_.get(),
+                             nullptr, T(), d_, dh_.get(), frozen_dw_.get(), norm_scratch_.get(),
+                             compute_);
+        } else {
+          FinalNormBackward();
+        }
         break;
       case OpPart::kMlpNorm:
         k::RmsNormBackward(hmid_ptr_, W(op).mlp_norm.get(), rstd2_.get(), d_xn2_.get(), dh_.get(),
@@ -1032,6 +1043,25 @@ class TypedImpl final : public CudaBackend::Impl {
         break;
       default:
         throw InternalError("CUDA backend: RMSNorm backward without a part");
+    }
+  }
+
+  // The final norm's backward runs once a chunk: its d_weight stays in fp32 partial rows across
+  // the step's chunks and is summed into the gradient once, after the last chunk (the per-call
+  // column sum is a second kernel, ~10% of the call; kernels/src/cuda/rmsnorm.cu).
+  void FinalNormBackward() {
+    if (final_norm_backwards_ == 0)
+      CTXPLAN_CUDA_CHECK(
+          cudaMemsetAsync(final_norm_partials_.get(), 0, final_norm_partials_.bytes(), compute_));
+    const int rows = k::RmsNormBackwardIntoPartials(hf_.get(), weights_.final_norm.get(),
+                                                    rstdf_.get(), d_xnf_.get(), T(), d_, dh_.get(),
+                                                    final_norm_partials_.get(), compute_);
+    final_norm_rows_ = std::max(final_norm_rows_, rows);
+    if (++final_norm_backwards_ == g_.num_chunks()) {
+      k::RmsNormAddPartials(final_norm_partials_.get(), final_norm_rows_, d_,
+                            grads_.final_norm.get(), compute_);
+      final_norm_backwards_ = 0;
+      final_norm_rows_ = 0;
     }
   }
 
@@ -1554,6 +1584,9 @@ class TypedImpl final : public CudaBackend::Impl {
       d_xnf_;
   DeviceArray<float> lse_, rstd1_, rstd2_, rstdf_, scores_, loss_;
   DeviceArray<std::byte> norm_scratch_, attention_ws_, score_ws_, loss_ws_;
+  DeviceArray<float> final_norm_partials_;  // [rows][d]: see FinalNormBackward
+  int final_norm_rows_ = 0;                 // the most partial rows a call of this step added to
+  int64_t final_norm_backwards_ = 0;        // the step's final-norm backwards run so far
   DeviceArray<int32_t> selected_;
   PinnedArray<int32_t> selected_host_;
   std::vector<int32_t> selection_host_;

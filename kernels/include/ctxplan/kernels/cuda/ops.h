@@ -82,6 +82,23 @@ void RmsNormBackward(const bf16* x, const bf16* weight, const float* rstd, const
                      const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, bf16* d_weight,
                      void* scratch, cudaStream_t stream);
 
+// The same backward (no d_add) with d_weight left in its fp32 partial rows, which are ADDED TO
+// instead of summed into d_weight at once: for a norm whose backward runs once a chunk (the final
+// norm), the partial rows stay across the step's chunks and RmsNormAddPartials sums them into
+// d_weight once a step, after the last chunk. Which rows a call adds to depends on its grid; the
+// sum over rows is the gradient, in a fixed order (deterministic).
+//   partials [rows][d] fp32: RmsNormBackwardScratchBytes(largest tokens of a call, d) bytes,
+//   zeroed before the step's first call; returns the rows this call added to (the sum needs
+//   the largest of the step's returns).
+int RmsNormBackwardIntoPartials(const bf16* x, const bf16* weight, const float* rstd,
+                                const bf16* dy, int64_t tokens, int64_t hidden, bf16* dx,
+                                float* partials, cudaStream_t stream);
+// d_weight [d] += the column sums of partials [rows][d].
+void RmsNormAddPartials(const float* partials, int rows, int64_t hidden, float* d_weight,
+                        cudaStream_t stream);
+void RmsNormAddPartials(const float* partials, int rows, int64_t hidden, bf16* d_weight,
+                        cudaStream_t stream);
+
 // --- RoPE (rope.cu), Hugging Face rotate_half, in place ---------------------------------------
 // Row i (position first_position + i) holds `heads` heads of head_dim at x + i * row_stride;
 // row_stride = heads * head_dim for a contiguous [t][H][d_h] tensor, larger to rotate the Q and
