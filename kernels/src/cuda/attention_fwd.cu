@@ -4,13 +4,14 @@
 // the tile's selected pages, in list order) followed by the chunk's own positions
 // 0..min(q0 + 128, t) - 1. That sequence is walked in key tiles gathered through the page table
 // with cp.async (16-byte chunks into an XOR-swizzled shared tile, K and V double-buffered, the
-// next tile's copies in flight while the current one is computed). Masking is applied only on
+// next tiles' copies in flight while the current one is computed). Masking is applied only on
 // the tiles that need it (the diagonal, the end of the chunk, a partial page list). Blocks are
 // launched heaviest first (the last query tiles see the most own keys).
 //
 // Two implementations:
-//  - AttnFwdWgmmaKernel (default): two warpgroups x 64 query rows, 128-key tiles, S = Q K^T and
-//    O += P V on wgmma (Hopper warpgroup MMA), P from registers.
+//  - AttnFwdWarpSpecializedKernel (default): a loader warpgroup and two compute warpgroups x 64
+//    query rows on mbarriers, 128-key tiles, S = Q K^T and O += P V on wgmma (Hopper warpgroup
+//    MMA), P from registers, the compute warpgroups taking turns on the tensor cores.
 //  - AttnFwdKernel (CTXPLAN_ATTN_FWD=mma): FlashAttention-2 style, 4 warps x 32 rows, 64-key
 //    tiles, mma.sync m16n8k16 with ldmatrix fragments.
 // A key tile of earlier positions is gathered page by page: when p is a power of two >= the tile
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "attention_common.cuh"
 #include "attention_wgmma.cuh"
@@ -374,41 +376,69 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
   }
 }
 
-// --- wgmma (sm_90a) forward -------------------------------------------------------------------
-// One block = 128 queries of one head, two warpgroups of 64 query rows each; keys in tiles of 128.
-// S = Q K^T and O += P V run on wgmma: Q and K from shared memory (K-major), P from registers (the
-// S accumulators converted in place to the A-operand layout), V from shared memory as a
-// transposed (MN-major) B operand. Tiles are [d_h / 64][rows][64] with the 128-byte swizzle
-// (16-byte chunk c of row r at c ^ (r & 7)), which is the canonical wgmma layout; cp.async fills
-// them exactly as in the mma.sync kernel, double-buffered. Earlier pages: a 128-key tile spans at
-// most two pages when p is a power of two >= 64 (slots prefetched a tile ahead), else per row.
-constexpr int kWgBM = 128, kWgBN = 128, kWgThreads = 256;
+// --- warp-specialised wgmma forward (sm_90a, FlashAttention-3 style) -----------------------------
+// One block = 128 queries of one head; keys in tiles of 128. Three warpgroups: warpgroup 0 only
+// loads (Q, then K_j and V_j with cp.async into two buffers each; each tile's `full` mbarrier
+// completes when the copies of its 128 threads have landed: cp.async.mbarrier.arrive), warpgroups
+// 1 and 2 only compute, 64 query rows each, and release a buffer through its `empty` mbarrier as
+// soon as their GEMM on it has completed; no block-wide barrier after the prologue. S = Q K^T and
+// O += P V run on wgmma: Q and K from shared memory (K-major), P from registers (the S
+// accumulators converted in place to the A-operand layout), V from shared memory as a transposed
+// (MN-major) B operand. Tiles are [d_h / 64][rows][64] with the 128-byte swizzle (16-byte chunk c
+// of row r at c ^ (r & 7)), the canonical wgmma layout. Per consumer, iteration j: issue S_j and
+// P_{j-1} V_{j-1}, wait for S_j, softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j;
+// two named barriers make the consumers take turns issuing ("ping-pong"), so one's softmax runs
+// while the other's GEMMs use the tensor cores. The loader gives registers to the consumers
+// (setmaxnreg). Earlier pages: a 128-key tile is two 64-row halves, each within one page when p
+// is a power of two >= 64 (else the page is resolved per row).
+// Measured on the H200 (attention_bench, d_h 128, 28/4 heads): 64K causal 546 TFLOP/s, the last
+// chunk over 60K in pages of 128 585, sparse k 64 548. The kernel it replaced (the same two
+// compute warpgroups also loading the tiles, one block barrier a tile, in lockstep) ran 429 / 378 /
+// 359; without the ping-pong 539 / 575 / 534. The loader's copies must stay cheap: with the row
+// address recomputed per copy (21 instructions, 64-bit multiplies) the four loader warps were the
+// bound (213 TFLOP/s on pages); a running pointer makes it ~5.
+constexpr int kWsBM = 128, kWsBN = 128;
+constexpr int kWsThreads = 384;
+constexpr int kWsLoaderThreads = 128;
+constexpr int kWsLoaderRegisters = 56;
+constexpr int kWsConsumerRegisters = 224;
+static_assert(kWsLoaderRegisters * kWsLoaderThreads +
+                      kWsConsumerRegisters * (kWsThreads - kWsLoaderThreads) <=
+                  65536,
+              "the register file holds both roles");
+constexpr int kTurnBarrier = 1;      // + consumer index: that consumer may issue its GEMMs
+constexpr int kEpilogueBarrier = 3;  // + consumer index: its 128 threads, around the O staging
 
 template <int HD>
-struct WgSmem {
-  static constexpr int kQBytes = kWgBM * HD * 2;
-  static constexpr int kTile = kWgBN * HD * 2;
+struct WsSmem {
+  static constexpr int kQBytes = kWsBM * HD * 2;
+  static constexpr int kTile = kWsBN * HD * 2;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQBytes;                    // 2 buffers
-  static constexpr int kV = kK + 2 * kTile;             // 2 buffers
-  static constexpr int kBytes = kV + 2 * kTile + 1024;  // + alignment slack
+  static constexpr int kK = kQBytes;                   // 2 buffers
+  static constexpr int kV = kK + 2 * kTile;            // 2 buffers
+  static constexpr int kBars = kV + 2 * kTile;         // full K, full V, empty K, empty V: 2 each
+  static constexpr int kBytes = kBars + 8 * 8 + 1024;  // + alignment slack
 };
 
 template <int HD>
-__global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdParams prm) {
-  using L = WgSmem<HD>;
-  constexpr int BM = kWgBM, BN = kWgBN;
+__global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(const FwdParams prm) {
+  using L = WsSmem<HD>;
+  constexpr int BM = kWsBM, BN = kWsBN;
   constexpr int kChunks = HD / 8;
-  constexpr int kRowsPerPass = kWgThreads / kChunks;
+  constexpr int kRowsPerPass = kWsLoaderThreads / kChunks;
   constexpr int kOn = HD / 2;  // O accumulators per thread
+  constexpr int kConsumerThreads = kWsThreads - kWsLoaderThreads;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV;
+  auto full_k = [&](int b) { return base + L::kBars + 8 * b; };
+  auto full_v = [&](int b) { return base + L::kBars + 16 + 8 * b; };
+  auto empty_k = [&](int b) { return base + L::kBars + 32 + 8 * b; };
+  auto empty_v = [&](int b) { return base + L::kBars + 48 + 8 * b; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, tq = lane & 3;
-  const int wg = warp >> 2, wwarp = warp & 3;
+  const int role = warp >> 2;                                       // 0 loader, 1 and 2 consumers
   const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
   const int h = blockIdx.y, hkv = h / prm.group;
   const int q0 = tile * BM;
@@ -422,84 +452,125 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
   const int own_end = min(q0 + BM, t);
   const int ne_tiles = (n_e + BN - 1) / BN;
   const int n_tiles = ne_tiles + (own_end + BN - 1) / BN;
-  const int pg = prm.p;
-  const bool pow2 = pg >= 64 && (pg & (pg - 1)) == 0;
-  const int p_shift = __ffs(pg) - 1;
 
-  auto slot_of = [&](int li) -> int {
-    const int page = sel_list ? __ldg(sel_list + li) : li;
-    return __ldg(prm.page_slot + page);
-  };
-  // Slots of tile j's rows 0..63 (sa) and 64..127 (sb), fast path only.
-  auto tile_slots = [&](int j, int& sa, int& sb) {
-    sa = 0;
-    sb = 0;
-    if (!pow2 || j >= ne_tiles) return;
-    const int v0 = j * BN;
-    sa = slot_of(v0 >> p_shift);
-    if (v0 + 64 < n_e) sb = pg >= 128 ? sa : slot_of((v0 + 64) >> p_shift);
-  };
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      MbarInit(full_k(b), kWsLoaderThreads);
+      MbarInit(full_v(b), kWsLoaderThreads);
+      MbarInit(empty_k(b), kConsumerThreads);
+      MbarInit(empty_v(b), kConsumerThreads);
+    }
+  }
+  __syncthreads();
 
-  auto load_kv = [&](int j, int buf, int which, int sa, int sb) {
-    const uint32_t dst = (which ? sV : sK) + buf * L::kTile;
-    const int c = tid % kChunks;
-    if (j < ne_tiles) {
+  if (role == 0) {  // --- loader ---
+    SetMaxRegistersDec<kWsLoaderRegisters>();
+    const int pg = prm.p;
+    const bool pow2 = pg >= 64 && (pg & (pg - 1)) == 0;
+    const int p_shift = __ffs(pg) - 1;
+    auto slot_of = [&](int li) -> int {
+      const int page = sel_list ? __ldg(sel_list + li) : li;
+      return __ldg(prm.page_slot + page);
+    };
+    // Slots of tile j's rows 0..63 (a) and 64..127 (b), fast path only.
+    auto tile_slots = [&](int j, int& sa, int& sb) {
+      sa = 0;
+      sb = 0;
+      if (!pow2 || j >= ne_tiles) return;
       const int v0 = j * BN;
-      if (pow2) {
+      sa = slot_of(v0 >> p_shift);
+      if (v0 + 64 < n_e) sb = pg >= 128 ? sa : slot_of((v0 + 64) >> p_shift);
+    };
+    // The loader's issue rate bounds the kernel (4 warps issue every copy): a row's address is the
+    // previous one plus a fixed step (each 64-row half of a tile lies in one page, p a power of
+    // two >= 64), its shared offset a constant, its bound one compare.
+    const int c = tid % kChunks, r0 = tid / kChunks;
+    const int64_t step = static_cast<int64_t>(kRowsPerPass) * kv_row;
+    // Rows r0, r0 + kRowsPerPass, ... (kRows of them) from `first` on, into dst from row `row0`;
+    // rows at or past `limit` (relative to row0 + r0) zero-filled.
+    auto copy_rows = [&](auto rows_constant, uint32_t dst, int row0, const bf16* first, int limit) {
+      constexpr int kRows = decltype(rows_constant)::value;
+      const bf16* src = first;
 #pragma unroll
-        for (int i = 0; i < BN / kRowsPerPass; ++i) {
-          const int row = i * kRowsPerPass + tid / kChunks;
-          const int v = v0 + row;
-          const bool valid = v < n_e;
-          const int slot = (i < 64 / kRowsPerPass) ? sa : sb;
-          const bf16* src = valid
-                                ? prm.pool + static_cast<int64_t>(slot) * prm.page_elems +
-                                      (static_cast<int64_t>(which) * pg + (v & (pg - 1))) * kv_row +
-                                      hkv * HD + c * 8
-                                : prm.pool;
-          CpAsync16(dst + Sw128<BN>(row, c), src, valid);
+      for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+        const bool valid = i * kRowsPerPass < limit;
+        CpAsync16(dst + Sw128<BN>(row0 + i * kRowsPerPass + r0, c), valid ? src : prm.pool, valid);
+        src += step;
+      }
+    };
+    auto load_kv = [&](int j, int which, int sa, int sb) {
+      const uint32_t dst = (which ? sV : sK) + (j & 1) * L::kTile;
+      if (j < ne_tiles) {
+        const int v0 = j * BN;
+        if (pow2) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int off = (v0 + 64 * half) & (pg - 1);
+            const bf16* first = prm.pool + static_cast<int64_t>(half ? sb : sa) * prm.page_elems +
+                                (static_cast<int64_t>(which) * pg + off + r0) * kv_row + hkv * HD +
+                                c * 8;
+            copy_rows(std::integral_constant<int, 64>{}, dst, half * 64, first,
+                      n_e - v0 - half * 64 - r0);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / kRowsPerPass; ++i) {
+            const int row = i * kRowsPerPass + r0;
+            const int v = v0 + row;
+            const bool valid = v < n_e;
+            const bf16* src = prm.pool;
+            if (valid) {
+              const int li = v / pg;
+              src = prm.pool + static_cast<int64_t>(slot_of(li)) * prm.page_elems +
+                    (static_cast<int64_t>(which) * pg + v - li * pg) * kv_row + hkv * HD + c * 8;
+            }
+            CpAsync16(dst + Sw128<BN>(row, c), src, valid);
+          }
         }
       } else {
-#pragma unroll
-        for (int i = 0; i < BN / kRowsPerPass; ++i) {
-          const int row = i * kRowsPerPass + tid / kChunks;
-          const int v = v0 + row;
-          const bool valid = v < n_e;
-          const bf16* src = prm.pool;
-          if (valid) {
-            const int li = v / pg, off = v - li * pg;
-            src = prm.pool + static_cast<int64_t>(slot_of(li)) * prm.page_elems +
-                  (static_cast<int64_t>(which) * pg + off) * kv_row + hkv * HD + c * 8;
-          }
-          CpAsync16(dst + Sw128<BN>(row, c), src, valid);
-        }
+        const int kbase = (j - ne_tiles) * BN;
+        const bf16* own = which ? prm.v_own : prm.k_own;
+        copy_rows(std::integral_constant<int, BN>{}, dst, 0,
+                  own + static_cast<int64_t>(kbase + r0) * kv_row + hkv * HD + c * 8,
+                  own_end - kbase - r0);
       }
-    } else {
-      LoadOwnRows<HD, BN, kWgThreads>(which ? prm.v_own : prm.k_own, (j - ne_tiles) * BN, own_end,
-                                      kv_row, hkv, dst,
-                                      [](int row, int c) { return Sw128<BN>(row, c); });
+    };
+    // Tiles in the order the consumers need them: Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}. A
+    // tile's `full` barrier completes when the copies of all 128 loader threads have landed; the
+    // consumers then fence the proxies before their wgmma reads the tile.
+    auto issued = [&](uint32_t bar) { MbarArriveOnCpAsync(bar); };
+    int cur_a, cur_b, nxt_a, nxt_b, prev_a = 0, prev_b = 0;
+    tile_slots(0, cur_a, cur_b);
+    tile_slots(1, nxt_a, nxt_b);
+    LoadQueryRows<HD, BM, kWsLoaderThreads>(prm, q0, h, sQ,
+                                            [](int row, int c) { return Sw128<BM>(row, c); });
+    load_kv(0, 0, cur_a, cur_b);
+    issued(full_k(0));
+    for (int j = 1; j <= n_tiles; ++j) {
+      prev_a = cur_a;
+      prev_b = cur_b;
+      if (j < n_tiles) {  // K_j into the buffer of K_{j-2}, once both consumers' S_{j-2} are done
+        if (j >= 2) MbarWait(empty_k(j & 1), ((j >> 1) - 1) & 1);
+        cur_a = nxt_a;
+        cur_b = nxt_b;
+        tile_slots(j + 1, nxt_a, nxt_b);
+        load_kv(j, 0, cur_a, cur_b);
+        issued(full_k(j & 1));
+      }
+      const int jv = j - 1;  // V_{j-1} into the buffer of V_{j-3}
+      if (jv >= 2) MbarWait(empty_v(jv & 1), ((jv >> 1) - 1) & 1);
+      load_kv(jv, 1, prev_a, prev_b);
+      issued(full_v(jv & 1));
     }
-  };
+    CpAsyncWait<0>();  // nothing outstanding when the loader exits
+    return;
+  }
 
-  // --- prologue ---
-  LoadQueryRows<HD, BM, kWgThreads>(prm, q0, h, sQ,
-                                    [](int row, int c) { return Sw128<BM>(row, c); });
-  // Schedule (per warpgroup), iteration j: issue S_j = Q K_j and O += P_{j-1} V_{j-1} back to back,
-  // wait for S_j only, run tile j's softmax while the tensor cores work on P_{j-1} V_{j-1}, then
-  // wait for that, rescale O and pack P_j. Loads: K_{j+1} and V_j are issued at the top of
-  // iteration j into the buffers that S_{j-1} and P_{j-2} V_{j-2} (both complete) used.
-  // (Three buffers each, loads issued two iterations ahead, measured 1-2% slower on the H200:
-  // 64K causal 427 vs 432 TFLOP/s, chunked 365-370 vs 372-376; the loads are not what waits.
-  // Each warpgroup loading its own 64-key tiles and syncing on a barrier of its own, so that the
-  // two drift apart instead of running in lockstep: 346 vs 432 TFLOP/s, 212 vs 371 on the last
-  // chunk over pages; twice the K / V traffic through the L2 and half-width S tiles.)
-  int sa, sb;
-  tile_slots(0, sa, sb);
-  load_kv(0, 0, 0, sa, sb);
-  CpAsyncCommit();       // Q + K_0
-  int va = sa, vb = sb;  // slots of the tile whose V is loaded next
-  tile_slots(1, sa, sb);
-
+  // --- consumers ---
+  SetMaxRegistersInc<kWsConsumerRegisters>();
+  const int cw = role - 1;
+  const int wwarp = warp & 3;
+  const int g = lane >> 2, tq = lane & 3;
   float o[kOn];
 #pragma unroll
   for (int i = 0; i < kOn; ++i) o[i] = 0.0f;
@@ -512,21 +583,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float corr[2] = {1.0f, 1.0f};
   const float scale_log2 = prm.scale_log2;
-  const int row_local0 = wg * 64 + wwarp * 16 + g;  // + 8 * hf
-  const uint32_t q_wg = sQ + wg * 64 * 128;
+  const int row_local0 = cw * 64 + wwarp * 16 + g;  // + 8 * hf
+  const uint32_t q_wg = sQ + cw * 64 * 128;
 
-  // Top of iteration j: K_j and V_{j-1} landed, every warpgroup finished iteration j - 1.
-  auto top = [&](int j) {
-    CpAsyncWait<0>();
-    FenceProxyAsync();
-    __syncthreads();
-    if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) & 1, 0, sa, sb);
-    if (j < n_tiles) load_kv(j, j & 1, 1, va, vb);
-    CpAsyncCommit();
-    va = sa;
-    vb = sb;
-    tile_slots(j + 2, sa, sb);
-  };
   auto issue_s = [&](int j) {  // S_j = Q K_j^T : [64 rows][128 keys] per warpgroup
     const uint32_t kbuf = sK + (j & 1) * L::kTile;
 #pragma unroll
@@ -614,36 +673,53 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
       pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
+  // Strict alternation: each consumer takes n_tiles + 1 turns (S_0; S_j with P_{j-1} V_{j-1};
+  // the last P V), consumer 0 first; the last turn of consumer 1 hands over to nobody.
+  const int my_turn = kTurnBarrier + cw, other_turn = kTurnBarrier + 1 - cw;
+  auto take_turn = [&] { NamedBarrierSync(my_turn, kConsumerThreads); };
+  auto pass_turn = [&] { NamedBarrierArrive(other_turn, kConsumerThreads); };
+  if (cw == 1) pass_turn();
 
-  // Tile 0 (n_tiles >= 1 always: every query sees its own key).
-  top(0);
+  MbarWait(full_k(0), 0);
+  FenceProxyAsync();  // the loader's cp.async writes, to the tensor cores' async proxy
+  take_turn();
   WgmmaFence();
   issue_s(0);
+  pass_turn();
   WgmmaWait<0>();
   FenceAcc(s);
+  MbarArrive(empty_k(0));
   softmax(0);
   rescale_pack();
   for (int j = 1; j < n_tiles; ++j) {
-    top(j);
+    MbarWait(full_k(j & 1), (j >> 1) & 1);
+    MbarWait(full_v((j - 1) & 1), ((j - 1) >> 1) & 1);
+    FenceProxyAsync();
+    take_turn();
     WgmmaFence();
     issue_s(j);
     issue_pv(j - 1);
+    pass_turn();
     WgmmaWait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     FenceAcc(s);
+    MbarArrive(empty_k(j & 1));
     softmax(j);
     WgmmaWait<0>();
     FenceAcc(o);
+    MbarArrive(empty_v((j - 1) & 1));
     rescale_pack();
   }
-  top(n_tiles);
+  const int last = n_tiles - 1;
+  MbarWait(full_v(last & 1), (last >> 1) & 1);
+  FenceProxyAsync();
+  take_turn();
   WgmmaFence();
-  issue_pv(n_tiles - 1);
+  issue_pv(last);
+  if (cw == 0) pass_turn();
   WgmmaWait<0>();
   FenceAcc(o);
-  CpAsyncWait<0>();
-  __syncthreads();
 
-  // --- epilogue: normalise, LSE, O through this warpgroup's rows of the Q tile ---
+  // --- epilogue: normalise, LSE, O through this consumer's own rows of the Q tile ---
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float l = row_sum[hf];
@@ -663,10 +739,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) AttnFwdWgmmaKernel(const FwdPar
                    : "memory");
     }
   }
-  __syncthreads();
+  NamedBarrierSync(kEpilogueBarrier + cw, 128);
+  constexpr int kRowsPerConsumerPass = 128 / kChunks;
+  const int ctid = tid % 128;
 #pragma unroll
-  for (int i = 0; i < BM / kRowsPerPass; ++i) {
-    const int row = i * kRowsPerPass + tid / kChunks, c = tid % kChunks;
+  for (int i = 0; i < 64 / kRowsPerConsumerPass; ++i) {
+    const int row = cw * 64 + i * kRowsPerConsumerPass + ctid / kChunks, c = ctid % kChunks;
     const int qi = q0 + row;
     if (qi < t) {
       uint4 v;
@@ -684,7 +762,6 @@ bool UseMmaSyncForward() {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD");
   return v != nullptr && std::strcmp(v, "mma") == 0;
 }
-
 template <int HD>
 void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
   const dim3 grid(prm.q_tiles, prm.hq);
@@ -696,10 +773,10 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
     CTXPLAN_CUDA_CHECK_LAUNCH();
     return;
   }
-  constexpr int smem = WgSmem<HD>::kBytes;
-  CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnFwdWgmmaKernel<HD>,
+  constexpr int smem = WsSmem<HD>::kBytes;
+  CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnFwdWarpSpecializedKernel<HD>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  AttnFwdWgmmaKernel<HD><<<grid, kWgThreads, smem, stream>>>(prm);
+  AttnFwdWarpSpecializedKernel<HD><<<grid, kWsThreads, smem, stream>>>(prm);
   CTXPLAN_CUDA_CHECK_LAUNCH();
 }
 

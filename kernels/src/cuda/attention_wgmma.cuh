@@ -30,6 +30,51 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// --- warp specialisation: mbarriers, named barriers, register reallocation ----------------------
+// An mbarrier in shared memory (8 bytes) whose phase completes after `count` arrivals.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// One of the mbarrier's expected arrivals, made when this thread's earlier cp.async copies have
+// landed (the thread itself goes on at once).
+__device__ __forceinline__ void MbarArriveOnCpAsync(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` has completed (acquire: the arrivers' writes before
+// their arrival are visible after it).
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      " .reg .pred ready;\n"
+      "MBAR_SPIN:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+      " @!ready bra MBAR_SPIN;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Hardware named barriers 1..15 (0 is __syncthreads): `count` threads in all, warps of which
+// either wait (sync) or only signal (arrive).
+__device__ __forceinline__ void NamedBarrierSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Moves registers between warpgroups: every warp of the warpgroup executes it.
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void SetMaxRegistersInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
 // Byte offset of 16-byte chunk c (0..D/8-1) of row `row` in a [D/64][ROWS][64] tile with the
 // 128-byte swizzle (the canonical wgmma layout for 64-element-wide blocks).
 template <int ROWS>
