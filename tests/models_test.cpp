@@ -262,7 +262,7 @@ TEST(Catalog, H200MeasuredValues) {
   EXPECT_EQ(g.bf16_gemm_tflops.provenance, Provenance::kMeasured);
   EXPECT_DOUBLE_EQ(g.bf16_dense_tflops.value, 989);
   EXPECT_EQ(g.bf16_dense_tflops.provenance, Provenance::kDatasheet);
-  EXPECT_DOUBLE_EQ(g.attention_fwd_tflops.value, 330);
+  EXPECT_DOUBLE_EQ(g.attention_fwd_tflops.value, 525);
   EXPECT_DOUBLE_EQ(g.attention_bwd_tflops.value, 315);
   EXPECT_DOUBLE_EQ(g.host_h2d_gbs.value, 55.2);
   EXPECT_DOUBLE_EQ(g.host_d2h_gbs.value, 55.2);

@@ -23,10 +23,11 @@ struct KernelTimeCalibration {
   // blocks serve a few query tiles each, not all, and pay their fixed costs (K/V load, the dKV
   // read-add-write, one block per SM) for less work. Measured with ctxtrain on the H200
   // (Qwen2.5-7B, 512K, k 64 of 128-token pages, chunk 4096, offload off; the CUDA backend runs a
-  // layer's own and paged attention as one launch): forward 2.03 ms a call, own part predicted
-  // 0.36 ms, paged 1.47 ms at the forward's rate; backward 6.0 ms a call, own 0.96 ms, paged
-  // 5.54 ms at 0.7 of the backward's rate (so ~0.77).
-  double sparse_attention_forward_efficiency = 0.88;
+  // layer's own and paged attention as one launch): forward (the warp-specialised kernel of
+  // 8fc76af) 9.77 s a step, of which the own part is predicted 1.64 s at the dense rate, so the
+  // paged part runs at 0.81 of it; backward 6.0 ms a call, own 0.96 ms, paged 5.54 ms at 0.7 of
+  // the backward's rate (so ~0.77).
+  double sparse_attention_forward_efficiency = 0.81;
   double sparse_attention_backward_efficiency = 0.77;
   // Memory-bound kernels reach this fraction of the measured device-to-device copy bandwidth.
   double memory_efficiency = 0.8;
