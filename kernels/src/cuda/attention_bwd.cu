@@ -834,7 +834,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 
     const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
 
-    // S^T = K_wg Q^T.
+    // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P): the tensor cores run dP^T while
+    // this warpgroup exponentiates S^T, and later dV += P^T dO while it forms dS^T.
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
@@ -843,7 +844,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       WgmmaSS_m64n64<0, 0>(s, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t a = v_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+      const uint32_t b = dob + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      WgmmaSS_m64n64<0, 0>(dp_, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();  // S^T done; dP^T may still run
     FenceAcc(s);
 
     // P^T = exp2(S^T scale log2e - LSE2[q]), masked.
@@ -888,21 +896,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       pa[kq][3] = PackBf16(s[8 * kq + 6], s[8 * kq + 7]);
     }
 
-    // dV += P^T dO;  dP^T = V_wg dO^T.
+    // dV += P^T dO.
     WgmmaFence();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
       WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
     WgmmaCommit();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t a = v_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-      const uint32_t b = dob + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      WgmmaSS_m64n64<0, 0>(dp_, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
-    }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceAcc(dv);
+    WgmmaWait<1>();  // dP^T done; dV may still run
     FenceAcc(dp_);
 
     // dS^T = P^T (dP^T - D[q]): packed for dK, stored for dQ.
@@ -946,7 +946,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
                              kk > 0 ? 1 : 0);
       }
       WgmmaCommit();
-      WgmmaWait<0>();  // dQ, and (first pass) this warpgroup's dK
+      WgmmaWait<0>();  // dQ, and (first pass) this warpgroup's dV and dK
+      FenceAcc(dv);
       FenceAcc(dk);
       FenceAcc(dq);
       // Rejected after measuring: staging each dQ half in shared memory and adding it with one
