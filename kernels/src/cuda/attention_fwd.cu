@@ -410,12 +410,12 @@ constexpr int kTurnBarrier = 1;      // + consumer index: that consumer may issu
 constexpr int kEpilogueBarrier = 3;  // + consumer index: its 128 threads, around the O staging
 
 template <int HD>
-struct WsSmem {
+struct WsSmem {  // tiles [HD / 64][rows][64] bf16, 128-byte swizzle
   static constexpr int kQBytes = kWsBM * HD * 2;
   static constexpr int kTile = kWsBN * HD * 2;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQBytes;                   // 2 buffers
-  static constexpr int kV = kK + 2 * kTile;            // 2 buffers
+  static constexpr int kQ = 0;                         // Q [HD / 64][128 queries][64]
+  static constexpr int kK = kQBytes;                   // K [2 buffers][HD / 64][128 keys][64]
+  static constexpr int kV = kK + 2 * kTile;            // V [2 buffers][HD / 64][128 keys][64]
   static constexpr int kBars = kV + 2 * kTile;         // full K, full V, empty K, empty V: 2 each
   static constexpr int kBytes = kBars + 8 * 8 + 1024;  // + alignment slack
 };
@@ -538,14 +538,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
     // Tiles in the order the consumers need them: Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}. A
     // tile's `full` barrier completes when the copies of all 128 loader threads have landed; the
     // consumers then fence the proxies before their wgmma reads the tile.
-    auto issued = [&](uint32_t bar) { MbarArriveOnCpAsync(bar); };
     int cur_a, cur_b, nxt_a, nxt_b, prev_a = 0, prev_b = 0;
     tile_slots(0, cur_a, cur_b);
     tile_slots(1, nxt_a, nxt_b);
     LoadQueryRows<HD, BM, kWsLoaderThreads>(prm, q0, h, sQ,
                                             [](int row, int c) { return Sw128<BM>(row, c); });
     load_kv(0, 0, cur_a, cur_b);
-    issued(full_k(0));
+    MbarArriveOnCpAsync(full_k(0));
     for (int j = 1; j <= n_tiles; ++j) {
       prev_a = cur_a;
       prev_b = cur_b;
@@ -555,12 +554,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
         cur_b = nxt_b;
         tile_slots(j + 1, nxt_a, nxt_b);
         load_kv(j, 0, cur_a, cur_b);
-        issued(full_k(j & 1));
+        MbarArriveOnCpAsync(full_k(j & 1));
       }
       const int jv = j - 1;  // V_{j-1} into the buffer of V_{j-3}
       if (jv >= 2) MbarWait(empty_v(jv & 1), ((jv >> 1) - 1) & 1);
       load_kv(jv, 1, prev_a, prev_b);
-      issued(full_v(jv & 1));
+      MbarArriveOnCpAsync(full_v(jv & 1));
     }
     CpAsyncWait<0>();  // nothing outstanding when the loader exits
     return;
