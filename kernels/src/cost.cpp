@@ -109,7 +109,7 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
   double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
   double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
                  (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
-  return {flops, bytes, RateClass::kGemm};
+  return {flops, bytes, RateClass::kFusedLoss};
 }
 OpCost ZeroFillCost(int64_t bytes) {
   return Memory(D(bytes));

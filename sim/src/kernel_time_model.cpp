@@ -12,6 +12,7 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelTimeCalibrati
   const GpuSpec& gpu = machine.gpu;
   const KernelTimeCalibration& c = calibration_;
   gemm_seconds_per_flop_ = 1.0 / (gpu.bf16_gemm_tflops.value * 1e12 * c.gemm_efficiency);
+  fused_loss_seconds_per_flop_ = gemm_seconds_per_flop_ / c.fused_loss_efficiency;
   attention_fwd_seconds_per_flop_ =
       1.0 / (gpu.attention_fwd_tflops.value * 1e12 * c.attention_forward_efficiency);
   attention_bwd_seconds_per_flop_ =
@@ -39,7 +40,11 @@ Tick KernelTimeModel::Duration(const OpCost& cost, Phase phase) const {
     case RateClass::kNone:
       return 0;
     case RateClass::kGemm:
-      seconds = std::max(cost.flops * gemm_seconds_per_flop_, cost.bytes * hbm_seconds_per_byte_);
+    case RateClass::kFusedLoss:
+      seconds =
+          std::max(cost.flops * (cost.rate == RateClass::kGemm ? gemm_seconds_per_flop_
+                                                               : fused_loss_seconds_per_flop_),
+                   cost.bytes * hbm_seconds_per_byte_);
       seconds = std::max(seconds, c.min_kernel_seconds);
       break;
     case RateClass::kAttentionForward:

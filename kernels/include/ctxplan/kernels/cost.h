@@ -14,6 +14,7 @@ namespace ctxplan {
 // Which achieved rate bounds an op: the planner has a measured or estimated rate for each.
 enum class RateClass : uint8_t {
   kGemm,                     // tensor-core matrix multiply (cuBLASLt)
+  kFusedLoss,                // the fused linear + cross-entropy: GEMM tiles with the loss between
   kAttentionForward,         // flash-class attention forward
   kSparseAttentionForward,   // attention forward over page-sparse selections of earlier pages
   kAttentionBackward,        // flash-class attention backward
