@@ -2,6 +2,7 @@
 // of the op stream, and the selection models.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -40,6 +41,20 @@ TEST(PlanGeometry, Qwen7BArithmetic) {
   // Gradients as weights in bf16, twice in fp32; AdamW moments 8 bytes per parameter.
   EXPECT_EQ(g.grad_bytes(), g.weight_bytes());
   EXPECT_EQ(g.optimizer_state_bytes(), 4 * g.weight_bytes());
+}
+
+// The RMSNorm backward's d_weight partial rows are part of the workspace: one fp32 row of hidden
+// per block (at most 1024 blocks), for the layers' norms and, unless the norms are frozen (LoRA),
+// a second set for the final norm's, kept across the step's chunks.
+TEST(PlanGeometry, WorkspaceCountsTheNormPartials) {
+  RunOptions o = Options(1 << 20);
+  const int64_t hidden = Qwen7B().hidden_size;
+  const int64_t full = PlanGeometry(Qwen7B(), o).workspace_bytes();
+  o.lora_rank = 16;
+  const int64_t lora = PlanGeometry(Qwen7B(), o).workspace_bytes();
+  EXPECT_EQ(full - lora, std::min<int64_t>(o.chunk_tokens, 1024) * hidden * 4);
+  EXPECT_GE(lora, PlanGeometry::kCublasWorkspaceBytes +
+                      std::min<int64_t>(o.chunk_tokens, 1024) * hidden * 4);
 }
 
 TEST(PlanGeometry, ChunksAndPages) {
