@@ -25,12 +25,17 @@
 #include <exception>
 #include <functional>
 #include <numeric>
+#include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "ctxplan/traces/atomic_file.h"
 
 namespace {
 
@@ -108,16 +113,17 @@ struct Row {
 };
 
 std::vector<Row> g_rows;
-FILE* g_csv = nullptr;
+std::ostream* g_csv = nullptr;  // --csv: published when the run completes
 
 void Report(const Row& r) {
   g_rows.push_back(r);
   std::printf("RESULT,%s,%.3f,%.1f,%.3f,%.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(), r.bwd_ms,
               r.BwdTflops());
   if (g_csv) {
-    std::fprintf(g_csv, "%s,%.4f,%.2f,%.4f,%.2f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(),
-                 r.bwd_ms, r.BwdTflops());
-    std::fflush(g_csv);
+    char line[256];
+    std::snprintf(line, sizeof(line), "%s,%.4f,%.2f,%.4f,%.2f\n", r.shape.c_str(), r.fwd_ms,
+                  r.FwdTflops(), r.bwd_ms, r.BwdTflops());
+    *g_csv << line;
   }
   std::fflush(stdout);
 }
@@ -410,26 +416,43 @@ void BenchSparse(Chunked& ch, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{
+      "attention_bench: ctxplan's paged attention on Qwen2.5-7B shapes (28/4 heads, d_h 128); "
+      "kernels/bench/sdpa_peer.py --ours FILE runs the PyTorch SDPA peers on the same shapes"};
   int reps = 5;
-  int64_t n = 65536, c = 4096;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (a == "--tokens" && i + 1 < argc) {
-      n = std::atoll(argv[++i]);
-    } else if (a == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else if (a == "--csv" && i + 1 < argc) {
-      g_csv = std::fopen(argv[++i], "w");
-    } else {
-      std::fprintf(stderr,
-                   "usage: attention_bench [--reps N] [--tokens N] [--csv FILE] "
-                   "[--only full|chunked|last]\n");
-      return 2;
-    }
+  int64_t n = 65536;
+  constexpr int64_t c = 4096;  // the runtime's chunk
+  std::string only, csv;
+  app.add_option("--reps", reps, "timed repetitions per shape")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--tokens", n, "context tokens, a multiple of the 4096-token chunk")
+      ->capture_default_str()
+      ->check(CLI::Range(c, int64_t{1} << 22))
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return std::stoll(v) % c == 0 ? std::string{} : "must be a multiple of 4096";
+          },
+          "MULTIPLE OF 4096"));
+  app.add_option("--only", only, "one family of shapes")
+      ->check(CLI::IsMember({"full", "chunked", "last"}));
+  app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "attention_bench: %s; see attention_bench --help\n", e.what());
+    return 2;
   }
+  std::optional<ctxplan::AtomicFileWriter> csv_file;
+  try {
+    if (!csv.empty()) csv_file.emplace(csv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: --csv: %s\n", e.what());
+    return 2;
+  }
+  if (csv_file) g_csv = &csv_file->stream();
   try {
     int dev = 0;
     cudaDeviceProp prop{};
@@ -439,7 +462,7 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
                 static_cast<long long>(kHq), static_cast<long long>(kHkv),
                 static_cast<long long>(kHd), static_cast<long long>(n));
-    if (g_csv) std::fprintf(g_csv, "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n");
+    if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
     if (only.empty() || only == "full") BenchFull(n, reps);
     for (const int64_t p : {int64_t{64}, int64_t{128}}) {
       if (only == "full") break;
@@ -468,6 +491,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());
     return 1;
   }
-  if (g_csv) std::fclose(g_csv);
+  try {
+    if (csv_file) csv_file->Commit();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: --csv: %s\n", e.what());
+    return 2;
+  }
   return 0;
 }

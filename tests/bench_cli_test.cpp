@@ -1,0 +1,49 @@
+// The benchmark programs' flags (kernels_bench, attention_bench): a wrong flag or value gets one
+// clear line naming the flag and what it accepts, exit code 2, before any GPU work and without
+// leaving a CSV behind. The benchmarks are built with CUDA only; elsewhere this test skips.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/process.h"
+
+namespace ctxplan {
+namespace {
+
+using test::ExpectOneLineError;
+using test::ScratchDir;
+
+#if defined(KERNELS_BENCH_EXE) && defined(ATTENTION_BENCH_EXE)
+test::RunResult RunBench(const std::string& exe, std::vector<std::string> args,
+                         const ScratchDir& dir) {
+  args.insert(args.begin(), exe);
+  return test::RunArgv(args, dir.path());
+}
+#endif
+
+TEST(BenchCli, BadFlagsAreOneLineErrors) {
+#if !defined(KERNELS_BENCH_EXE) || !defined(ATTENTION_BENCH_EXE)
+  GTEST_SKIP() << "the benchmark programs are built with CUDA only";
+#else
+  ScratchDir dir;
+  ExpectOneLineError(RunBench(KERNELS_BENCH_EXE, {"--only", "attention"}, dir), "kernels_bench", 2,
+                     {"--only", "memory,gemms,loss"});
+  ExpectOneLineError(RunBench(KERNELS_BENCH_EXE, {"--samples", "3"}, dir), "kernels_bench", 2,
+                     {"--samples"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--tokens", "5000"}, dir), "attention_bench", 2,
+                     {"--tokens", "multiple of 4096"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--reps", "0"}, dir), "attention_bench", 2,
+                     {"--reps", "1 to 1000"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", "sparse"}, dir), "attention_bench", 2,
+                     {"--only", "full,chunked,last"});
+  const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
+                     2, {"--csv", csv.string()});
+  EXPECT_FALSE(std::filesystem::exists(csv.parent_path()));
+#endif
+}
+
+}  // namespace
+}  // namespace ctxplan
