@@ -3,7 +3,8 @@
 # compute-sanitizer runs, the memory-bound/GEMM benchmark, and the attention benchmark with the
 # PyTorch SDPA peers (flash, cuDNN) in the same run. Run on the GPU machine from the repository
 # root, given the folder holding the built binaries, e.g. `scripts/gpu-kernels.sh build-cuda`;
-# results also go under $OUT (or /tmp) as kernels_bench.txt, attention.txt, ours.csv, sdpa.txt.
+# results also go under $OUT (or /tmp) as kernels_bench.txt, kernels.csv, attention.txt, ours.csv,
+# sdpa.txt.
 set -uo pipefail
 bin=${1:-build}
 out=${OUT:-/tmp}
@@ -28,7 +29,7 @@ for t in gpu_kernels_test gpu_attention_test; do
   done
 done
 echo "=== kernels_bench --quick"
-timeout 300 "$(find_bin kernels_bench)" --quick > "$out/kernels_bench.txt" 2>&1
+timeout 300 "$(find_bin kernels_bench)" --quick --csv "$out/kernels.csv" > "$out/kernels_bench.txt" 2>&1
 sed -n '/^kernel /,$p' "$out/kernels_bench.txt"
 echo "=== attention_bench, then the SDPA peers on the same shapes"
 timeout 400 "$(find_bin attention_bench)" --reps 5 --csv "$out/ours.csv" > "$out/attention.txt" 2>&1

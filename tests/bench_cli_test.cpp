@@ -32,6 +32,9 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
                      {"--only", "memory,gemms,loss"});
   ExpectOneLineError(RunBench(KERNELS_BENCH_EXE, {"--samples", "3"}, dir), "kernels_bench", 2,
                      {"--samples"});
+  const std::filesystem::path table = dir.path() / "missing" / "kernels.csv";
+  ExpectOneLineError(RunBench(KERNELS_BENCH_EXE, {"--csv", table.string()}, dir), "kernels_bench",
+                     2, {"--csv", table.string()});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--tokens", "5000"}, dir), "attention_bench", 2,
                      {"--tokens", "multiple of 4096"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--reps", "0"}, dir), "attention_bench", 2,

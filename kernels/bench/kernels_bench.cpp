@@ -25,6 +25,8 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <unordered_set>
@@ -36,6 +38,7 @@
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/kernels/paged_kv.h"
+#include "ctxplan/traces/atomic_file.h"
 #include "stream_peer.h"
 
 namespace {
@@ -702,6 +705,19 @@ void PrintTable(double bw) {
           : "on");
 }
 
+// One CSV row per kernel row of the table (rows with target 0 are the reference rows: "info").
+void WriteCsv(std::ostream& out) {
+  out << "kernel,time_us,achieved,unit,ceiling,ratio,target,result,copy_at_size_gbs\n";
+  for (const Row& r : g_rows) {
+    const double ratio = r.achieved / r.ceiling;
+    const char* result = r.target <= 0 ? "info" : ratio >= r.target ? "PASS" : "MISS";
+    char line[512];
+    std::snprintf(line, sizeof(line), "\"%s\",%.2f,%.2f,%s,%.2f,%.4f,%.2f,%s,%.1f\n",
+                  r.name.c_str(), r.seconds * 1e6, r.achieved, r.unit, r.ceiling, ratio, r.target,
+                  result, r.copy_at_size);
+    out << line;
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -711,14 +727,23 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // memory, gemms or loss; empty: all
   app.add_flag("--quick", quick, "fewer samples per kernel");
+  std::string csv;
   app.add_option("--only", only, "one group of kernels")
       ->check(CLI::IsMember({"memory", "gemms", "loss"}));
+  app.add_option("--csv", csv, "also write the table as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "kernels_bench: %s; see kernels_bench --help\n", e.what());
+    return 2;
+  }
+  std::optional<ctxplan::AtomicFileWriter> csv_file;
+  try {
+    if (!csv.empty()) csv_file.emplace(csv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kernels_bench: --csv: %s\n", e.what());
     return 2;
   }
   try {
@@ -735,6 +760,10 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "gemms") BenchGemms();
     if (only.empty() || only == "loss") BenchLoss(quick);
     PrintTable(bw);
+    if (csv_file) {
+      WriteCsv(csv_file->stream());
+      csv_file->Commit();
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kernels_bench: %s\n", e.what());
