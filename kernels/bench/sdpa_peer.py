@@ -117,14 +117,51 @@ def tflops(pairs, ms, factor):
     return factor * pairs * HQ * D / (ms * 1e-3) / 1e12
 
 
+def fail(message):
+    """Bad input: one line on stderr, exit code 2."""
+    print(f"sdpa_peer.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        fail(f"{message}; see sdpa_peer.py --help")
+
+
+def read_ours(path):
+    """attention_bench's CSV rows; one clear line and exit code 2 when it cannot be used."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        fail(f"--ours: cannot read {path}: {e.strerror}")
+    need = {"shape", "fwd_tflops", "bwd_tflops"}
+    for line, row in enumerate(rows, start=2):
+        missing = need - set(k for k, v in row.items() if v not in (None, ""))
+        if missing:
+            fail(f"{path}:{line}: missing {', '.join(sorted(missing))} "
+                 "(attention_bench --csv writes shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops)")
+        try:
+            float(row["fwd_tflops"]), float(row["bwd_tflops"])
+        except ValueError:
+            fail(f"{path}:{line}: fwd_tflops / bwd_tflops are not numbers")
+    return rows
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = Parser()
     ap.add_argument("--ours", help="CSV written by attention_bench --csv")
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     n, c = args.tokens, args.chunk
+    if c <= 0 or n <= 0 or n % c != 0:
+        fail("--tokens must be a positive multiple of --chunk")
+    if args.reps < 1:
+        fail("--reps must be at least 1")
+    # Read ours first: a bad file is reported before minutes of peer measurements.
+    ours = read_ours(args.ours) if args.ours else None
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cuDNN "
           f"{torch.backends.cudnn.version()}", flush=True)
     peer_shapes = {
@@ -147,12 +184,8 @@ def main():
                       f"{str(e).splitlines()[0][:160]}", flush=True)
                 torch.cuda.empty_cache()
 
-    if not args.ours:
+    if ours is None:
         return 0
-    ours = []
-    with open(args.ours) as f:
-        for row in csv.DictReader(f):
-            ours.append(row)
 
     def peer_key(shape):
         if shape.startswith("full_"):
