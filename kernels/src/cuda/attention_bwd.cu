@@ -836,21 +836,19 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 
     // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P): the tensor cores run dP^T while
     // this warpgroup exponentiates S^T, and later dV += P^T dO while it forms dS^T.
+    // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
+    auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint32_t a = keys_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+        const uint32_t b = queries + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        WgmmaSS_m64n64<0, 0>(acc, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+      }
+      WgmmaCommit();
+    };
     WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t a = k_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-      const uint32_t b = qb + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      WgmmaSS_m64n64<0, 0>(s, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
-    }
-    WgmmaCommit();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t a = v_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-      const uint32_t b = dob + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      WgmmaSS_m64n64<0, 0>(dp_, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
-    }
-    WgmmaCommit();
+    key_query_product(s, k_wg, qb);
+    key_query_product(dp_, v_wg, dob);
     WgmmaWait<1>();  // S^T done; dP^T may still run
     FenceAcc(s);
 
