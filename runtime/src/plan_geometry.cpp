@@ -162,7 +162,7 @@ int64_t PlanGeometry::workspace_bytes() const {
   // FinalNormBackward).
   const int64_t norm_partial_sets = options_.lora_rank > 0 ? 1 : 2;
   const int64_t norm_partials =
-      norm_partial_sets * std::min(c, kNormPartialRows) * m.hidden_size * kFp32Bytes;
+      norm_partial_sets * std::min(c, kRmsNormMaxPartialRows) * m.hidden_size * kFp32Bytes;
   return kCublasWorkspaceBytes + loss + attention + norm_partials;
 }
 

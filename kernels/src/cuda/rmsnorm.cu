@@ -39,6 +39,7 @@
 #include <tuple>
 #include <utility>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ops_util.cuh"
@@ -78,7 +79,7 @@ constexpr int BackwardMaxThreads(int) {
 constexpr int BackwardMinBlocks(int elements) {
   return elements <= 8 ? 2 : 1;
 }
-constexpr int kMaxBackwardBlocks = 1024;  // bounds the scratch: one fp32 row per block
+constexpr int kMaxBackwardBlocks = kRmsNormMaxPartialRows;  // one fp32 scratch row per block
 constexpr int kColumnSumTile = 32;
 static_assert(kMaxThreads % detail::kWarpSize == 0);
 
@@ -528,9 +529,9 @@ int BackwardRows(const bf16* x, const bf16* weight, const float* rstd, const bf1
                  const bf16* d_add, int64_t tokens, int64_t hidden, bf16* dx, float* partial,
                  bool add_to_partial, cudaStream_t stream) {
   bool vec = hidden % 8 == 0 && IsAligned(x, 16) && IsAligned(weight, 16) && IsAligned(dy, 16) &&
-             IsAligned(dx, 16) && IsAligned(partial, 16);
-  if (d_add != nullptr) vec = vec && IsAligned(d_add, 16);
+             IsAligned(dx, 16);  // partial: 16-byte aligned (CheckPartials)
   if (d_add != nullptr) {
+    vec = vec && IsAligned(d_add, 16);
     return vec ? LaunchBackwardRows<8, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,
                                              partial, add_to_partial, stream)
                : LaunchBackwardRows<1, true>(x, weight, rstd, dy, d_add, tokens, hidden, dx,

@@ -34,6 +34,9 @@ struct OpCost {
 
 inline constexpr int64_t kBf16Bytes = 2;
 inline constexpr int64_t kFp32Bytes = 4;
+// The RMSNorm backward writes d_weight as fp32 partial rows, one per thread block, at most this
+// many (kernels/src/cuda/rmsnorm.cu); the planner counts them in the workspace.
+inline constexpr int64_t kRmsNormMaxPartialRows = 1024;
 
 // [m x k] * [k x n] -> [m x n]; `lora_rank` > 0 adds the two low-rank adapter GEMMs.
 OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank);

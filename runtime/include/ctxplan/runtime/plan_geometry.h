@@ -93,9 +93,6 @@ class PlanGeometry {
 
   static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
   static constexpr int64_t kLossVocabTile = 8192;  // logits tile columns, fp32
-  // The RMSNorm backward's fp32 d_weight partial rows: one per thread block, at most this many
-  // (kernels/src/cuda/rmsnorm.cu).
-  static constexpr int64_t kNormPartialRows = 1024;
 
  private:
   ModelSpec model_;
