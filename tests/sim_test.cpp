@@ -277,19 +277,39 @@ TEST(Capacity, NothingFitsWhenWeightsExceedTheGpu) {
 
 TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const KernelTimeModel model(H200());
-  // A compute-bound GEMM runs at the measured GEMM rate.
+  const KernelProfile& k = model.profile();
+  const double launch = k.launch_us * 1e-6;
+  // A compute-bound GEMM whose tiles fill the SMs many times over runs at the profile's rate:
+  // [4096 x 18944] in tiles of 128 x 256 is 32 x 74 tiles.
   const OpCost gemm = LinearForwardCost(4096, 18944, 3584, 0);
-  EXPECT_NEAR(TicksToSeconds(model.Duration(gemm, Phase::kFill)),
-              gemm.flops / (H200().gpu.bf16_gemm_tflops.value * 1e12), 1e-9);
-  // A memory-bound kernel at 80% of the measured device-to-device bandwidth.
+  const double tiles = std::ceil(4096.0 / k.gemm_tile_rows) * std::ceil(18944.0 / k.gemm_tile_cols);
+  EXPECT_NEAR(
+      TicksToSeconds(model.Duration(gemm, Phase::kFill)),
+      launch + tiles * 2.0 * k.gemm_tile_rows * k.gemm_tile_cols * 3584 / (k.gemm_tflops * 1e12),
+      1e-8);
+  // Fewer tiles than SMs take as long as one full wave: 256 tokens x 3584 is 2 x 14 tiles.
+  const OpCost small = LinearForwardCost(256, 3584, 3584, 0);
+  EXPECT_NEAR(
+      TicksToSeconds(model.Duration(small, Phase::kFill)),
+      launch + 132 * 2.0 * k.gemm_tile_rows * k.gemm_tile_cols * 3584 / (k.gemm_tflops * 1e12),
+      1e-8);
+  // A memory-bound kernel at the profile's fraction of the measured device-to-device bandwidth.
   const OpCost norm = RmsNormForwardCost(4096, 3584);
   EXPECT_NEAR(TicksToSeconds(model.Duration(norm, Phase::kFill)),
-              std::max(norm.bytes / (0.8 * H200().gpu.d2d_copy_gbs.value * 1e9), 2.5e-6), 1e-12);
-  // A copy alone on the link at 55.2 GB/s; in the backward, half the duplex rate.
-  const OpCost copy = CopyCost(1 << 30, true);
-  EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kFill)), 5e-6 + (1 << 30) / 55.2e9, 1e-9);
-  EXPECT_NEAR(TicksToSeconds(model.Duration(copy, Phase::kBackward)), 5e-6 + (1 << 30) / 48.5e9,
+              launch + norm.bytes / (k.memory_efficiency * H200().gpu.d2d_copy_gbs.value * 1e9),
               1e-9);
+  // A copy alone on the link at its measured rate; in the backward, half the duplex rate; each
+  // separate copy call pays its fixed cost.
+  const double call = k.copy_call_us * 1e-6;
+  const double h2d = H200().gpu.host_h2d_gbs.value * 1e9;
+  const double duplex =
+      std::min(H200().gpu.host_duplex_gbs.value / 2, H200().gpu.host_h2d_gbs.value) * 1e9;
+  EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true), Phase::kFill)),
+              call + (1 << 30) / h2d, 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true), Phase::kBackward)),
+              call + (1 << 30) / duplex, 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true, 100), Phase::kFill)),
+              100 * call + (1 << 30) / h2d, 1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
   // Attention at the measured rate; over page-sparse selections, the same pairs take
   // 1 / sparse efficiency as long (the forward and the backward each with their own).
@@ -297,18 +317,22 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
                           double efficiency) {
     EXPECT_EQ(sparse.flops, dense.flops);
     const double dense_s = TicksToSeconds(model.Duration(dense, phase));
-    EXPECT_NEAR(dense_s, dense.flops / (tflops * 1e12), 1e-9);
-    EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, phase)), dense_s / efficiency, 1e-9);
+    EXPECT_NEAR(dense_s, launch + dense.flops / (tflops * 1e12), 1e-8);
+    EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, phase)) - launch,
+                (dense_s - launch) / efficiency, 1e-8);
     EXPECT_LT(efficiency, 1.0);
   };
-  check_sparse(AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2),
-               AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true),
-               Phase::kBackward, H200().gpu.attention_bwd_tflops.value,
-               model.calibration().sparse_attention_backward_efficiency);
-  check_sparse(AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128),
-               AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true), Phase::kFill,
-               H200().gpu.attention_fwd_tflops.value,
-               model.calibration().sparse_attention_forward_efficiency);
+  // 128-token pages, 64 + 1 per tile: the page table's fraction at 128, the backward's sparse
+  // fraction lowered by its fixed cost per selected page.
+  const double p128_bwd = KernelTimeModel::PageEfficiency(k.page_bwd_efficiency, 128);
+  const double p128_fwd = KernelTimeModel::PageEfficiency(k.page_fwd_efficiency, 128);
+  check_sparse(AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, false, 128, 512),
+               AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true, 128, 65),
+               Phase::kBackward, k.attention_bwd_tflops_d128 * p128_bwd,
+               k.sparse_bwd_efficiency / (1.0 + k.sparse_bwd_pages_half / 65.0));
+  check_sparse(AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, false, 128, 512),
+               AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 65),
+               Phase::kFill, k.attention_fwd_tflops_d128 * p128_fwd, k.sparse_fwd_efficiency);
 }
 
 }  // namespace

@@ -4,38 +4,69 @@ namespace ctxplan {
 
 namespace {
 OpCost Memory(double bytes, double flops = 0.0) {
-  return OpCost{flops, bytes, RateClass::kMemoryBound};
+  return OpCost{flops, bytes, RateClass::kMemoryBound, {}};
 }
 double D(int64_t v) {
   return static_cast<double>(v);
 }
 }  // namespace
 
-OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank) {
+// LoRA adapters: each of an op's projections (Q, K, V; gate, up; O; down: two on average) runs
+// a down GEMM to rank r and an up GEMM back, launches of their own.
+static constexpr int32_t kLoraLaunchesPerLinear = 4;
+
+static KernelShape GemmShape(int64_t rows, int64_t cols, int64_t depth, int64_t lora_rank) {
+  KernelShape s;
+  s.rows = rows;
+  s.cols = cols;
+  s.depth = depth;
+  s.launches = 1 + (lora_rank > 0 ? kLoraLaunchesPerLinear : 0);
+  return s;
+}
+
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank, bool split_outputs) {
   double flops = 2.0 * D(m) * D(n) * D(k);
   double bytes = D(m * k + k * n + m * n) * kBf16Bytes;
   if (lora_rank > 0) {
     flops += 2.0 * D(m) * D(lora_rank) * D(n + k);
     bytes += D(lora_rank * (n + k) + 2 * m * lora_rank) * kBf16Bytes;
   }
-  return {flops, bytes, RateClass::kGemm};
+  OpCost cost{flops, bytes, RateClass::kGemm, GemmShape(m, n, k, lora_rank)};
+  if (split_outputs) {
+    cost.shape.side_bytes = 2.0 * D(m * n) * kBf16Bytes;
+    cost.shape.launches += 3;
+  }
+  return cost;
 }
 
-OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank) {
-  return LinearForwardCost(m, k, n, lora_rank);  // same GEMM with the roles of n and k swapped
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+                               bool join_inputs) {
+  // The same GEMM as the forward with the roles of n and k swapped.
+  OpCost cost = LinearForwardCost(m, k, n, lora_rank);
+  if (join_inputs) {
+    cost.shape.side_bytes = 2.0 * D(m * n) * kBf16Bytes;
+    cost.shape.launches += 3;
+  }
+  return cost;
 }
 
 OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
                                 int64_t grad_bytes) {
   if (lora_rank > 0) {
-    // X*A again, then dA = X^T (dY B^T) and dB = (X A)^T dY.
+    // X*A again, then dA = X^T (dY B^T) and dB = (X A)^T dY: small GEMMs, latency-bound.
     double flops = 2.0 * D(m) * D(lora_rank) * (D(k) + D(n) + D(n) + D(k));
     double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(lora_rank * (n + k)) * D(grad_bytes);
-    return {flops, bytes, RateClass::kGemm};
+    // Thin outputs summed over many tokens (split-K): no tile grid to quantise, FLOPs alone.
+    KernelShape shape;
+    shape.launches = kLoraLaunchesPerLinear + 2;
+    shape.accumulates = true;
+    return {flops, bytes, RateClass::kGemm, shape};
   }
   double flops = 2.0 * D(m) * D(n) * D(k);
   double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(k * n) * D(grad_bytes);
-  return {flops, bytes, RateClass::kGemm};
+  KernelShape shape = GemmShape(n, k, m, 0);  // dW [n x k], summed over the m tokens
+  shape.accumulates = true;
+  return {flops, bytes, RateClass::kGemm, shape};
 }
 
 OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden) {
@@ -68,23 +99,45 @@ OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_
   int64_t tiles = (q_tokens + query_tile - 1) / query_tile;
   double flops = 2.0 * D(q_tokens) * D(pages) * D(q_dim);
   double bytes = D(q_tokens * q_dim + pages * kv_dim) * kBf16Bytes + D(tiles * pages) * kFp32Bytes;
-  return {flops, bytes, RateClass::kMemoryBound};
+  OpCost cost{flops, bytes, RateClass::kPageScore, {}};
+  cost.shape.rows = tiles;
+  cost.shape.cols = pages;
+  cost.shape.launches = 2;  // the query tiles' sums, then the scores
+  return cost;
 }
 OpCost PageTopKCost(int64_t tiles, int64_t pages) {
-  return Memory(D(tiles * pages) * kFp32Bytes * 2.0, D(tiles * pages) * 4.0);
+  OpCost cost{
+      D(tiles * pages) * 4.0, D(tiles * pages) * kFp32Bytes * 2.0, RateClass::kPageTopK, {}};
+  cost.shape.rows = tiles;
+  cost.shape.cols = pages;
+  return cost;
 }
+static KernelShape AttentionLaunchShape(int64_t q_tokens, int64_t num_heads, int64_t head_dim,
+                                        int64_t page_tokens, int64_t tile_pages) {
+  KernelShape s;
+  s.rows = q_tokens;
+  s.heads = static_cast<int32_t>(num_heads);
+  s.head_dim = static_cast<int32_t>(head_dim);
+  s.page_tokens = static_cast<int32_t>(page_tokens);
+  s.tile_pages = tile_pages;
+  return s;
+}
+
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
-                            int64_t num_heads, int64_t kv_dim, int64_t head_dim, bool page_sparse) {
+                            int64_t num_heads, int64_t kv_dim, int64_t head_dim, bool page_sparse,
+                            int64_t page_tokens, int64_t tile_pages) {
   double flops = 4.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 2.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q in, O out
                  2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
                  D(q_tokens * num_heads) * kFp32Bytes;                    // log-sum-exp
   return {flops, bytes,
-          page_sparse ? RateClass::kSparseAttentionForward : RateClass::kAttentionForward};
+          page_sparse ? RateClass::kSparseAttentionForward : RateClass::kAttentionForward,
+          AttentionLaunchShape(q_tokens, num_heads, head_dim, page_tokens, tile_pages)};
 }
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
-                             int64_t grad_bytes, bool page_sparse) {
+                             int64_t grad_bytes, bool page_sparse, int64_t page_tokens,
+                             int64_t tile_pages) {
   // S = QK^T recomputed, then dV, dP, dQ, dK: five GEMM-shaped products against forward's two.
   double flops = 10.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +   // Q, O, dO in; dQ out
@@ -92,7 +145,8 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
                  2.0 * 2.0 * D(kv_tokens_read * kv_dim) * D(grad_bytes) +  // dK, dV RMW
                  D(q_tokens * num_heads) * kFp32Bytes;
   return {flops, bytes,
-          page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward};
+          page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward,
+          AttentionLaunchShape(q_tokens, num_heads, head_dim, page_tokens, tile_pages)};
 }
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
   return Memory(3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes), 2.0 * D(tokens * kv_dim));
@@ -109,7 +163,7 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
   double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
   double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
                  (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
-  return {flops, bytes, RateClass::kFusedLoss};
+  return {flops, bytes, RateClass::kFusedLoss, GemmShape(tokens, vocab, hidden, 0)};
 }
 OpCost ZeroFillCost(int64_t bytes) {
   return Memory(D(bytes));
@@ -117,10 +171,13 @@ OpCost ZeroFillCost(int64_t bytes) {
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host) {
   // Reads parameter, gradient and both fp32 moments; writes parameter and moments.
   double bytes = D(params) * (2.0 * D(param_bytes) + D(grad_bytes) + 4.0 * kFp32Bytes);
-  return {12.0 * D(params), bytes, on_host ? RateClass::kHostCompute : RateClass::kMemoryBound};
+  return {12.0 * D(params), bytes, on_host ? RateClass::kHostCompute : RateClass::kMemoryBound, {}};
 }
-OpCost CopyCost(int64_t bytes, bool host_to_device) {
-  return {0.0, D(bytes), host_to_device ? RateClass::kHostToDevice : RateClass::kDeviceToHost};
+OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies) {
+  OpCost cost{
+      0.0, D(bytes), host_to_device ? RateClass::kHostToDevice : RateClass::kDeviceToHost, {}};
+  cost.shape.launches = static_cast<int32_t>(copies);
+  return cost;
 }
 
 }  // namespace ctxplan

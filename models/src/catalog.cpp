@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -247,6 +248,13 @@ class Fields {
     return Number(key, limit);
   }
 
+  // The keys present, in file order.
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> keys;
+    for (const Entry& e : entries_) keys.push_back(e.key);
+    return keys;
+  }
+
   // A nested mapping, to be read with its own Fields.
   Fields Map(std::string_view key, std::string_view accepted) const {
     const YAML::Node& v = Require(key, accepted);
@@ -420,6 +428,93 @@ constexpr std::string_view kMachineExpected =
     "expected a machine: a mapping of name, gpu, host_ram_gib, host_reserved_gib, "
     "host_memory_gbs, note";
 
+constexpr NumberLimit kProfileLimit{1e7};
+constexpr IntLimit kPageTokensLimit{1 << 20};
+constexpr std::string_view kKernelModelExpected =
+    "expected a mapping of the kernel-time model's parameters (source: measured|estimate, "
+    "launch_us, gemm_tflops, ...; see models/gpu/h200.yaml)";
+constexpr std::string_view kPageTableExpected =
+    "expected a mapping of page size in tokens to a fraction in (0, 2], e.g. {64: 0.95, 128: 1}";
+
+std::map<int64_t, double> ReadPageTable(const Fields& f, std::string_view key) {
+  const Fields table = f.Map(key, kPageTableExpected);
+  std::map<int64_t, double> out;
+  for (const std::string& page : table.Keys()) {
+    char* end = nullptr;
+    const long long tokens = std::strtoll(page.c_str(), &end, 10);
+    if (end == page.c_str() || *end != '\0' || tokens <= 0 || tokens > kPageTokensLimit.max)
+      table.FailKey(page, "not a page size", kPageTableExpected);
+    const double fraction = table.Number(page, NumberLimit{2.0});
+    if (fraction <= 0) table.FailKey(page, "not positive", kPageTableExpected);
+    out[tokens] = fraction;
+  }
+  if (out.empty()) f.FailKey(key, "the table is empty", kPageTableExpected);
+  return out;
+}
+
+KernelProfile ReadKernelProfile(const Fields& f) {
+  f.RejectUnknown({"source", "gpu_name", "driver", "date", "commit", "samples", "derived_from",
+                   "launch_us", "gemm_tflops", "gemm_tile_rows", "gemm_tile_cols",
+                   "gemm_accumulate_efficiency", "loss_efficiency", "attention_fwd_tflops_d128",
+                   "attention_fwd_tflops_d64", "attention_bwd_tflops_d128",
+                   "attention_bwd_tflops_d64", "page_fwd_efficiency", "page_bwd_efficiency",
+                   "sparse_fwd_efficiency", "sparse_bwd_efficiency", "sparse_bwd_pages_half",
+                   "memory_efficiency", "page_score_ns_per_tile_page", "page_topk_ns_per_page",
+                   "copy_call_us", "pin_gbs", "host_memcpy_gbs", "host_adamw_gparams",
+                   "device_alloc_gbs"});
+  KernelProfile k;
+  const std::string source = f.Choice("source", {"measured", "estimate"});
+  k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
+  if (k.provenance == Provenance::kEstimate) {
+    // Scaled from a calibrated sibling at load time: only the sibling is named here.
+    f.RejectUnknown({"source", "derived_from"});
+    k.derived_from = f.String("derived_from");
+    return k;
+  }
+  k.gpu_name = f.String("gpu_name");
+  k.driver = f.String("driver");
+  k.date = f.String("date");
+  k.commit = f.String("commit");
+  k.samples = f.OptionalString("samples").value_or("");
+  k.launch_us = f.Number("launch_us", kProfileLimit);
+  k.gemm_tflops = f.Number("gemm_tflops", kTflopsLimit);
+  k.gemm_tile_rows = f.Int("gemm_tile_rows", kPageTokensLimit);
+  k.gemm_tile_cols = f.Int("gemm_tile_cols", kPageTokensLimit);
+  k.gemm_accumulate_efficiency = f.Number("gemm_accumulate_efficiency", NumberLimit{2.0});
+  k.loss_efficiency = f.Number("loss_efficiency", NumberLimit{2.0});
+  k.attention_fwd_tflops_d128 = f.Number("attention_fwd_tflops_d128", kTflopsLimit);
+  k.attention_fwd_tflops_d64 = f.Number("attention_fwd_tflops_d64", kTflopsLimit);
+  k.attention_bwd_tflops_d128 = f.Number("attention_bwd_tflops_d128", kTflopsLimit);
+  k.attention_bwd_tflops_d64 = f.Number("attention_bwd_tflops_d64", kTflopsLimit);
+  k.page_fwd_efficiency = ReadPageTable(f, "page_fwd_efficiency");
+  k.page_bwd_efficiency = ReadPageTable(f, "page_bwd_efficiency");
+  k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
+  k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
+  k.sparse_bwd_pages_half = f.Number("sparse_bwd_pages_half", kProfileLimit);
+  k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
+  k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kProfileLimit);
+  k.page_topk_ns_per_page = f.Number("page_topk_ns_per_page", kProfileLimit);
+  k.copy_call_us = f.Number("copy_call_us", kProfileLimit);
+  k.pin_gbs = f.Number("pin_gbs", kHostGbsLimit);
+  k.host_memcpy_gbs = f.Number("host_memcpy_gbs", kHostGbsLimit);
+  k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
+  k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
+        {"attention_fwd_tflops_d128", k.attention_fwd_tflops_d128},
+        {"attention_fwd_tflops_d64", k.attention_fwd_tflops_d64},
+        {"attention_bwd_tflops_d128", k.attention_bwd_tflops_d128},
+        {"attention_bwd_tflops_d64", k.attention_bwd_tflops_d64},
+        {"memory_efficiency", k.memory_efficiency},
+        {"pin_gbs", k.pin_gbs},
+        {"host_memcpy_gbs", k.host_memcpy_gbs},
+        {"host_adamw_gparams", k.host_adamw_gparams},
+        {"device_alloc_gbs", k.device_alloc_gbs}}) {
+    if (value <= 0) f.FailKey(key, "not positive", "expected a positive number");
+  }
+  return k;
+}
+
 SpecValue ReadSpec(const Fields& f, std::string_view key, NumberLimit limit) {
   const Fields s = f.Map(key, kSpecAccepted);
   s.RejectUnknown({"value", "source", "note"});
@@ -552,7 +647,7 @@ GpuSpec ParseGpuYaml(std::string_view text, std::string_view source) {
   f.RejectUnknown({"name", "display_name", "sm_count", "host_link", "memory_gib",
                    "memory_bandwidth_gbs", "d2d_copy_gbs", "bf16_dense_tflops", "bf16_gemm_tflops",
                    "attention_fwd_tflops", "attention_bwd_tflops", "host_h2d_gbs", "host_d2h_gbs",
-                   "host_duplex_gbs", "cuda_context_gib"});
+                   "host_duplex_gbs", "cuda_context_gib", "boost_clock_mhz", "kernel_model"});
   GpuSpec g;
   g.name = f.String("name");
   g.display_name = f.String("display_name");
@@ -570,6 +665,23 @@ GpuSpec ParseGpuYaml(std::string_view text, std::string_view source) {
   g.host_d2h_gbs = ReadSpec(f, "host_d2h_gbs", kHostGbsLimit);
   g.host_duplex_gbs = ReadSpec(f, "host_duplex_gbs", kHostGbsLimit);
   g.cuda_context_gib = ReadSpec(f, "cuda_context_gib", kContextGiBLimit);
+  g.boost_clock_mhz = f.OptionalNumber("boost_clock_mhz", kProfileLimit).value_or(0.0);
+  if (f.Has("kernel_model")) {
+    g.kernels = ReadKernelProfile(f.Map("kernel_model", kKernelModelExpected));
+    if (g.kernels.provenance == Provenance::kEstimate) {
+      // The sibling must be measured: estimates are never chained.
+      const std::string& sibling_name = g.kernels.derived_from;
+      const detail::EmbeddedFile* file = FindEmbedded("gpu", sibling_name);
+      if (file == nullptr || sibling_name == g.name)
+        f.FailKey("kernel_model", "derived_from names no other catalogue GPU",
+                  "expected the name of a calibrated catalogue GPU, e.g. h200");
+      const GpuSpec sibling = ParseGpuYaml(file->text, EmbeddedSource(*file));
+      if (sibling.kernels.provenance != Provenance::kMeasured || sibling.kernels.empty())
+        f.FailKey("kernel_model", "the sibling " + Quote(sibling_name) + " is not calibrated",
+                  "expected a GPU whose kernel_model is measured");
+      g.kernels = ScaleKernelProfile(sibling, g);
+    }
+  }
 
   const double dense = g.bf16_dense_tflops.value;
   CheckAtMost(f, "bf16_gemm_tflops", g.bf16_gemm_tflops, "bf16_dense_tflops", dense);

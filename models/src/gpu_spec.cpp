@@ -22,4 +22,23 @@ int64_t GpuSpec::memory_bytes() const {
   return static_cast<int64_t>(std::llround(memory_gib.value * static_cast<double>(kGiB)));
 }
 
+KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) {
+  KernelProfile k = sibling.kernels;
+  const double compute = target.bf16_dense_tflops.value / sibling.bf16_dense_tflops.value;
+  const double clock = sibling.boost_clock_mhz > 0 && target.boost_clock_mhz > 0
+                           ? target.boost_clock_mhz / sibling.boost_clock_mhz
+                           : 1.0;
+  const double memory = target.d2d_copy_gbs.value / sibling.d2d_copy_gbs.value;
+  k.provenance = Provenance::kEstimate;
+  k.derived_from = sibling.name;
+  k.gemm_tflops *= compute;
+  k.attention_fwd_tflops_d128 *= compute;
+  k.attention_fwd_tflops_d64 *= compute;
+  k.attention_bwd_tflops_d128 *= compute;
+  k.attention_bwd_tflops_d64 *= compute;
+  k.page_score_ns_per_tile_page /= memory;
+  k.page_topk_ns_per_page /= clock;
+  return k;
+}
+
 }  // namespace ctxplan

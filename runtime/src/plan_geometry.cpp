@@ -171,6 +171,37 @@ int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {
   return chunk.sparse ? chunk.tiles * per_tile : per_tile;
 }
 
+OpCost PlanGeometry::own_attention_forward_cost(const ChunkGeometry& c) const {
+  return AttentionForwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
+                              model_.kv_dim(), model_.head_dim);
+}
+OpCost PlanGeometry::paged_attention_forward_cost(const ChunkGeometry& c) const {
+  return AttentionForwardCost(c.pairs_paged, c.tokens, paged_tokens_read(c),
+                              model_.num_attention_heads, model_.kv_dim(), model_.head_dim,
+                              c.sparse, options_.page_tokens, c.pages_per_tile);
+}
+OpCost PlanGeometry::own_attention_backward_cost(const ChunkGeometry& c) const {
+  return AttentionBackwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
+                               model_.kv_dim(), model_.head_dim, options_.grad_bytes());
+}
+OpCost PlanGeometry::paged_attention_backward_cost(const ChunkGeometry& c) const {
+  return AttentionBackwardCost(
+      c.pairs_paged, c.tokens, paged_tokens_read(c), model_.num_attention_heads, model_.kv_dim(),
+      model_.head_dim, options_.grad_bytes(), c.sparse, options_.page_tokens, c.pages_per_tile);
+}
+
+int64_t PlanGeometry::union_copy_runs(const ChunkGeometry& c, int64_t pages) const {
+  if (pages <= 0) return 0;
+  const int64_t pages_per_chunk =
+      std::max<int64_t>(1, options_.chunk_tokens / options_.page_tokens);
+  const int64_t earlier_chunks = CeilDiv(std::max<int64_t>(c.earlier_pages, 1), pages_per_chunk);
+  if (!c.sparse) return std::min(pages, earlier_chunks + 1);
+  const double selected = static_cast<double>(c.union_pages) / static_cast<double>(c.earlier_pages);
+  const double runs =
+      static_cast<double>(pages) * (1.0 - selected) + static_cast<double>(earlier_chunks);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(runs)), 1, pages);
+}
+
 int64_t PlanGeometry::max_union_pages() const {
   int64_t pages = Chunk(num_chunks_ - 1).union_pages;
   if (num_chunks_ >= 2) pages = std::max(pages, Chunk(num_chunks_ - 2).union_pages);

@@ -63,7 +63,7 @@ Op Kernel(const Where& w, OpKind kind, OpCost cost, int64_t m, int64_t n = 0, in
   return op;
 }
 
-Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes) {
+Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes, int64_t copies = 1) {
   Op op;
   op.kind = host_to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H;
   op.stream = host_to_device ? Stream::kH2D : Stream::kD2H;
@@ -72,7 +72,7 @@ Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes) {
   op.layer = w.layer;
   op.pages = pages;
   op.bytes = bytes;
-  op.cost = CopyCost(bytes, host_to_device);
+  op.cost = CopyCost(bytes, host_to_device, copies);
   return op;
 }
 
@@ -156,12 +156,14 @@ class PlanWriter {
 
     OpId h2d = kNoOp;
     if (copy_in && !c.sparse)  // dense: the pages are known, prefetch as soon as a slot frees
-      h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
+      h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
+                             g_.union_copy_runs(c, c.union_pages)),
                         {slot_release_[parity], KvHome(layer)});
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank),
-                       t, q + 2 * kv, d, OpPart::kQkv));
+    batch_.Push(Kernel(w, OpKind::kLinearForward,
+                       LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank, /*split_outputs=*/true), t,
+                       q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
     OpId kv_write = kNoOp;
     const int own_parity = fill ? NextOwnParity() : 0;
@@ -182,18 +184,15 @@ class PlanWriter {
       topk.pages = c.earlier_pages;
       OpId selected = batch_.Push(topk);
       if (copy_in)
-        h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes()),
+        h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
+                               g_.union_copy_runs(c, c.union_pages)),
                           {selected, slot_release_[parity], KvHome(layer)});
     }
-    batch_.Push(
-        Kernel(w, OpKind::kAttentionForward,
-               AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim), t,
-               t, 0, OpPart::kOwn));
+    batch_.Push(Kernel(w, OpKind::kAttentionForward, g_.own_attention_forward_cost(c), t, t, 0,
+                       OpPart::kOwn));
     if (paged) {
-      Op attention = Kernel(w, OpKind::kAttentionForward,
-                            AttentionForwardCost(c.pairs_paged, t, PagedTokensRead(c),
-                                                 m_.num_attention_heads, kv, m_.head_dim, c.sparse),
-                            t, PagedTokensRead(c), 0, OpPart::kPaged);
+      Op attention = Kernel(w, OpKind::kAttentionForward, g_.paged_attention_forward_cost(c), t,
+                            PagedTokensRead(c), 0, OpPart::kPaged);
       attention.pages = c.union_pages;
       const OpId id = batch_.Push(attention, {h2d});
       if (copy_in) slot_release_[parity] = id;
@@ -265,7 +264,10 @@ class PlanWriter {
       const int64_t pages = c.union_pages + dkv.pretouched_union + dkv.own_touched;
       const int64_t bytes = c.union_pages * g_.kv_page_bytes() +
                             (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes();
-      h2d = batch_.Push(Copy(w, true, pages, bytes),
+      const int64_t copies = g_.union_copy_runs(c, c.union_pages) +
+                             g_.union_copy_runs(c, dkv.pretouched_union) +
+                             (dkv.own_touched > 0 ? 1 : 0);
+      h2d = batch_.Push(Copy(w, true, pages, bytes, copies),
                         {slot_release_[parity], KvHome(layer), DkvHome(layer)});
     }
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
@@ -277,7 +279,8 @@ class PlanWriter {
     // Recompute the layer's internals from its saved input (attention output and LSE are kept).
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, q + 2 * kv, d, r), t,
+    batch_.Push(Kernel(w, OpKind::kLinearForward,
+                       LinearForwardCost(t, q + 2 * kv, d, r, /*split_outputs=*/true), t,
                        q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
     batch_.Push(
@@ -297,19 +300,14 @@ class PlanWriter {
     // The layer's attention backward adds the own pages' dKV (DkvAccumulate) as it writes dK/dV:
     // the paged op when there is one (its kernel covers the own positions too), else the own op,
     // which then waits for the own pages' copy in.
-    Op own_attention = Kernel(
-        w, OpKind::kAttentionBackward,
-        AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb), t, t,
-        0, OpPart::kOwn);
+    Op own_attention = Kernel(w, OpKind::kAttentionBackward, g_.own_attention_backward_cost(c), t,
+                              t, 0, OpPart::kOwn);
     own_attention.adds_own_dkv = own_dkv && !paged;
     batch_.Push(own_attention, {own_attention.adds_own_dkv ? h2d : kNoOp});
     OpId release = kNoOp;
     if (paged) {
-      Op attention =
-          Kernel(w, OpKind::kAttentionBackward,
-                 AttentionBackwardCost(c.pairs_paged, t, PagedTokensRead(c), m_.num_attention_heads,
-                                       kv, m_.head_dim, gb, c.sparse),
-                 t, PagedTokensRead(c), 0, OpPart::kPaged);
+      Op attention = Kernel(w, OpKind::kAttentionBackward, g_.paged_attention_backward_cost(c), t,
+                            PagedTokensRead(c), 0, OpPart::kPaged);
       attention.pages = c.union_pages;
       attention.adds_own_dkv = own_dkv;  // the accumulate below waits for no other op
       release = batch_.Push(attention, {h2d});
@@ -325,7 +323,8 @@ class PlanWriter {
     batch_.Push(
         Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     if (o_.offload && paged) {
-      Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes());
+      Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes(),
+                    g_.union_copy_runs(c, c.union_pages));
       release = batch_.Push(d2h, {release});
       dkv_home_[static_cast<size_t>(layer)] = release;
     }
@@ -383,7 +382,8 @@ class PlanWriter {
  private:
   void Linear(const Where& w, int64_t t, int64_t out, int64_t in, OpPart part) {
     batch_.Push(Kernel(w, OpKind::kLinearBackwardInput,
-                       LinearBackwardInputCost(t, out, in, o_.lora_rank), t, out, in, part));
+                       LinearBackwardInputCost(t, out, in, o_.lora_rank, part == OpPart::kQkv), t,
+                       out, in, part));
     batch_.Push(Kernel(w, OpKind::kLinearBackwardWeight,
                        LinearBackwardWeightCost(t, out, in, o_.lora_rank, o_.grad_bytes()), t, out,
                        in, part));

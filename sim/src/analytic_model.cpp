@@ -101,7 +101,7 @@ class TimeRecurrence {
     f.paged = c.earlier_pages > 0;
     f.copy_in = o_.offload && f.paged;
     f.sparse = c.sparse;
-    add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r))(
+    add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
         f.pre, RopeCost(t, q, kv));
     if (f.fill) {
       add(f.kv_write, KvWriteCost(t, kv));
@@ -111,16 +111,14 @@ class TimeRecurrence {
       add(f.select, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv))(
           f.select, PageTopKCost(c.tiles, c.earlier_pages));
     }
-    add(f.attn_own,
-        AttentionForwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim));
-    if (f.paged)
-      add(f.attn_paged, AttentionForwardCost(c.pairs_paged, t, g_.paged_tokens_read(c),
-                                             m_.num_attention_heads, kv, m_.head_dim, c.sparse));
+    add(f.attn_own, g_.own_attention_forward_cost(c));
+    if (f.paged) add(f.attn_paged, g_.paged_attention_forward_cost(c));
     add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
         f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
         f.post, LinearForwardCost(t, d, inter, r));
     if (f.copy_in) {
-      const OpCost copy = CopyCost(c.union_pages * g_.kv_page_bytes(), true);
+      const OpCost copy =
+          CopyCost(c.union_pages * g_.kv_page_bytes(), true, g_.union_copy_runs(c, c.union_pages));
       f.h2d = model_.Duration(copy, phase);
       f.h2d_bytes = copy.bytes;
     }
@@ -143,37 +141,37 @@ class TimeRecurrence {
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
     Segment& pre = b.before_attention;
-    add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r))(
+    add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
         pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(pre, RmsNormForwardCost(t, d))(
         pre, LinearForwardCost(t, 2 * inter, d, r))(pre, SwigluForwardCost(t, inter));
-    auto linear = [&](Segment& s, int64_t out, int64_t in) {
-      add(s, LinearBackwardInputCost(t, out, in, r))(s,
-                                                     LinearBackwardWeightCost(t, out, in, r, gb));
+    auto linear = [&](Segment& s, int64_t out, int64_t in, bool join = false) {
+      add(s, LinearBackwardInputCost(t, out, in, r, join))(
+          s, LinearBackwardWeightCost(t, out, in, r, gb));
     };
     linear(pre, d, inter);
     add(pre, SwigluBackwardCost(t, inter));
     linear(pre, 2 * inter, d);
     add(pre, RmsNormBackwardCost(t, d));
     linear(pre, d, q);
-    add(pre, AttentionBackwardCost(c.pairs_own, t, t, m_.num_attention_heads, kv, m_.head_dim, gb));
-    if (b.paged)
-      add(b.attn_paged,
-          AttentionBackwardCost(c.pairs_paged, t, g_.paged_tokens_read(c), m_.num_attention_heads,
-                                kv, m_.head_dim, gb, c.sparse));
+    add(pre, g_.own_attention_backward_cost(c));
+    if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     add(b.after, RopeCost(t, q, kv));
-    linear(b.after, q + 2 * kv, d);
+    linear(b.after, q + 2 * kv, d, /*join=*/true);
     add(b.after, RmsNormBackwardCost(t, d));
     if (b.copy_in) {
       const OpCost copy =
           CopyCost(c.union_pages * g_.kv_page_bytes() +
                        (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes(),
-                   true);
+                   true,
+                   g_.union_copy_runs(c, c.union_pages) +
+                       g_.union_copy_runs(c, dkv.pretouched_union) + (dkv.own_touched > 0 ? 1 : 0));
       b.h2d = model_.Duration(copy, Phase::kBackward);
       b.h2d_bytes = copy.bytes;
     }
     if (o_.offload && b.paged) {
-      const OpCost copy = CopyCost(c.union_pages * g_.dkv_page_bytes(), false);
+      const OpCost copy = CopyCost(c.union_pages * g_.dkv_page_bytes(), false,
+                                   g_.union_copy_runs(c, c.union_pages));
       b.d2h = model_.Duration(copy, Phase::kBackward);
       b.d2h_bytes = copy.bytes;
     }

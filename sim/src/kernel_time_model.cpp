@@ -2,84 +2,214 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "ctxplan/models/errors.h"
 
 namespace ctxplan::sim {
 
-KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelTimeCalibration calibration)
-    : calibration_(calibration) {
+namespace {
+
+// The attention kernels' blocks (kernels/src/cuda/attention_*.cu): 128 queries by 128 keys.
+constexpr double kAttentionBlock = 128.0;
+// Spec-value defaults for a GPU without a kernel profile: the flat rates the planner used before
+// profiles (the H200's measured fractions), so that such a GPU predicts as it always did.
+constexpr double kSpecLaunchUs = 2.5;
+constexpr double kSpecCopyCallUs = 1.0;
+constexpr double kSpecLossEfficiency = 0.81;
+constexpr double kSpecSparseForward = 0.81;
+constexpr double kSpecSparseBackward = 0.77;
+constexpr double kSpecMemoryEfficiency = 0.8;
+
+bool FastPage(int64_t p) {
+  return p >= 64 && (p & (p - 1)) == 0;
+}
+
+}  // namespace
+
+KernelProfile EffectiveKernelProfile(const GpuSpec& gpu) {
+  if (!gpu.kernels.empty()) return gpu.kernels;
+  KernelProfile k;
+  k.provenance = Provenance::kEstimate;
+  k.derived_from = "spec values";
+  k.launch_us = kSpecLaunchUs;
+  k.gemm_tflops = gpu.bf16_gemm_tflops.value;
+  k.loss_efficiency = kSpecLossEfficiency;
+  k.attention_fwd_tflops_d128 = k.attention_fwd_tflops_d64 = gpu.attention_fwd_tflops.value;
+  k.attention_bwd_tflops_d128 = k.attention_bwd_tflops_d64 = gpu.attention_bwd_tflops.value;
+  k.page_fwd_efficiency = {{128, 1.0}};
+  k.page_bwd_efficiency = {{128, 1.0}};
+  k.sparse_fwd_efficiency = kSpecSparseForward;
+  k.sparse_bwd_efficiency = kSpecSparseBackward;
+  k.memory_efficiency = kSpecMemoryEfficiency;
+  k.copy_call_us = kSpecCopyCallUs;
+  return k;
+}
+
+std::string DescribeKernelProfile(const KernelProfile& k) {
+  if (k.provenance == Provenance::kMeasured)
+    return "measured (" + k.gpu_name + ", " + k.date + ", driver " + k.driver + ")";
+  if (k.derived_from == "spec values") return "estimate (spec values only, no calibrated sibling)";
+  return "estimate (scaled from " + k.derived_from + "'s calibration)";
+}
+
+KernelTimeModel::KernelTimeModel(const MachineSpec& machine)
+    : KernelTimeModel(machine, EffectiveKernelProfile(machine.gpu)) {}
+
+KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profile)
+    : profile_(std::move(profile)) {
   const GpuSpec& gpu = machine.gpu;
-  const KernelTimeCalibration& c = calibration_;
-  gemm_seconds_per_flop_ = 1.0 / (gpu.bf16_gemm_tflops.value * 1e12 * c.gemm_efficiency);
-  fused_loss_seconds_per_flop_ = gemm_seconds_per_flop_ / c.fused_loss_efficiency;
-  attention_fwd_seconds_per_flop_ =
-      1.0 / (gpu.attention_fwd_tflops.value * 1e12 * c.attention_forward_efficiency);
-  attention_bwd_seconds_per_flop_ =
-      1.0 / (gpu.attention_bwd_tflops.value * 1e12 * c.attention_backward_efficiency);
-  sparse_attention_fwd_seconds_per_flop_ =
-      attention_fwd_seconds_per_flop_ / c.sparse_attention_forward_efficiency;
-  sparse_attention_bwd_seconds_per_flop_ =
-      attention_bwd_seconds_per_flop_ / c.sparse_attention_backward_efficiency;
-  hbm_seconds_per_byte_ = 1.0 / (gpu.d2d_copy_gbs.value * 1e9 * c.memory_efficiency);
-  h2d_seconds_per_byte_ = 1.0 / (gpu.host_h2d_gbs.value * 1e9);
-  d2h_seconds_per_byte_ = 1.0 / (gpu.host_d2h_gbs.value * 1e9);
-  const double duplex_per_direction =
-      std::min({gpu.host_duplex_gbs.value / 2.0, gpu.host_h2d_gbs.value, gpu.host_d2h_gbs.value});
-  duplex_seconds_per_byte_ = 1.0 / (duplex_per_direction * 1e9);
-  host_seconds_per_byte_ = 1.0 / (machine.host_memory_gbs * 1e9);
-  CTXPLAN_CHECK(std::isfinite(gemm_seconds_per_flop_) && std::isfinite(hbm_seconds_per_byte_) &&
-                    std::isfinite(host_seconds_per_byte_),
+  sm_count_ = std::max<int64_t>(1, gpu.sm_count);
+  hbm_bytes_per_second_ = gpu.d2d_copy_gbs.value * 1e9 * profile_.memory_efficiency;
+  h2d_bytes_per_second_ = gpu.host_h2d_gbs.value * 1e9;
+  d2h_bytes_per_second_ = gpu.host_d2h_gbs.value * 1e9;
+  duplex_bytes_per_second_ =
+      std::min({gpu.host_duplex_gbs.value / 2.0, gpu.host_h2d_gbs.value, gpu.host_d2h_gbs.value}) *
+      1e9;
+  host_bytes_per_second_ = machine.host_memory_gbs * 1e9;
+  CTXPLAN_CHECK(profile_.gemm_tflops > 0 && profile_.attention_fwd_tflops_d128 > 0 &&
+                    profile_.attention_bwd_tflops_d128 > 0 && hbm_bytes_per_second_ > 0 &&
+                    h2d_bytes_per_second_ > 0 && d2h_bytes_per_second_ > 0 &&
+                    host_bytes_per_second_ > 0 && profile_.gemm_tile_rows > 0 &&
+                    profile_.gemm_tile_cols > 0,
                 "machine spec rates must be positive");
 }
 
-Tick KernelTimeModel::Duration(const OpCost& cost, Phase phase) const {
-  const KernelTimeCalibration& c = calibration_;
-  double seconds = 0.0;
+double KernelTimeModel::GemmComputeSeconds(const KernelShape& s, double tflops) const {
+  const double tr = static_cast<double>(profile_.gemm_tile_rows);
+  const double tc = static_cast<double>(profile_.gemm_tile_cols);
+  const double tiles =
+      std::ceil(static_cast<double>(s.rows) / tr) * std::ceil(static_cast<double>(s.cols) / tc);
+  // Fewer tiles than SMs: the launch takes as long as one full wave of them. Beyond that the
+  // library's schedules (stream-K, split-K) even the waves out, so the tiles count as they are.
+  const double slots = std::max(tiles, static_cast<double>(sm_count_));
+  const double tile_flops = 2.0 * tr * tc * static_cast<double>(s.depth);
+  return slots * tile_flops / (tflops * 1e12);
+}
+
+double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
+                                       int64_t page_tokens) {
+  if (page_tokens <= 0 || table.empty()) return 1.0;
+  if (auto it = table.find(page_tokens); it != table.end()) return it->second;
+  // An unmeasured page size runs the kernel path of its class (powers of two >= 64 take the
+  // fast path): the nearest measured size of that class, else the nearest of any.
+  const double log_p = std::log2(static_cast<double>(page_tokens));
+  double best = -1, best_distance = 0;
+  for (int pass = 0; pass < 2 && best < 0; ++pass) {
+    for (const auto& [p, fraction] : table) {
+      if (pass == 0 && FastPage(p) != FastPage(page_tokens)) continue;
+      const double distance = std::abs(std::log2(static_cast<double>(p)) - log_p);
+      if (best < 0 || distance < best_distance) {
+        best = fraction;
+        best_distance = distance;
+      }
+    }
+  }
+  return best;
+}
+
+double KernelTimeModel::AttentionTflops(const KernelShape& s, bool backward, bool sparse) const {
+  const KernelProfile& k = profile_;
+  const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
+  double tflops = backward ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
+                           : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
+  tflops *= PageEfficiency(backward ? k.page_bwd_efficiency : k.page_fwd_efficiency, s.page_tokens);
+  if (sparse) {
+    if (backward) {
+      const double pages = std::max<double>(1.0, static_cast<double>(s.tile_pages));
+      tflops *= k.sparse_bwd_efficiency / (1.0 + k.sparse_bwd_pages_half / pages);
+    } else {
+      tflops *= k.sparse_fwd_efficiency;
+    }
+  }
+  return tflops;
+}
+
+double KernelTimeModel::AttentionPaddedFlops(const OpCost& cost) {
+  const KernelShape& s = cost.shape;
+  if (s.page_tokens != 0 || s.rows <= 0) return cost.flops;
+  // Causal among the chunk's own positions: the diagonal blocks are computed whole.
+  const double t = static_cast<double>(s.rows);
+  const double blocks = std::ceil(t / kAttentionBlock);
+  const double padded_pairs = kAttentionBlock * kAttentionBlock * blocks * (blocks + 1.0) / 2.0;
+  const double pairs = t * (t + 1.0) / 2.0;
+  return cost.flops * padded_pairs / pairs;
+}
+
+double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
+  const KernelProfile& k = profile_;
+  const KernelShape& s = cost.shape;
+  const double launches = static_cast<double>(std::max(1, s.launches)) * k.launch_us * 1e-6;
+  const double memory = cost.bytes / hbm_bytes_per_second_;
+  const double side = s.side_bytes / hbm_bytes_per_second_;
   switch (cost.rate) {
     case RateClass::kNone:
-      return 0;
-    case RateClass::kGemm:
-    case RateClass::kFusedLoss:
-      seconds =
-          std::max(cost.flops * (cost.rate == RateClass::kGemm ? gemm_seconds_per_flop_
-                                                               : fused_loss_seconds_per_flop_),
-                   cost.bytes * hbm_seconds_per_byte_);
-      seconds = std::max(seconds, c.min_kernel_seconds);
-      break;
+      return 0.0;
+    case RateClass::kGemm: {
+      if (cost.flops <= 0) return 0.0;
+      const double tflops = k.gemm_tflops * (s.accumulates ? k.gemm_accumulate_efficiency : 1.0);
+      // A shape left empty (a hand-made cost) is timed as one full-size GEMM.
+      const double compute = s.rows > 0 && s.cols > 0 && s.depth > 0 ? GemmComputeSeconds(s, tflops)
+                                                                     : cost.flops / (tflops * 1e12);
+      return launches + std::max(compute, memory) + side;
+    }
+    case RateClass::kFusedLoss: {
+      const double tflops = k.gemm_tflops * k.loss_efficiency;
+      // Two passes of the same [tokens x vocab] grid (LSE, then gradients): the quantisation of
+      // one grid, times the FLOPs' multiple of a single GEMM.
+      KernelShape grid = s;
+      double compute = cost.flops / (tflops * 1e12);
+      if (s.rows > 0 && s.cols > 0 && s.depth > 0) {
+        const double one = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.cols) *
+                           static_cast<double>(s.depth);
+        compute = GemmComputeSeconds(grid, tflops) * (cost.flops / one);
+      }
+      return launches + std::max(compute, memory);
+    }
     case RateClass::kAttentionForward:
     case RateClass::kSparseAttentionForward:
-      seconds = std::max(cost.flops * (cost.rate == RateClass::kAttentionForward
-                                           ? attention_fwd_seconds_per_flop_
-                                           : sparse_attention_fwd_seconds_per_flop_),
-                         cost.bytes * hbm_seconds_per_byte_);
-      seconds = std::max(seconds, c.min_kernel_seconds);
-      break;
     case RateClass::kAttentionBackward:
-    case RateClass::kSparseAttentionBackward:
-      seconds = std::max(cost.flops * (cost.rate == RateClass::kAttentionBackward
-                                           ? attention_bwd_seconds_per_flop_
-                                           : sparse_attention_bwd_seconds_per_flop_),
-                         cost.bytes * hbm_seconds_per_byte_);
-      seconds = std::max(seconds, c.min_kernel_seconds);
-      break;
+    case RateClass::kSparseAttentionBackward: {
+      if (cost.flops <= 0) return launches;
+      const bool backward = cost.rate == RateClass::kAttentionBackward ||
+                            cost.rate == RateClass::kSparseAttentionBackward;
+      const bool sparse = cost.rate == RateClass::kSparseAttentionForward ||
+                          cost.rate == RateClass::kSparseAttentionBackward;
+      const double compute =
+          AttentionPaddedFlops(cost) / (AttentionTflops(s, backward, sparse) * 1e12);
+      return launches + std::max(compute, memory);
+    }
     case RateClass::kMemoryBound:
-      seconds = std::max(cost.bytes * hbm_seconds_per_byte_, c.min_kernel_seconds);
-      break;
+      return launches + memory + side;
+    case RateClass::kPageScore: {
+      const double per_page = k.page_score_ns_per_tile_page * 1e-9 * static_cast<double>(s.rows) *
+                              static_cast<double>(s.cols);
+      return launches + std::max(per_page, memory);
+    }
+    case RateClass::kPageTopK: {
+      // One block a query tile walks every candidate page; more tiles than SMs take more waves.
+      const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s.rows)) /
+                                     static_cast<double>(sm_count_));
+      const double walk = k.page_topk_ns_per_page * 1e-9 * static_cast<double>(s.cols) * waves;
+      return launches + std::max(walk, memory);
+    }
     case RateClass::kHostToDevice:
     case RateClass::kDeviceToHost: {
       const bool both_ways = phase == Phase::kBackward;
-      const double per_byte = both_ways                               ? duplex_seconds_per_byte_
-                              : cost.rate == RateClass::kHostToDevice ? h2d_seconds_per_byte_
-                                                                      : d2h_seconds_per_byte_;
-      seconds = c.copy_latency_seconds + cost.bytes * per_byte;
-      break;
+      const double per_second = both_ways                               ? duplex_bytes_per_second_
+                                : cost.rate == RateClass::kHostToDevice ? h2d_bytes_per_second_
+                                                                        : d2h_bytes_per_second_;
+      const double calls = static_cast<double>(std::max(1, s.launches)) * k.copy_call_us * 1e-6;
+      return calls + cost.bytes / per_second;
     }
-    case RateClass::kHostCompute:
-      seconds = cost.bytes * host_seconds_per_byte_;
-      break;
+    case RateClass::kHostCompute: {
+      // AdamW on the host: 12 FLOPs a parameter (kernels/cost.cpp).
+      if (k.host_adamw_gparams > 0) return cost.flops / 12.0 / (k.host_adamw_gparams * 1e9);
+      return cost.bytes / host_bytes_per_second_;
+    }
   }
-  return SecondsToTicks(seconds);
+  return 0.0;
 }
 
 }  // namespace ctxplan::sim

@@ -20,16 +20,42 @@ enum class RateClass : uint8_t {
   kAttentionBackward,        // flash-class attention backward
   kSparseAttentionBackward,  // attention backward over page-sparse selections of earlier pages
   kMemoryBound,              // elementwise / reduction kernels: bytes over HBM bandwidth
+  kPageScore,                // query tiles against page summaries: a launch floor, then bytes
+  kPageTopK,                 // top-k per query tile: one block a tile walks its pages
   kHostToDevice,             // copy engine, host -> device
   kDeviceToHost,             // copy engine, device -> host
   kHostCompute,              // CPU work (optimizer on the host): bytes over host DRAM bandwidth
   kNone,                     // bookkeeping, no duration
 };
 
+// The launch behind an op, as the kernel-time model needs it beyond FLOPs and bytes: a GEMM's
+// output grid decides its tile and wave quantisation, an attention launch's page size, head dim
+// and pages per query tile decide which kernel path runs and how full its blocks are, a page copy
+// is many small copies. Fields a rate class does not use stay zero.
+struct KernelShape {
+  // GEMMs: the output is rows x cols, summed over depth (forward: tokens x out, in; weight
+  // gradient: out x in, tokens). The fused loss: tokens x vocab, hidden.
+  int64_t rows = 0, cols = 0, depth = 0;
+  // Attention: the chunk's query tokens (rows), query heads, head dim, the page size of the keys
+  // (0: the chunk's own positions, contiguous) and the pages each query tile attends.
+  int32_t heads = 0, head_dim = 0;
+  int32_t page_tokens = 0;
+  int64_t tile_pages = 0;
+  // Page score and top-k: query tiles (rows) and candidate pages (cols).
+  // Launches (kernels or cudaMemcpyAsync calls) the op makes: LoRA's adapter GEMMs, a page
+  // copy's runs of pages. Each pays the per-launch cost.
+  int32_t launches = 1;
+  // Memory traffic of helper copies inside the op (the QKV projection splits its fused output
+  // rows into Q, K and V), timed at the memory-bound rate on top of the GEMM.
+  double side_bytes = 0.0;
+  bool accumulates = false;  // a GEMM adding into its output (beta 1: weight gradients)
+};
+
 struct OpCost {
   double flops = 0.0;
   double bytes = 0.0;  // bytes moved: HBM traffic for kernels, link traffic for copies
   RateClass rate = RateClass::kNone;
+  KernelShape shape;
 };
 
 inline constexpr int64_t kBf16Bytes = 2;
@@ -39,9 +65,14 @@ inline constexpr int64_t kFp32Bytes = 4;
 inline constexpr int64_t kRmsNormMaxPartialRows = 1024;
 
 // [m x k] * [k x n] -> [m x n]; `lora_rank` > 0 adds the two low-rank adapter GEMMs.
-OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank);
-// dX [m x k] = dY [m x n] * W^T, plus the adapters' share when lora_rank > 0.
-OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank);
+// `split_outputs`: the fused QKV projection's output rows are split into Q, K and V afterwards
+// (three strided device copies, read and written once: the shape's side_bytes).
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+                         bool split_outputs = false);
+// dX [m x k] = dY [m x n] * W^T, plus the adapters' share when lora_rank > 0. `join_inputs`: the
+// QKV projection's dQ, dK, dV are first joined into one [m x n] gradient (three strided copies).
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+                               bool join_inputs = false);
 // dW [k x n] += X^T dY in `grad_bytes`; with lora_rank > 0 only the adapters' gradients.
 OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
                                 int64_t grad_bytes);
@@ -59,15 +90,19 @@ OpCost PageTopKCost(int64_t tiles, int64_t pages);
 // `pairs`: attended (query, key) pairs per head; `kv_tokens_read`: K/V positions loaded.
 // page_sparse: the pairs are those of page-sparse selections (its own rate class: each query tile
 // gathers its own pages, scattered over the whole context).
+// page_tokens: the keys' page size (0 for the chunk's own positions); tile_pages: the pages one
+// query tile attends (the shape's tile_pages, for the kernel-time model).
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                             int64_t num_heads, int64_t kv_dim, int64_t head_dim,
-                            bool page_sparse = false);
+                            bool page_sparse = false, int64_t page_tokens = 0,
+                            int64_t tile_pages = 0);
 // dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`. page_sparse: the pairs are
 // those of page-sparse selections (its own rate class: the kernel's per-key-block costs weigh
 // more when each key block serves a few query tiles instead of all of them).
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
-                             int64_t grad_bytes, bool page_sparse = false);
+                             int64_t grad_bytes, bool page_sparse = false, int64_t page_tokens = 0,
+                             int64_t tile_pages = 0);
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
@@ -78,6 +113,7 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
 OpCost ZeroFillCost(int64_t bytes);
 // AdamW over `params` with fp32 moments.
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host);
-OpCost CopyCost(int64_t bytes, bool host_to_device);
+// `copies`: the separate cudaMemcpyAsync calls it takes (runs of pages contiguous on both sides).
+OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies = 1);
 
 }  // namespace ctxplan

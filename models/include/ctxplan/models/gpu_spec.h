@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace ctxplan {
@@ -18,6 +19,46 @@ struct SpecValue {
   double value = 0.0;
   Provenance provenance = Provenance::kDatasheet;
   std::string note;  // how or where it was measured, or which datasheet
+};
+
+// The kernel-time model's parameters for one GPU (how each is used: sim/kernel_time_model.h).
+// Measured by `ctxplan calibrate` on that GPU, or, for a GPU we have only datasheets for,
+// scaled from a calibrated sibling by what differs (SMs x clock, HBM, the host link).
+struct KernelProfile {
+  Provenance provenance = Provenance::kEstimate;
+  // Measured: where and when. Estimated: the calibrated sibling it was scaled from.
+  std::string gpu_name, driver, date, commit, samples, derived_from;
+
+  double launch_us = 0;  // one kernel launch or copy call, back to back: the floor of any op
+  // GEMMs: the rate of large shapes; the output tile cuBLASLt's kernels quantise to, filling
+  // the SMs in waves; fractions for GEMMs that add into their output and the fused loss.
+  double gemm_tflops = 0;
+  int64_t gemm_tile_rows = 128, gemm_tile_cols = 256;
+  double gemm_accumulate_efficiency = 1;
+  double loss_efficiency = 1;
+  // Attention: rates over the chunk's own positions (contiguous keys) per head dim, then per
+  // page size the fraction of it reached over pages, and the fraction over page-sparse
+  // selections (the backward's also by pages per tile: fewer selected pages, more fixed cost).
+  double attention_fwd_tflops_d128 = 0, attention_fwd_tflops_d64 = 0;
+  double attention_bwd_tflops_d128 = 0, attention_bwd_tflops_d64 = 0;
+  std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
+  double sparse_fwd_efficiency = 1, sparse_bwd_efficiency = 1;
+  double sparse_bwd_pages_half = 0;  // tile pages at which the backward's fixed cost doubles it
+  // Memory-bound kernels: fraction of the device copy bandwidth.
+  double memory_efficiency = 0.8;
+  // Page selection: score per candidate page and query tile; top-k per candidate page (one
+  // block a tile: tiles beyond the SMs take another wave).
+  double page_score_ns_per_tile_page = 0;
+  double page_topk_ns_per_page = 0;
+  // Host side: one copy call's fixed cost; pinning host memory; host memory copy; AdamW on the
+  // host (parameters a second); the arena's reservation.
+  double copy_call_us = 0;
+  double pin_gbs = 0;
+  double host_memcpy_gbs = 0;
+  double host_adamw_gparams = 0;
+  double device_alloc_gbs = 0;
+
+  bool empty() const { return gemm_tflops <= 0; }
 };
 
 struct GpuSpec {
@@ -37,10 +78,18 @@ struct GpuSpec {
   SpecValue host_duplex_gbs;       // both directions at once, sum, GB/s
   SpecValue cuda_context_gib;      // CUDA context + library workspaces, GiB
   int64_t sm_count = 0;
-  std::string host_link;  // "pcie-gen5-x16", "nvlink-c2c"
+  double boost_clock_mhz = 0;  // SM boost clock (datasheet): scales a sibling's compute rates
+  std::string host_link;       // "pcie-gen5-x16", "nvlink-c2c"
+  KernelProfile kernels;       // empty: the planner derives one from the spec values
 
   int64_t memory_bytes() const;
 };
+
+// `target`'s kernel profile estimated from a calibrated `sibling`: tensor-core rates scale with
+// the dense bf16 peaks (SMs x clock x architecture), memory-bound work with the device copy
+// bandwidth (already in the spec values), the page top-k (one SM a tile) with the SM clock;
+// launch and host costs stay (same driver, same host). provenance kEstimate, derived_from set.
+KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target);
 
 // A GPU in a host with some RAM: what `--machine` or `--gpu` + `--host-ram` select.
 struct MachineSpec {

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/run_options.h"
 
@@ -86,6 +87,19 @@ class PlanGeometry {
 
   // K/V positions a paged-attention op loads: each query tile loads its own pages.
   int64_t paged_tokens_read(const ChunkGeometry& chunk) const;
+
+  // The attention ops of one layer of a chunk, with their launch shapes: among the chunk's own
+  // positions (causal), and against its earlier pages (every one, or the tiles' selections).
+  OpCost own_attention_forward_cost(const ChunkGeometry& chunk) const;
+  OpCost paged_attention_forward_cost(const ChunkGeometry& chunk) const;
+  OpCost own_attention_backward_cost(const ChunkGeometry& chunk) const;
+  OpCost paged_attention_backward_cost(const ChunkGeometry& chunk) const;
+
+  // cudaMemcpyAsync calls a copy of `pages` of the chunk's union takes: the backends copy runs of
+  // pages contiguous on both sides. Host pages are handed out chunk by chunk, so a dense union is
+  // one run per earlier chunk; a sparse one breaks wherever a selected page's neighbour is not
+  // selected (for selections spread evenly, a fraction 1 - U/E of its pages).
+  int64_t union_copy_runs(const ChunkGeometry& chunk, int64_t pages) const;
 
   // The largest union of any chunk: the last chunk's, or the last full chunk's when the last
   // one is short (fewer query tiles select fewer pages).

@@ -1,9 +1,26 @@
-// How long an op takes on a machine: a roofline per op, from its cost descriptor and the GPU's
-// achieved rates (measured where we have them, else estimated from the datasheet), with
-// per-class efficiency factors. Made to be replaced by calibration tables from real traces.
+// How long an op takes on a machine, from its cost descriptor and launch shape (kernels/cost.h)
+// and the GPU's kernel profile (models/gpu/*.yaml `kernel_model`, measured by `ctxplan
+// calibrate` or scaled from a calibrated sibling). Every op kind has a time as a function of its
+// shape; the parameters are few and named (KernelProfile), and their values come from
+// microbenchmarks of the kernels of kernels/, never from the end-to-end runs the planner is
+// judged on (traces/recorded/README.md).
+//
+//   every op      launches x launch_us (kernels) or copies x copy_call_us (copies), plus:
+//   GEMM          output tiles of gemm_tile_rows x gemm_tile_cols: a launch of fewer tiles than
+//                 SMs leaves SMs idle, partial tiles compute whole; at gemm_tflops (x
+//                 gemm_accumulate_efficiency when adding into the output), or HBM-bound
+//   fused loss    the same over tokens x vocab, at loss_efficiency of the GEMM rate
+//   attention     FLOPs (causal blocks of 128 queries x 128 keys computed whole) at the rate of
+//                 the head dim, x the page size's fraction (a page size off the fast path runs
+//                 another kernel path), x the sparse fraction (the backward's falls with fewer
+//                 pages per tile: sparse_bwd_pages_half)
+//   memory-bound  bytes at memory_efficiency of the device copy bandwidth
+//   page score    tiles x pages x page_score_ns_per_tile_page, or HBM-bound
+//   page top-k    pages x page_topk_ns_per_page per wave of query tiles (one SM a tile)
+//   copies        bytes over the pinned link (both directions share it in the backward)
+//   host compute  AdamW on the host at host_adamw_gparams
 #pragma once
 
-#include <array>
 #include <cstdint>
 
 #include "ctxplan/kernels/cost.h"
@@ -13,62 +30,50 @@
 
 namespace ctxplan::sim {
 
-struct KernelTimeCalibration {
-  // Fraction of the GPU spec's achieved rate that each rate class reaches (1 = the spec's rate).
-  double gemm_efficiency = 1.0;
-  double attention_forward_efficiency = 1.0;
-  double attention_backward_efficiency = 1.0;
-  // The forward and backward over page-sparse selections reach these fractions of their dense
-  // rates: the forward's tiles gather pages scattered over the whole context; the backward's key
-  // blocks serve a few query tiles each, not all, and pay their fixed costs (K/V load, the dKV
-  // read-add-write, one block per SM) for less work. Measured with ctxtrain on the H200
-  // (Qwen2.5-7B, 512K, k 64 of 128-token pages, chunk 4096, offload off; the CUDA backend runs a
-  // layer's own and paged attention as one launch): forward (the warp-specialised kernel of
-  // 8fc76af) 9.77 s a step, of which the own part is predicted 1.64 s at the dense rate, so the
-  // paged part runs at 0.81 of it; backward 6.0 ms a call, own 0.96 ms, paged 5.54 ms at 0.7 of
-  // the backward's rate (so ~0.77).
-  double sparse_attention_forward_efficiency = 0.81;
-  double sparse_attention_backward_efficiency = 0.77;
-  // The fused linear + cross-entropy reaches this fraction of the GEMM rate: its vocabulary tiles
-  // alternate GEMMs with the softmax and the logits' gradient. H200 (Qwen2.5-7B, chunk 4096):
-  // 613.6 TFLOP/s in kernels_bench (0.86 of the plain cuBLASLt GEMM of the shape, 0.83 of the
-  // spec's rate); in ctxtrain at 512K 3.80 s a step against 3.09 s at the GEMM rate (0.81).
-  double fused_loss_efficiency = 0.81;
-  // Memory-bound kernels reach this fraction of the measured device-to-device copy bandwidth.
-  double memory_efficiency = 0.8;
-  // A kernel never takes less than this (launch and tail effects).
-  double min_kernel_seconds = 2.5e-6;
-  // Fixed cost of one copy (descriptor setup, completion), on top of bytes / bandwidth.
-  double copy_latency_seconds = 5e-6;
-};
+// The profile the planner uses for `gpu`: its own kernel_model when the YAML has one (measured,
+// or already scaled from its sibling at load time), else one derived from the spec values alone
+// (flat rates, as before profiles existed; provenance kEstimate, derived_from "spec values").
+KernelProfile EffectiveKernelProfile(const GpuSpec& gpu);
+
+// Where a prediction's times come from, for reports: "measured (NVIDIA H200, 2026-11-24)",
+// "estimate (scaled from h200)", "estimate (spec values only)".
+std::string DescribeKernelProfile(const KernelProfile& profile);
 
 class KernelTimeModel {
  public:
-  KernelTimeModel(const MachineSpec& machine, KernelTimeCalibration calibration = {});
+  explicit KernelTimeModel(const MachineSpec& machine);
+  KernelTimeModel(const MachineSpec& machine, KernelProfile profile);
 
   // Duration of one op in ticks; zero for memory bookkeeping.
   Tick Duration(const Op& op) const { return Duration(op.cost, op.phase); }
   // Copies in the backward share the link with copies the other way (both directions stream
   // at once there), so they get half the measured duplex bandwidth; elsewhere one direction
   // has the link to itself.
-  Tick Duration(const OpCost& cost, Phase phase) const;
+  Tick Duration(const OpCost& cost, Phase phase) const {
+    return SecondsToTicks(Seconds(cost, phase));
+  }
+  double Seconds(const OpCost& cost, Phase phase) const;
 
-  const KernelTimeCalibration& calibration() const { return calibration_; }
+  const KernelProfile& profile() const { return profile_; }
+
+  // --- the pieces, public for calibration fits and tests --------------------------------------
+  // Tensor-core seconds of a GEMM-shaped launch at `tflops`, with tile and wave quantisation.
+  double GemmComputeSeconds(const KernelShape& shape, double tflops) const;
+  // The attention rate (TFLOP/s) for a launch shape and direction.
+  double AttentionTflops(const KernelShape& shape, bool backward, bool sparse) const;
+  // FLOPs an attention launch computes, counting masked causal blocks whole.
+  static double AttentionPaddedFlops(const OpCost& cost);
+  // The fraction of the contiguous rate reached over pages of `page_tokens` (1 for 0).
+  static double PageEfficiency(const std::map<int64_t, double>& table, int64_t page_tokens);
 
  private:
-  KernelTimeCalibration calibration_;
-  // Seconds per FLOP / per byte for each rate class, precomputed.
-  double gemm_seconds_per_flop_ = 0;
-  double fused_loss_seconds_per_flop_ = 0;
-  double attention_fwd_seconds_per_flop_ = 0;
-  double attention_bwd_seconds_per_flop_ = 0;
-  double sparse_attention_fwd_seconds_per_flop_ = 0;
-  double sparse_attention_bwd_seconds_per_flop_ = 0;
-  double hbm_seconds_per_byte_ = 0;
-  double h2d_seconds_per_byte_ = 0;
-  double d2h_seconds_per_byte_ = 0;
-  double duplex_seconds_per_byte_ = 0;  // per direction while both run
-  double host_seconds_per_byte_ = 0;
+  KernelProfile profile_;
+  int64_t sm_count_ = 1;
+  double hbm_bytes_per_second_ = 0;  // memory-bound kernels
+  double h2d_bytes_per_second_ = 0;
+  double d2h_bytes_per_second_ = 0;
+  double duplex_bytes_per_second_ = 0;  // per direction while both run
+  double host_bytes_per_second_ = 0;
 };
 
 }  // namespace ctxplan::sim

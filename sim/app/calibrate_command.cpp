@@ -1,0 +1,115 @@
+#include "calibrate_command.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/sim/calibration.h"
+#include "ctxplan/traces/atomic_file.h"
+
+namespace ctxplan::cli {
+
+namespace {
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// The catalogue entry of the GPU the samples were measured on, by the name CUDA reports.
+std::string CatalogueNameFor(const std::string& gpu_name) {
+  const std::string n = Lower(gpu_name);
+  if (n.find("gh200") != std::string::npos) return "gh200";
+  if (n.find("h200") != std::string::npos) return "h200";
+  if (n.find("h100") != std::string::npos)
+    return n.find("pcie") != std::string::npos ? "h100-pcie" : "h100-sxm";
+  throw InputError("calibrate: the samples were measured on " + gpu_name +
+                   ", which no catalogue GPU matches; name its entry with --gpu (a catalogue "
+                   "GPU or a GPU .yaml holding its datasheet values)");
+}
+
+// ctxplan-measure sits beside ctxplan in a CUDA build.
+std::filesystem::path MeasureProgram(const char* argv0) {
+  std::error_code error;
+  std::filesystem::path self = std::filesystem::canonical("/proc/self/exe", error);
+  if (error) self = argv0;
+  const std::filesystem::path beside = self.parent_path() / "ctxplan-measure";
+  if (std::filesystem::exists(beside)) return beside;
+  throw InputError(
+      "calibrate: measuring needs ctxplan-measure beside ctxplan (" + beside.string() +
+      "), built only with CUDA (-DCTXPLAN_CUDA=ON) and run on the GPU to calibrate; or fit "
+      "samples measured before with --samples FILE");
+}
+
+std::string Percent(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * fraction);
+  return text;
+}
+
+}  // namespace
+
+CLI::App* AddCalibrateCommand(CLI::App& app, CalibrateFlags& f) {
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate", "measure this GPU's kernels and write its profile (models/gpu/ format)");
+  cmd->add_option("--output,-o", f.output, "the GPU profile .yaml to write")->required();
+  cmd->add_option("--samples", f.samples,
+                  "fit these ctxplan-measure samples (CSV) instead of measuring now");
+  cmd->add_option("--keep-samples", f.keep_samples,
+                  "keep the samples measured here in this CSV (default: beside --output)");
+  cmd->add_option("--gpu", f.gpu,
+                  "the catalogue entry (or .yaml) with this GPU's datasheet values "
+                  "(default: matched by the name CUDA reports)");
+  cmd->add_flag("--quick", f.quick, "a smaller grid (under a minute; a rougher profile)");
+  return cmd;
+}
+
+int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
+  std::filesystem::path samples_path = f.samples;
+  if (samples_path.empty()) {
+    samples_path = f.keep_samples.empty()
+                       ? std::filesystem::path(f.output).replace_extension(".samples.csv")
+                       : std::filesystem::path(f.keep_samples);
+    const std::filesystem::path program = MeasureProgram(argv0);
+    std::string command = "'" + program.string() + "' --output '" + samples_path.string() + "'";
+    if (f.quick) command += " --quick";
+    std::cerr << "calibrate: measuring (" << command << ")\n";
+    const int status = std::system(command.c_str());
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::cerr << "ctxplan: calibrate: ctxplan-measure failed (status " << status
+                << "); no profile written\n";
+      return WIFEXITED(status) && WEXITSTATUS(status) == 2 ? 2 : 1;
+    }
+  }
+  const sim::CalibrationSamples samples = sim::ReadCalibrationSamples(samples_path);
+  const auto name = samples.header.find("gpu_name");
+  const std::string gpu_name = name == samples.header.end() ? "an unnamed GPU" : name->second;
+  const GpuSpec base = LoadGpu(f.gpu.empty() ? CatalogueNameFor(gpu_name) : f.gpu);
+  const sim::CalibrationFit fit =
+      sim::FitCalibration(samples, base, samples_path.filename().string());
+
+  AtomicFileWriter out{std::filesystem::path(f.output)};
+  out.stream() << sim::GpuProfileYaml(fit.gpu);
+  out.Commit();
+  // The written profile must load as any catalogue entry does.
+  (void)LoadGpu(f.output);
+
+  std::cout << "calibrated " << fit.gpu.name << " from " << samples.rows.size()
+            << " samples measured on " << gpu_name << " -> " << f.output << "\n";
+  std::cout << "model against its samples (|predicted / measured - 1|):\n";
+  for (const sim::FitResidual& r : fit.residuals) {
+    std::printf("  %-14s %4d samples  median %6s  max %6s  (%s)\n", r.group.c_str(), r.samples,
+                Percent(r.median_error).c_str(), Percent(r.max_error).c_str(), r.worst.c_str());
+  }
+  return 0;
+}
+
+}  // namespace ctxplan::cli

@@ -1,0 +1,59 @@
+// `ctxplan calibrate`, the CPU half: raw microbenchmark samples (written by ctxplan-measure on
+// the GPU, sim/calibrate/) -> the kernel-time model's parameters (KernelProfile) and the GPU
+// profile YAML that `--gpu` / `--machine` take. Each parameter is fitted on the samples of the
+// kernels it governs, by medians (robust to the odd slow repetition), never on end-to-end runs.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ctxplan/models/gpu_spec.h"
+
+namespace ctxplan::sim {
+
+// One row of the samples CSV (sim/calibrate/measure_main.cpp documents the fields per op).
+struct CalibrationSample {
+  std::string op;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t page_tokens = 0, pages = 0, pages_per_tile = 0;
+  int64_t grad_bytes = 0;
+  double bytes = 0, flops = 0;
+  int64_t copies = 0;
+  double seconds = 0;
+};
+
+struct CalibrationSamples {
+  std::map<std::string, std::string> header;  // "# key: value" lines: gpu_name, driver, date, ...
+  std::vector<CalibrationSample> rows;
+};
+
+// Reads a samples CSV; a malformed file throws InputError naming the file, line and field.
+CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path);
+
+// How well the fitted model reproduces the samples of one group of ops.
+struct FitResidual {
+  std::string group;  // "gemm", "attention_fwd", "memory", "copy", ...
+  int samples = 0;
+  double median_error = 0;  // |predicted / measured - 1|
+  double max_error = 0;
+  std::string worst;  // the worst sample, described
+};
+
+struct CalibrationFit {
+  GpuSpec gpu;  // `base` with the measured spec values and the measured kernel profile
+  std::vector<FitResidual> residuals;
+};
+
+// Fits `base` (the catalogue entry of the same GPU, for its datasheet values) to the samples.
+// Throws InputError when a group the profile needs has no usable samples.
+CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& base,
+                              const std::string& samples_name);
+
+// The GPU profile as YAML in the models/gpu/ format.
+std::string GpuProfileYaml(const GpuSpec& gpu);
+
+}  // namespace ctxplan::sim

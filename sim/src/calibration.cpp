@@ -1,0 +1,630 @@
+#include "ctxplan/sim/calibration.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/sim/kernel_time_model.h"
+
+namespace ctxplan::sim {
+
+namespace {
+
+constexpr std::string_view kSamplesColumns =
+    "op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,"
+    "copies,seconds";
+constexpr int64_t kQueryTile = 128;  // ctxplan-measure's page selections use query tiles of 128
+// Copies at least this large measure the link's bandwidth (their call cost is under 1%).
+constexpr double kBandwidthCopyBytes = 64.0 * (1 << 20);
+// Page-score launches over at least this many pages measure the per-page cost, not the floor.
+constexpr int64_t kScorePagesMin = 512;
+// GEMM output tiles cuBLASLt's Hopper kernels use; the fit keeps the one that explains the
+// samples best.
+constexpr std::array<std::pair<int64_t, int64_t>, 4> kGemmTiles = {
+    {{128, 128}, {128, 256}, {256, 128}, {256, 256}}};
+
+double Median(std::vector<double> v) {
+  CTXPLAN_CHECK(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+[[noreturn]] void Bad(const std::filesystem::path& path, int line, const std::string& problem) {
+  throw InputError(path.string() + ":" + std::to_string(line) + ": " + problem +
+                   " (expected the CSV of ctxplan-measure: " + std::string(kSamplesColumns) + ")");
+}
+
+std::vector<std::string> SplitCsv(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream fields(line);
+  for (std::string cell; std::getline(fields, cell, ',');) out.push_back(cell);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+bool IsMemoryOp(const std::string& op) {
+  static const std::array<std::string_view, 13> kOps = {
+      "rmsnorm_fwd", "rmsnorm_bwd",   "rmsnorm_bwd_final", "rope",     "swiglu_fwd",
+      "swiglu_bwd",  "embedding_fwd", "embedding_bwd",     "kv_write", "dkv_accumulate",
+      "zero_fill",   "adamw",         "page_summary"};
+  return std::find(kOps.begin(), kOps.end(), op) != kOps.end();
+}
+
+// The op(s) the planner would time for a sample, and how many launches they stand for.
+struct SampleCosts {
+  std::vector<OpCost> costs;
+  Phase phase = Phase::kFill;
+  int merged_launches = 0;  // launches the model counts beyond the one the kernel makes
+};
+
+SampleCosts CostsOf(const CalibrationSample& s) {
+  SampleCosts out;
+  const int64_t kv_dim = s.kv_heads * s.head_dim;
+  const int64_t grad_bytes = s.grad_bytes > 0 ? s.grad_bytes : kBf16Bytes;
+  if (s.op == "gemm_fwd") {
+    out.costs.push_back(LinearForwardCost(s.m, s.n, s.k, 0));
+  } else if (s.op == "gemm_bwd_input") {
+    out.costs.push_back(LinearBackwardInputCost(s.m, s.n, s.k, 0));
+  } else if (s.op == "gemm_bwd_weight") {
+    out.costs.push_back(LinearBackwardWeightCost(s.m, s.n, s.k, 0, grad_bytes));
+  } else if (s.op == "loss") {
+    out.costs.push_back(LossForwardBackwardCost(s.m, s.k, s.n, true, grad_bytes));
+  } else if (s.op == "attention_fwd" || s.op == "attention_bwd") {
+    const bool backward = s.op == "attention_bwd";
+    const double t = static_cast<double>(s.m);
+    const double pairs_own = t * (t + 1.0) / 2.0;
+    out.costs.push_back(
+        backward
+            ? AttentionBackwardCost(pairs_own, s.m, s.m, s.heads, kv_dim, s.head_dim, grad_bytes)
+            : AttentionForwardCost(pairs_own, s.m, s.m, s.heads, kv_dim, s.head_dim));
+    if (s.pages > 0) {
+      const bool sparse = s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
+      const int64_t tile_pages = sparse ? s.pages_per_tile : s.pages;
+      const double pairs = t * static_cast<double>(tile_pages * s.page_tokens);
+      const int64_t tiles = (s.m + kQueryTile - 1) / kQueryTile;
+      const int64_t read = (sparse ? tiles : 1) * tile_pages * s.page_tokens;
+      out.costs.push_back(backward
+                              ? AttentionBackwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim,
+                                                      grad_bytes, sparse, s.page_tokens, tile_pages)
+                              : AttentionForwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim,
+                                                     sparse, s.page_tokens, tile_pages));
+      out.merged_launches = 1;  // the kernel runs the own and the paged part as one launch
+    }
+  } else if (s.op == "page_score") {
+    out.costs.push_back(PageScoreCost(s.m, kQueryTile, s.pages, s.heads * s.head_dim, kv_dim));
+  } else if (s.op == "page_topk") {
+    out.costs.push_back(PageTopKCost(s.m, s.pages));
+  } else if (IsMemoryOp(s.op)) {
+    out.costs.push_back(OpCost{0.0, s.bytes, RateClass::kMemoryBound, {}});
+  } else if (s.op == "copy_h2d" || s.op == "copy_d2h") {
+    const int64_t copies = std::max<int64_t>(1, s.copies);
+    out.costs.push_back(
+        CopyCost(static_cast<int64_t>(s.bytes) * copies, s.op == "copy_h2d", copies));
+  }
+  return out;
+}
+
+double Predict(const KernelTimeModel& model, const CalibrationSample& s) {
+  const SampleCosts c = CostsOf(s);
+  double seconds = 0;
+  for (const OpCost& cost : c.costs) seconds += model.Seconds(cost, c.phase);
+  return seconds - c.merged_launches * model.profile().launch_us * 1e-6;
+}
+
+MachineSpec MachineFor(const GpuSpec& gpu) {
+  MachineSpec m;
+  m.name = gpu.name;
+  m.gpu = gpu;
+  m.host_ram_bytes = 1;
+  m.host_memory_gbs = 100;
+  return m;
+}
+
+// Rows of the samples that `keep` accepts.
+std::vector<const CalibrationSample*> Select(
+    const CalibrationSamples& samples, const std::function<bool(const CalibrationSample&)>& keep) {
+  std::vector<const CalibrationSample*> out;
+  for (const CalibrationSample& s : samples.rows)
+    if (keep(s) && s.seconds > 0) out.push_back(&s);
+  return out;
+}
+
+std::vector<const CalibrationSample*> Op(const CalibrationSamples& samples, std::string_view op) {
+  return Select(samples, [&](const CalibrationSample& s) { return s.op == op; });
+}
+
+void Require(const std::vector<const CalibrationSample*>& rows, std::string_view what) {
+  if (rows.empty())
+    throw InputError("calibration samples have no usable " + std::string(what) +
+                     " rows: re-run ctxplan-measure with that group");
+}
+
+std::string Describe(const CalibrationSample& s) {
+  std::ostringstream o;
+  o << s.op << " m " << s.m;
+  if (s.n) o << " n " << s.n;
+  if (s.k) o << " k " << s.k;
+  if (s.head_dim) o << " heads " << s.heads << "/" << s.kv_heads << " d_h " << s.head_dim;
+  if (s.page_tokens) o << " p " << s.page_tokens << " pages " << s.pages;
+  if (s.pages_per_tile) o << " per tile " << s.pages_per_tile;
+  if (s.bytes && !s.flops) o << " bytes " << s.bytes;
+  if (s.copies > 1) o << " x" << s.copies;
+  return o.str();
+}
+
+FitResidual Residual(const KernelTimeModel& model, std::string group,
+                     const std::vector<const CalibrationSample*>& rows) {
+  FitResidual r;
+  r.group = std::move(group);
+  std::vector<double> errors;
+  for (const CalibrationSample* s : rows) {
+    const double error = std::abs(Predict(model, *s) / s->seconds - 1.0);
+    errors.push_back(error);
+    if (error >= r.max_error) {
+      r.max_error = error;
+      r.worst = Describe(*s);
+    }
+  }
+  r.samples = static_cast<int>(rows.size());
+  if (!errors.empty()) r.median_error = Median(errors);
+  return r;
+}
+
+}  // namespace
+
+CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path.string() + ": cannot open the calibration samples");
+  CalibrationSamples out;
+  std::string line;
+  int number = 0;
+  bool header_seen = false;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        std::string key = line.substr(1, colon - 1), value = line.substr(colon + 1);
+        auto trim = [](std::string& v) {
+          v.erase(0, v.find_first_not_of(' '));
+          v.erase(v.find_last_not_of(' ') + 1);
+        };
+        trim(key);
+        trim(value);
+        out.header[key] = value;
+      }
+      continue;
+    }
+    if (!header_seen) {
+      if (line != kSamplesColumns) Bad(path, number, "unexpected header line");
+      header_seen = true;
+      continue;
+    }
+    const std::vector<std::string> f = SplitCsv(line);
+    if (f.size() != 15) Bad(path, number, std::to_string(f.size()) + " fields, not 15");
+    CalibrationSample s;
+    s.op = f[0];
+    auto integer = [&](size_t i) -> int64_t {
+      try {
+        size_t used = 0;
+        const long long v = std::stoll(f[i], &used);
+        if (used != f[i].size() || v < 0) throw std::invalid_argument("");
+        return v;
+      } catch (const std::exception&) {
+        Bad(path, number, "field " + std::to_string(i + 1) + " " + f[i] + " is not a count");
+      }
+    };
+    auto number_at = [&](size_t i) -> double {
+      try {
+        size_t used = 0;
+        const double v = std::stod(f[i], &used);
+        if (used != f[i].size() || !std::isfinite(v) || v < 0) throw std::invalid_argument("");
+        return v;
+      } catch (const std::exception&) {
+        Bad(path, number, "field " + std::to_string(i + 1) + " " + f[i] + " is not a number");
+      }
+    };
+    s.m = integer(1);
+    s.n = integer(2);
+    s.k = integer(3);
+    s.heads = integer(4);
+    s.kv_heads = integer(5);
+    s.head_dim = integer(6);
+    s.page_tokens = integer(7);
+    s.pages = integer(8);
+    s.pages_per_tile = integer(9);
+    s.grad_bytes = integer(10);
+    s.bytes = number_at(11);
+    s.flops = number_at(12);
+    s.copies = integer(13);
+    s.seconds = number_at(14);
+    out.rows.push_back(std::move(s));
+  }
+  if (!header_seen) Bad(path, number, "no header line");
+  return out;
+}
+
+CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& base,
+                              const std::string& samples_name) {
+  CalibrationFit fit;
+  GpuSpec& gpu = fit.gpu;
+  gpu = base;
+  KernelProfile& k = gpu.kernels;
+  k = KernelProfile{};
+  k.provenance = Provenance::kMeasured;
+  auto header = [&](const char* key) {
+    auto it = samples.header.find(key);
+    return it == samples.header.end() || it->second.empty() ? std::string("unknown") : it->second;
+  };
+  k.gpu_name = header("gpu_name");
+  k.driver = header("driver");
+  k.date = header("date");
+  k.commit = header("commit");
+  k.samples = samples_name;
+  const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
+                            ", ctxplan-measure at " + k.commit;
+  auto measured = [&](SpecValue& v, double value, const std::string& what) {
+    v.value = value;
+    v.provenance = Provenance::kMeasured;
+    v.note = what + where;
+  };
+
+  // --- launches, device copy, the host link ----------------------------------------------------
+  const auto launch = Op(samples, "launch");
+  Require(launch, "launch");
+  k.launch_us = Median({launch[0]->seconds}) * 1e6;
+  const auto d2d = Op(samples, "copy_d2d");
+  Require(d2d, "copy_d2d");
+  {
+    std::vector<double> rates;
+    for (const CalibrationSample* s : d2d) rates.push_back(2.0 * s->bytes / s->seconds / 1e9);
+    measured(gpu.d2d_copy_gbs, *std::max_element(rates.begin(), rates.end()),
+             "cudaMemcpyAsync device to device, read + write");
+    // An HBM figure a profile calls achieved must not exceed the datasheet's.
+    gpu.d2d_copy_gbs.value = std::min(gpu.d2d_copy_gbs.value, gpu.memory_bandwidth_gbs.value);
+  }
+  auto link_rate = [&](std::string_view op) {
+    std::vector<double> rates;
+    for (const CalibrationSample* s : Op(samples, op))
+      if (s->copies <= 1 && s->bytes >= kBandwidthCopyBytes)
+        rates.push_back(s->bytes / s->seconds / 1e9);
+    if (rates.empty())
+      throw InputError("calibration samples have no " + std::string(op) +
+                       " rows of 64 MiB or more");
+    return Median(rates);
+  };
+  measured(gpu.host_h2d_gbs, link_rate("copy_h2d"), "pinned host to device, 64-256 MiB copies");
+  measured(gpu.host_d2h_gbs, link_rate("copy_d2h"), "pinned device to host, 64-256 MiB copies");
+  {
+    const auto duplex = Op(samples, "copy_duplex");
+    Require(duplex, "copy_duplex");
+    std::vector<double> rates;
+    for (const CalibrationSample* s : duplex) rates.push_back(2.0 * s->bytes / s->seconds / 1e9);
+    measured(gpu.host_duplex_gbs,
+             std::min(Median(rates), gpu.host_h2d_gbs.value + gpu.host_d2h_gbs.value),
+             "both directions at once, sum");
+  }
+  {
+    // The per-call cost of a copy: batches of many small copies, less their bytes at the
+    // link's rate.
+    std::vector<double> calls;
+    for (const CalibrationSample* s : Select(samples, [](const CalibrationSample& s) {
+           return (s.op == "copy_h2d" || s.op == "copy_d2h") && s.copies > 1;
+         })) {
+      const double rate = (s->op == "copy_h2d" ? gpu.host_h2d_gbs : gpu.host_d2h_gbs).value * 1e9;
+      const double per_call = (s->seconds - s->bytes * s->copies / rate) / s->copies;
+      calls.push_back(std::max(per_call, 0.0) * 1e6);
+    }
+    k.copy_call_us = calls.empty() ? 0.0 : Median(calls);
+  }
+
+  // --- host side ---------------------------------------------------------------------------------
+  auto host_rate = [&](std::string_view op, double scale) {
+    std::vector<double> rates;
+    for (const CalibrationSample* s : Op(samples, op))
+      rates.push_back((op == "host_adamw" ? static_cast<double>(s->m) : s->bytes) / s->seconds *
+                      scale);
+    return rates.empty() ? 0.0 : Median(rates);
+  };
+  k.pin_gbs = host_rate("pin", 1e-9);
+  k.host_memcpy_gbs = host_rate("host_memcpy", 1e-9);
+  k.host_adamw_gparams = host_rate("host_adamw", 1e-9);
+  k.device_alloc_gbs = host_rate("device_alloc", 1e-9);
+  if (k.pin_gbs <= 0 || k.host_memcpy_gbs <= 0 || k.device_alloc_gbs <= 0)
+    throw InputError("calibration samples lack the host group (pin, host_memcpy, device_alloc)");
+  if (k.host_adamw_gparams <= 0) k.host_adamw_gparams = k.host_memcpy_gbs / 28.0;  // bytes/param
+
+  // --- memory-bound kernels
+  // ------------------------------------------------------------------------
+  const auto memory_rows =
+      Select(samples, [](const CalibrationSample& s) { return IsMemoryOp(s.op) && s.bytes > 0; });
+  Require(memory_rows, "memory-bound kernel");
+  {
+    std::vector<double> fractions;
+    for (const CalibrationSample* s : memory_rows) {
+      const double busy = s->seconds - k.launch_us * 1e-6;
+      if (busy > 0) fractions.push_back(s->bytes / busy / (gpu.d2d_copy_gbs.value * 1e9));
+    }
+    Require(memory_rows, "memory-bound");
+    k.memory_efficiency = std::clamp(Median(fractions), 0.05, 1.5);
+  }
+
+  // --- GEMMs: the tile that explains them best, and its rate
+  // ----------------------------------------
+  const auto gemm_rows = Select(samples, [](const CalibrationSample& s) {
+    return s.op == "gemm_fwd" || s.op == "gemm_bwd_input";
+  });
+  Require(gemm_rows, "gemm_fwd / gemm_bwd_input");
+  double best_error = -1;
+  KernelProfile best = k;
+  for (const auto& [rows, cols] : kGemmTiles) {
+    KernelProfile trial = k;
+    trial.gemm_tile_rows = rows;
+    trial.gemm_tile_cols = cols;
+    trial.gemm_tflops = 1.0;
+    trial.attention_fwd_tflops_d128 = trial.attention_bwd_tflops_d128 = 1.0;
+    const KernelTimeModel unit(MachineFor(gpu), trial);
+    std::vector<double> rates;
+    for (const CalibrationSample* s : gemm_rows) {
+      const OpCost cost = CostsOf(*s).costs[0];
+      const double busy = s->seconds - k.launch_us * 1e-6;
+      if (busy > 0) rates.push_back(unit.GemmComputeSeconds(cost.shape, 1.0) / busy);
+    }
+    trial.gemm_tflops = Median(rates);
+    const KernelTimeModel model(MachineFor(gpu), trial);
+    std::vector<double> errors;
+    for (const CalibrationSample* s : gemm_rows)
+      errors.push_back(std::abs(std::log(Predict(model, *s) / s->seconds)));
+    const double error = Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
+    if (best_error < 0 || error < best_error) {
+      best_error = error;
+      best = trial;
+    }
+  }
+  k = best;
+  auto ratio_to_model = [&](const std::vector<const CalibrationSample*>& rows) {
+    const KernelTimeModel model(MachineFor(gpu), k);
+    std::vector<double> ratios;
+    for (const CalibrationSample* s : rows) ratios.push_back(Predict(model, *s) / s->seconds);
+    return Median(ratios);
+  };
+  {
+    const auto weight_rows = Op(samples, "gemm_bwd_weight");
+    Require(weight_rows, "gemm_bwd_weight");
+    k.gemm_accumulate_efficiency = ratio_to_model(weight_rows);
+    const auto loss_rows = Op(samples, "loss");
+    Require(loss_rows, "loss");
+    k.loss_efficiency = ratio_to_model(loss_rows);
+  }
+  measured(gpu.bf16_gemm_tflops, k.gemm_tflops,
+           "cuBLASLt bf16 GEMMs of the calibration grid, large-shape rate");
+
+  // --- attention
+  // --------------------------------------------------------------------------------------- Rates
+  // over the chunk's own positions per head dim and direction, then the page sizes' fractions (the
+  // paged part of a launch: its time less the own part's), then sparsity.
+  k.page_fwd_efficiency = {{128, 1.0}};
+  k.page_bwd_efficiency = {{128, 1.0}};
+  k.sparse_fwd_efficiency = k.sparse_bwd_efficiency = 1.0;
+  for (const bool backward : {false, true}) {
+    const std::string op = backward ? "attention_bwd" : "attention_fwd";
+    for (const int64_t head_dim : {128, 64}) {
+      const auto own = Select(samples, [&](const CalibrationSample& s) {
+        return s.op == op && s.pages == 0 && s.head_dim == head_dim;
+      });
+      Require(own, op + " (own positions, d_h " + std::to_string(head_dim) + ")");
+      std::vector<double> rates;
+      for (const CalibrationSample* s : own) {
+        const OpCost cost = CostsOf(*s).costs[0];
+        rates.push_back(KernelTimeModel::AttentionPaddedFlops(cost) /
+                        (s->seconds - k.launch_us * 1e-6) / 1e12);
+      }
+      double& rate =
+          backward ? (head_dim == 128 ? k.attention_bwd_tflops_d128 : k.attention_bwd_tflops_d64)
+                   : (head_dim == 128 ? k.attention_fwd_tflops_d128 : k.attention_fwd_tflops_d64);
+      rate = Median(rates);
+    }
+    // The paged part's seconds of a launch, by the own part's fitted rate.
+    const KernelTimeModel model(MachineFor(gpu), k);
+    auto paged_seconds = [&](const CalibrationSample& s) {
+      const SampleCosts c = CostsOf(s);
+      return s.seconds - model.Seconds(c.costs[0], c.phase);
+    };
+    auto paged_flops_seconds_at_full_rate = [&](const CalibrationSample& s) {
+      const OpCost paged = CostsOf(s).costs[1];
+      return paged.flops / (model.AttentionTflops(paged.shape, backward, false) /
+                            KernelTimeModel::PageEfficiency(
+                                backward ? k.page_bwd_efficiency : k.page_fwd_efficiency,
+                                paged.shape.page_tokens) *
+                            1e12);
+    };
+    std::map<int64_t, std::vector<double>> by_page;
+    for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
+           return s.op == op && s.pages > 0 && s.pages_per_tile == 0;
+         })) {
+      const double paged = paged_seconds(*s);
+      if (paged > 0)
+        by_page[s->page_tokens].push_back(paged_flops_seconds_at_full_rate(*s) / paged);
+    }
+    if (by_page.empty())
+      throw InputError("calibration samples have no dense paged " + op + " rows");
+    std::map<int64_t, double>& table = backward ? k.page_bwd_efficiency : k.page_fwd_efficiency;
+    table.clear();
+    for (const auto& [p, fractions] : by_page) table[p] = std::clamp(Median(fractions), 0.05, 2.0);
+
+    const KernelTimeModel paged_model(MachineFor(gpu), k);
+    const auto sparse = Select(samples, [&](const CalibrationSample& s) {
+      return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
+    });
+    Require(sparse, op + " sparse");
+    // The dense rate at the sample's page size, per selected pair.
+    auto dense_seconds = [&](const CalibrationSample& s) {
+      const OpCost paged = CostsOf(s).costs[1];
+      return paged.flops / (paged_model.AttentionTflops(paged.shape, backward, false) * 1e12);
+    };
+    if (!backward) {
+      std::vector<double> fractions;
+      for (const CalibrationSample* s : sparse) {
+        const double seconds = s->seconds - paged_model.Seconds(CostsOf(*s).costs[0], Phase::kFill);
+        if (seconds > 0) fractions.push_back(dense_seconds(*s) / seconds);
+      }
+      k.sparse_fwd_efficiency = std::clamp(Median(fractions), 0.05, 2.0);
+    } else {
+      // efficiency / (1 + half / pages per tile): search half, the efficiency its median.
+      double best_bwd = -1;
+      for (double half = 0; half <= 64; half += 1) {
+        std::vector<double> fractions;
+        for (const CalibrationSample* s : sparse) {
+          const double seconds =
+              s->seconds - paged_model.Seconds(CostsOf(*s).costs[0], Phase::kBackward);
+          if (seconds > 0)
+            fractions.push_back(dense_seconds(*s) / seconds *
+                                (1.0 + half / static_cast<double>(s->pages_per_tile)));
+        }
+        const double efficiency = Median(fractions);
+        std::vector<double> errors;
+        for (double f : fractions) errors.push_back(std::abs(std::log(f / efficiency)));
+        const double error =
+            Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
+        if (best_bwd < 0 || error < best_bwd) {
+          best_bwd = error;
+          k.sparse_bwd_efficiency = std::clamp(efficiency, 0.05, 2.0);
+          k.sparse_bwd_pages_half = half;
+        }
+      }
+    }
+  }
+  measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
+           "ctxtrain's attention forward, d_h 128, causal over the chunk's own positions");
+  measured(gpu.attention_bwd_tflops, k.attention_bwd_tflops_d128,
+           "ctxtrain's attention backward, d_h 128, causal over the chunk's own positions");
+
+  // --- page selection
+  // --------------------------------------------------------------------------------
+  {
+    std::vector<double> per;
+    for (const CalibrationSample* s : Op(samples, "page_score"))
+      if (s->pages >= kScorePagesMin) {
+        const double tiles = static_cast<double>((s->m + kQueryTile - 1) / kQueryTile);
+        per.push_back((s->seconds - 2 * k.launch_us * 1e-6) /
+                      (tiles * static_cast<double>(s->pages)) * 1e9);
+      }
+    if (per.empty()) throw InputError("calibration samples have no page_score rows of 512+ pages");
+    k.page_score_ns_per_tile_page = std::max(Median(per), 0.0);
+    std::vector<double> topk;
+    for (const CalibrationSample* s : Op(samples, "page_topk")) {
+      const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s->m)) /
+                                     static_cast<double>(std::max<int64_t>(1, gpu.sm_count)));
+      topk.push_back((s->seconds - k.launch_us * 1e-6) / (static_cast<double>(s->pages) * waves) *
+                     1e9);
+    }
+    if (topk.empty()) throw InputError("calibration samples have no page_topk rows");
+    k.page_topk_ns_per_page = std::max(Median(topk), 0.0);
+  }
+
+  // --- how well the profile explains what it was fitted on
+  // ---------------------------------------------
+  const KernelTimeModel model(MachineFor(gpu), k);
+  auto group = [&](std::string name, std::function<bool(const CalibrationSample&)> keep) {
+    const auto rows = Select(samples, keep);
+    if (!rows.empty()) fit.residuals.push_back(Residual(model, std::move(name), rows));
+  };
+  group("gemm", [](const CalibrationSample& s) { return s.op.rfind("gemm_", 0) == 0; });
+  group("loss", [](const CalibrationSample& s) { return s.op == "loss"; });
+  group("attention_fwd", [](const CalibrationSample& s) { return s.op == "attention_fwd"; });
+  group("attention_bwd", [](const CalibrationSample& s) { return s.op == "attention_bwd"; });
+  group("memory", [](const CalibrationSample& s) { return IsMemoryOp(s.op); });
+  group("page_score", [](const CalibrationSample& s) { return s.op == "page_score"; });
+  group("page_topk", [](const CalibrationSample& s) { return s.op == "page_topk"; });
+  group("copy",
+        [](const CalibrationSample& s) { return s.op == "copy_h2d" || s.op == "copy_d2h"; });
+  return fit;
+}
+
+std::string GpuProfileYaml(const GpuSpec& g) {
+  std::ostringstream o;
+  o.precision(6);
+  auto spec = [&](const char* key, const SpecValue& v) {
+    std::string note = v.note;
+    std::replace(note.begin(), note.end(), '"', '\'');
+    o << key << ": {value: " << v.value << ", source: " << ProvenanceName(v.provenance)
+      << ", note: \"" << note << "\"}\n";
+  };
+  const KernelProfile& k = g.kernels;
+  o << "# " << g.display_name << ". Written by `ctxplan calibrate` from ctxplan-measure's samples";
+  if (!k.samples.empty()) o << " (" << k.samples << ")";
+  o << ";\n# values marked measured come from them, the others from the catalogue entry.\n";
+  o << "name: " << g.name << "\n";
+  o << "display_name: " << g.display_name << "\n";
+  o << "sm_count: " << g.sm_count << "\n";
+  if (g.boost_clock_mhz > 0) o << "boost_clock_mhz: " << g.boost_clock_mhz << "\n";
+  o << "host_link: " << g.host_link << "\n";
+  spec("memory_gib", g.memory_gib);
+  spec("memory_bandwidth_gbs", g.memory_bandwidth_gbs);
+  spec("d2d_copy_gbs", g.d2d_copy_gbs);
+  spec("bf16_dense_tflops", g.bf16_dense_tflops);
+  spec("bf16_gemm_tflops", g.bf16_gemm_tflops);
+  spec("attention_fwd_tflops", g.attention_fwd_tflops);
+  spec("attention_bwd_tflops", g.attention_bwd_tflops);
+  spec("host_h2d_gbs", g.host_h2d_gbs);
+  spec("host_d2h_gbs", g.host_d2h_gbs);
+  spec("host_duplex_gbs", g.host_duplex_gbs);
+  spec("cuda_context_gib", g.cuda_context_gib);
+  if (k.empty()) return o.str();
+  auto table = [&](const std::map<int64_t, double>& t) {
+    std::string s = "{";
+    for (const auto& [p, f] : t) {
+      if (s.size() > 1) s += ", ";
+      std::ostringstream v;
+      v.precision(4);
+      v << p << ": " << f;
+      s += v.str();
+    }
+    return s + "}";
+  };
+  o << "kernel_model:\n";
+  o << "  source: " << ProvenanceName(k.provenance) << "\n";
+  if (k.provenance != Provenance::kMeasured) {
+    o << "  derived_from: " << k.derived_from << "\n";
+    return o.str();
+  }
+  o << "  gpu_name: \"" << k.gpu_name << "\"\n";
+  o << "  driver: \"" << k.driver << "\"\n";
+  o << "  date: \"" << k.date << "\"\n";
+  o << "  commit: \"" << k.commit << "\"\n";
+  if (!k.samples.empty()) o << "  samples: \"" << k.samples << "\"\n";
+  o << "  launch_us: " << k.launch_us << "\n";
+  o << "  gemm_tflops: " << k.gemm_tflops << "\n";
+  o << "  gemm_tile_rows: " << k.gemm_tile_rows << "\n";
+  o << "  gemm_tile_cols: " << k.gemm_tile_cols << "\n";
+  o << "  gemm_accumulate_efficiency: " << k.gemm_accumulate_efficiency << "\n";
+  o << "  loss_efficiency: " << k.loss_efficiency << "\n";
+  o << "  attention_fwd_tflops_d128: " << k.attention_fwd_tflops_d128 << "\n";
+  o << "  attention_fwd_tflops_d64: " << k.attention_fwd_tflops_d64 << "\n";
+  o << "  attention_bwd_tflops_d128: " << k.attention_bwd_tflops_d128 << "\n";
+  o << "  attention_bwd_tflops_d64: " << k.attention_bwd_tflops_d64 << "\n";
+  o << "  page_fwd_efficiency: " << table(k.page_fwd_efficiency) << "\n";
+  o << "  page_bwd_efficiency: " << table(k.page_bwd_efficiency) << "\n";
+  o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
+  o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
+  o << "  sparse_bwd_pages_half: " << k.sparse_bwd_pages_half << "\n";
+  o << "  memory_efficiency: " << k.memory_efficiency << "\n";
+  o << "  page_score_ns_per_tile_page: " << k.page_score_ns_per_tile_page << "\n";
+  o << "  page_topk_ns_per_page: " << k.page_topk_ns_per_page << "\n";
+  o << "  copy_call_us: " << k.copy_call_us << "\n";
+  o << "  pin_gbs: " << k.pin_gbs << "\n";
+  o << "  host_memcpy_gbs: " << k.host_memcpy_gbs << "\n";
+  o << "  host_adamw_gparams: " << k.host_adamw_gparams << "\n";
+  o << "  device_alloc_gbs: " << k.device_alloc_gbs << "\n";
+  return o.str();
+}
+
+}  // namespace ctxplan::sim
