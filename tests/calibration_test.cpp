@@ -1,0 +1,245 @@
+// The calibration fit recovers a known profile: samples are made by the kernel-time model itself
+// from a profile unlike any catalogue GPU's, fitted, and the parameters compared. Bad sample
+// files are one clear error naming the file and line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/sim/calibration.h"
+#include "ctxplan/sim/kernel_time_model.h"
+
+namespace ctxplan::sim {
+namespace {
+
+KernelProfile TruthProfile() {
+  KernelProfile k;
+  k.provenance = Provenance::kMeasured;
+  k.launch_us = 3.0;
+  k.gemm_tflops = 650;
+  k.gemm_tile_rows = 128;
+  k.gemm_tile_cols = 256;
+  k.gemm_accumulate_efficiency = 0.9;
+  k.loss_efficiency = 0.8;
+  k.attention_fwd_tflops_d128 = 500;
+  k.attention_fwd_tflops_d64 = 380;
+  k.attention_bwd_tflops_d128 = 340;
+  k.attention_bwd_tflops_d64 = 210;
+  k.page_fwd_efficiency = {{32, 0.5}, {64, 0.95}, {96, 0.6}, {128, 1.02}};
+  k.page_bwd_efficiency = {{32, 0.4}, {64, 0.9}, {96, 0.55}, {128, 1.0}};
+  k.sparse_fwd_efficiency = 0.85;
+  k.sparse_bwd_efficiency = 0.9;
+  k.sparse_bwd_pages_half = 12;
+  k.memory_efficiency = 0.83;
+  k.page_score_ns_per_tile_page = 0.4;
+  k.page_topk_ns_per_page = 20;
+  k.copy_call_us = 1.5;
+  return k;
+}
+
+CalibrationSample Row(std::string op) {
+  CalibrationSample s;
+  s.op = std::move(op);
+  return s;
+}
+
+// A grid like ctxplan-measure's, timed by the model with the true profile.
+CalibrationSamples MakeSamples(const GpuSpec& gpu) {
+  MachineSpec machine;
+  machine.gpu = gpu;
+  machine.host_ram_bytes = 1;
+  machine.host_memory_gbs = 100;
+  const KernelTimeModel truth(machine, TruthProfile());
+  CalibrationSamples out;
+  out.header = {
+      {"gpu_name", "Test GPU"}, {"driver", "1.0"}, {"date", "2026-11-24"}, {"commit", "abc"}};
+  auto add = [&](CalibrationSample s, const OpCost& cost, Phase phase = Phase::kFill) {
+    s.seconds = truth.Seconds(cost, phase);
+    out.rows.push_back(s);
+  };
+  CalibrationSample launch = Row("launch");
+  launch.seconds = 3.0e-6;
+  out.rows.push_back(launch);
+  for (const double bytes : {64.0 * (1 << 20), 1024.0 * (1 << 20)}) {
+    CalibrationSample d2d = Row("copy_d2d");
+    d2d.bytes = bytes;
+    d2d.seconds = 2 * bytes / (gpu.d2d_copy_gbs.value * 1e9);
+    out.rows.push_back(d2d);
+  }
+  for (const char* op : {"copy_h2d", "copy_d2h"}) {
+    for (const int64_t bytes : {64 << 20, 256 << 20}) {
+      CalibrationSample s = Row(op);
+      s.bytes = static_cast<double>(bytes);
+      s.copies = 1;
+      add(s, CopyCost(bytes, op == std::string("copy_h2d"), 1));
+    }
+    CalibrationSample batch = Row(op);
+    batch.bytes = 128 << 10;
+    batch.copies = 256;
+    add(batch, CopyCost(int64_t{128 << 10} * 256, op == std::string("copy_h2d"), 256));
+  }
+  CalibrationSample duplex = Row("copy_duplex");
+  duplex.bytes = 256 << 20;
+  duplex.seconds = 2 * duplex.bytes / (gpu.host_duplex_gbs.value * 1e9);
+  out.rows.push_back(duplex);
+  for (const char* op : {"pin", "host_memcpy", "device_alloc"}) {
+    CalibrationSample s = Row(op);
+    s.bytes = 1 << 30;
+    s.seconds = 0.1;
+    out.rows.push_back(s);
+  }
+  for (const int64_t m : {512, 1024, 4096, 16384}) {
+    for (const auto& [n, k] :
+         {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {4096, 14336}}) {
+      CalibrationSample s = Row("gemm_fwd");
+      s.m = m, s.n = n, s.k = k;
+      add(s, LinearForwardCost(m, n, k, 0));
+      s.op = "gemm_bwd_input";
+      add(s, LinearBackwardInputCost(m, n, k, 0));
+      s.op = "gemm_bwd_weight";
+      s.grad_bytes = 2;
+      add(s, LinearBackwardWeightCost(m, n, k, 0, 2));
+    }
+    CalibrationSample loss = Row("loss");
+    loss.m = m, loss.n = 152064, loss.k = 4096, loss.grad_bytes = 2;
+    add(loss, LossForwardBackwardCost(m, 4096, 152064, true, 2));
+    CalibrationSample norm = Row("rmsnorm_fwd");
+    norm.m = m, norm.n = 4096;
+    norm.bytes = RmsNormForwardCost(m, 4096).bytes;
+    add(norm, RmsNormForwardCost(m, 4096));
+  }
+  // Attention: own only, dense paged at each page size, sparse at several budgets.
+  for (const bool backward : {false, true}) {
+    const char* op = backward ? "attention_bwd" : "attention_fwd";
+    const Phase phase = backward ? Phase::kBackward : Phase::kFill;
+    for (const int64_t d : {128, 64}) {
+      const int64_t heads = d == 128 ? 28 : 32, kv_heads = d == 128 ? 4 : 8;
+      for (const int64_t t : {1024, 4096, 16384}) {
+        CalibrationSample s = Row(op);
+        s.m = t, s.heads = heads, s.kv_heads = kv_heads, s.head_dim = d, s.grad_bytes = 2;
+        const double pairs = t * (t + 1.0) / 2.0;
+        add(s,
+            backward ? AttentionBackwardCost(pairs, t, t, heads, kv_heads * d, d, 2)
+                     : AttentionForwardCost(pairs, t, t, heads, kv_heads * d, d),
+            phase);
+      }
+      for (const int64_t p : {32, 64, 96, 128}) {
+        CalibrationSample s = Row(op);
+        const int64_t t = 4096, pages = 32768 / p;
+        s.m = t, s.heads = heads, s.kv_heads = kv_heads, s.head_dim = d, s.grad_bytes = 2;
+        s.page_tokens = p, s.pages = pages;
+        const double own = t * (t + 1.0) / 2.0, paged = t * 32768.0;
+        const OpCost a = backward ? AttentionBackwardCost(own, t, t, heads, kv_heads * d, d, 2)
+                                  : AttentionForwardCost(own, t, t, heads, kv_heads * d, d);
+        const OpCost b =
+            backward
+                ? AttentionBackwardCost(paged, t, 32768, heads, kv_heads * d, d, 2, false, p, pages)
+                : AttentionForwardCost(paged, t, 32768, heads, kv_heads * d, d, false, p, pages);
+        s.seconds = truth.Seconds(a, phase) + truth.Seconds(b, phase) - 3.0e-6;
+        out.rows.push_back(s);
+      }
+    }
+    for (const int64_t budget : {16, 64, 128}) {
+      CalibrationSample s = Row(op);
+      const int64_t t = 4096, p = 128, pages = 512, per_tile = budget + 1;
+      s.m = t, s.heads = 28, s.kv_heads = 4, s.head_dim = 128, s.grad_bytes = 2;
+      s.page_tokens = p, s.pages = pages, s.pages_per_tile = per_tile;
+      const double own = t * (t + 1.0) / 2.0, paged = t * static_cast<double>(per_tile * p);
+      const int64_t read = 32 * per_tile * p;
+      const OpCost a = backward ? AttentionBackwardCost(own, t, t, 28, 512, 128, 2)
+                                : AttentionForwardCost(own, t, t, 28, 512, 128);
+      const OpCost b =
+          backward ? AttentionBackwardCost(paged, t, read, 28, 512, 128, 2, true, p, per_tile)
+                   : AttentionForwardCost(paged, t, read, 28, 512, 128, true, p, per_tile);
+      s.seconds = truth.Seconds(a, phase) + truth.Seconds(b, phase) - 3.0e-6;
+      out.rows.push_back(s);
+    }
+  }
+  for (const int64_t pages : {512, 2048, 8192}) {
+    CalibrationSample score = Row("page_score");
+    score.m = 4096, score.heads = 28, score.kv_heads = 4, score.head_dim = 128, score.pages = pages;
+    add(score, PageScoreCost(4096, 128, pages, 3584, 512));
+    CalibrationSample topk = Row("page_topk");
+    topk.m = 32, topk.pages = pages, topk.pages_per_tile = 65;
+    add(topk, PageTopKCost(32, pages));
+  }
+  return out;
+}
+
+TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
+  const GpuSpec gpu = LoadGpu("h200");
+  const CalibrationFit fit = FitCalibration(MakeSamples(gpu), gpu, "synthetic.csv");
+  const KernelProfile truth = TruthProfile();
+  const KernelProfile& k = fit.gpu.kernels;
+  EXPECT_EQ(k.provenance, Provenance::kMeasured);
+  EXPECT_EQ(k.gpu_name, "Test GPU");
+  EXPECT_NEAR(k.launch_us, truth.launch_us, 1e-9);
+  EXPECT_EQ(k.gemm_tile_rows, truth.gemm_tile_rows);
+  EXPECT_EQ(k.gemm_tile_cols, truth.gemm_tile_cols);
+  EXPECT_NEAR(k.gemm_tflops / truth.gemm_tflops, 1.0, 0.01);
+  EXPECT_NEAR(k.gemm_accumulate_efficiency / truth.gemm_accumulate_efficiency, 1.0, 0.01);
+  EXPECT_NEAR(k.loss_efficiency / truth.loss_efficiency, 1.0, 0.01);
+  EXPECT_NEAR(k.attention_fwd_tflops_d128 / truth.attention_fwd_tflops_d128, 1.0, 0.01);
+  EXPECT_NEAR(k.attention_bwd_tflops_d64 / truth.attention_bwd_tflops_d64, 1.0, 0.01);
+  for (const int64_t p : {32, 64, 96}) {
+    EXPECT_NEAR(k.page_fwd_efficiency.at(p) / truth.page_fwd_efficiency.at(p), 1.0, 0.02) << p;
+    EXPECT_NEAR(k.page_bwd_efficiency.at(p) / truth.page_bwd_efficiency.at(p), 1.0, 0.02) << p;
+  }
+  EXPECT_NEAR(k.sparse_fwd_efficiency / truth.sparse_fwd_efficiency, 1.0, 0.02);
+  EXPECT_NEAR(k.sparse_bwd_efficiency / truth.sparse_bwd_efficiency, 1.0, 0.05);
+  EXPECT_NEAR(k.sparse_bwd_pages_half, truth.sparse_bwd_pages_half, 2.0);
+  EXPECT_NEAR(k.memory_efficiency / truth.memory_efficiency, 1.0, 0.01);
+  EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
+  EXPECT_NEAR(k.page_topk_ns_per_page / truth.page_topk_ns_per_page, 1.0, 0.02);
+  for (const FitResidual& r : fit.residuals)
+    EXPECT_LT(r.max_error, 0.05) << r.group << " " << r.worst;
+  // The profile written is one the catalogue loader reads back as it was.
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "ctxplan-calibration-test.yaml";
+  {
+    std::ofstream out(path);
+    out << GpuProfileYaml(fit.gpu);
+  }
+  const GpuSpec loaded = LoadGpu(path.string());
+  std::filesystem::remove(path);
+  EXPECT_EQ(loaded.kernels.provenance, Provenance::kMeasured);
+  EXPECT_NEAR(loaded.kernels.gemm_tflops / k.gemm_tflops, 1.0, 1e-5);
+  EXPECT_NEAR(loaded.kernels.page_bwd_efficiency.at(96) / k.page_bwd_efficiency.at(96), 1.0, 1e-3);
+  EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
+}
+
+TEST(Calibration, BadSamplesNameTheFileAndLine) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "ctxplan-bad-samples.csv";
+  auto expect_error = [&](const std::string& text, const std::string& needle) {
+    {
+      std::ofstream out(path);
+      out << text;
+    }
+    try {
+      ReadCalibrationSamples(path);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string header =
+      "op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,"
+      "copies,seconds\n";
+  expect_error("# gpu_name: x\n", "no header line");
+  expect_error("op,m\n", ":1: unexpected header");
+  expect_error(header + "launch,0,0\n", ":2: 3 fields");
+  expect_error(header + "launch,0,0,0,0,0,0,0,0,0,0,0,0,0,abc\n", ":2: field 15 abc");
+  expect_error(header + "launch,-1,0,0,0,0,0,0,0,0,0,0,0,0,1e-6\n", ":2: field 2 -1");
+  std::filesystem::remove(path);
+  EXPECT_THROW(ReadCalibrationSamples(path), InputError);
+}
+
+}  // namespace
+}  // namespace ctxplan::sim
