@@ -1,0 +1,24 @@
+// The measurement groups of ctxplan-measure (--only picks among them). Each appends its rows to
+// session.samples; a shape a kernel rejects (std::invalid_argument) is skipped with a note on
+// stderr. CUDA errors throw kernels::CudaError.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "measure_common.h"
+
+namespace ctxplan::calibrate {
+
+void MeasureLaunch(Session& session);     // measure_kernels.cpp
+void MeasureGemm(Session& session);       // measure_kernels.cpp
+void MeasureLoss(Session& session);       // measure_kernels.cpp
+void MeasureMemory(Session& session);     // measure_kernels.cpp
+void MeasureAttention(Session& session);  // measure_attention.cpp
+void MeasureSelect(Session& session);     // measure_attention.cpp
+void MeasureCopy(Session& session);       // measure_transfers.cpp
+void MeasureHost(Session& session);       // measure_transfers.cpp
+
+// An empty kernel <<<1, 1>>> on `stream`, launch checked (measure_launch.cu).
+void LaunchEmptyKernel(cudaStream_t stream);
+
+}  // namespace ctxplan::calibrate

@@ -1,0 +1,228 @@
+// Groups copy and host: PCIe copies between pinned host memory and the GPU (one large copy, many
+// page-sized copies from scattered host pages, both directions at once), the device-to-device
+// copy, host memory bandwidth, pinning as the pinned page store pins, and the GPU arena's
+// reservation.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/kernels/cuda/check.h"
+#include "ctxplan/runtime/cuda/device_arena.h"
+#include "ctxplan/runtime/cuda/pinned_page_store.h"
+#include "measure_common.h"
+#include "measure_groups.h"
+
+namespace ctxplan::calibrate {
+
+namespace {
+
+// --- copy ---
+const std::vector<int64_t> kCopyBytes = {16 * kKiB, 64 * kKiB, 256 * kKiB, 1 * kMiB,
+                                         4 * kMiB,  16 * kMiB, 64 * kMiB,  256 * kMiB};
+// Page copies: Qwen2.5-7B KV pages (2 KiB a position) of 16, 64 and 256 positions.
+const std::vector<int64_t> kPageCopyBytes = {32 * kKiB, 128 * kKiB, 512 * kKiB};
+constexpr int64_t kPageCopies = 256;
+constexpr int64_t kHostPagesPerCopy = 4;  // the scattered pages are drawn from 4x as many
+const std::vector<int64_t> kDuplexBytes = {64 * kMiB, 256 * kMiB};
+const std::vector<int64_t> kDeviceCopyBytes = {64 * kMiB, 1 * kGiB};
+
+// --- host ---
+constexpr int64_t kHostMemcpyBytes = 1 * kGiB;
+const std::vector<int64_t> kPinBytes = {1 * kGiB, 4 * kGiB};
+const std::vector<int64_t> kPinBytesQuick = {1 * kGiB};
+// The store's page: K and V of 128 positions of Qwen2.5-7B (4 KV heads of 128), bf16.
+constexpr uint64_t kPinPageBytes = 128 * 2 * 4 * 128 * 2;
+const std::vector<int64_t> kArenaBytes = {4 * kGiB, 32 * kGiB};
+
+Sample CopyRow(const char* op, int64_t bytes, int64_t copies) {
+  Sample s;
+  s.op = op;
+  s.bytes = static_cast<double>(bytes);  // per copy
+  s.copies = copies;
+  return s;
+}
+
+}  // namespace
+
+void MeasureCopy(Session& session) {
+  const int64_t largest = std::max(kCopyBytes.back(), kDuplexBytes.back());
+  const int64_t largest_page = kPageCopyBytes.back();
+  const size_t progress_steps = 2 * kCopyBytes.size() + 2 * kPageCopyBytes.size() +
+                                kDuplexBytes.size() + kDeviceCopyBytes.size();
+  Progress progress("copy", progress_steps);
+  cudaStream_t stream = session.stream;
+
+  PinnedHost host_a(largest);                             // pinned [largest bytes]: H2D source
+  PinnedHost host_b(largest);                             // pinned [largest bytes]: D2H destination
+  DeviceArray<std::byte> dev_a(largest), dev_b(largest);  // [largest bytes] each
+  // One large copy, back to back.
+  for (const bool h2d : {true, false}) {
+    for (const int64_t bytes : kCopyBytes) {
+      const char* op = h2d ? "copy_h2d" : "copy_d2h";
+      progress.Step(Describe(op, {{"bytes", bytes}}));
+      Sample s = CopyRow(op, bytes, 1);
+      s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+        if (h2d) {
+          CTXPLAN_CUDA_CHECK(
+              cudaMemcpyAsync(dev_a.get(), host_a.get(), bytes, cudaMemcpyHostToDevice, stream));
+        } else {
+          CTXPLAN_CUDA_CHECK(
+              cudaMemcpyAsync(host_b.get(), dev_a.get(), bytes, cudaMemcpyDeviceToHost, stream));
+        }
+      });
+      session.samples.push_back(s);
+    }
+  }
+
+  // Page copies: kPageCopies separate cudaMemcpyAsync calls between host pages scattered over a
+  // pinned region (random order, never adjacent runs the runtime would coalesce) and contiguous
+  // device slots, timed as one batch.
+  PinnedHost host_pages(kPageCopies * kHostPagesPerCopy * largest_page);
+  DeviceArray<std::byte> slots(kPageCopies * largest_page);  // [copies][page bytes]
+  std::vector<int64_t> order(kPageCopies * kHostPagesPerCopy);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  order.resize(kPageCopies);  // host page index of copy j
+  for (const bool h2d : {true, false}) {
+    for (const int64_t bytes : kPageCopyBytes) {
+      const char* op = h2d ? "copy_h2d" : "copy_d2h";
+      progress.Step(Describe(op, {{"bytes", bytes}, {"copies", kPageCopies}}));
+      Sample s = CopyRow(op, bytes, kPageCopies);
+      s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+        for (int64_t j = 0; j < kPageCopies; ++j) {
+          std::byte* host = host_pages.get() + order[j] * bytes;
+          std::byte* slot = slots.get() + j * bytes;
+          if (h2d) {
+            CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot, host, bytes, cudaMemcpyHostToDevice, stream));
+          } else {
+            CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host, slot, bytes, cudaMemcpyDeviceToHost, stream));
+          }
+        }
+      });
+      session.samples.push_back(s);
+    }
+  }
+
+  // Both directions at once, on two streams: `stream` forks to `other` and joins it again, so
+  // the events on `stream` time until both copies are done.
+  cudaStream_t other = nullptr;
+  CTXPLAN_CUDA_CHECK(cudaStreamCreate(&other));
+  cudaEvent_t fork = nullptr, join = nullptr;
+  CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  struct Cleanup {
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    ~Cleanup() {
+      (void)cudaEventDestroy(a);
+      (void)cudaEventDestroy(b);
+      (void)cudaStreamDestroy(s);
+    }
+  } cleanup{other, fork, join};
+  for (const int64_t bytes : kDuplexBytes) {
+    progress.Step(Describe("copy_duplex", {{"bytes", bytes}}));
+    Sample s = CopyRow("copy_duplex", bytes, 1);
+    s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+      CTXPLAN_CUDA_CHECK(cudaEventRecord(fork, stream));
+      CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(other, fork, 0));
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpyAsync(dev_a.get(), host_a.get(), bytes, cudaMemcpyHostToDevice, stream));
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpyAsync(host_b.get(), dev_b.get(), bytes, cudaMemcpyDeviceToHost, other));
+      CTXPLAN_CUDA_CHECK(cudaEventRecord(join, other));
+      CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+    });
+    session.samples.push_back(s);
+  }
+
+  // Device to device: bytes = the size copied (HBM traffic is twice that: read + write).
+  const int64_t largest_d2d = kDeviceCopyBytes.back();
+  DeviceArray<std::byte> d2d_src(largest_d2d), d2d_dst(largest_d2d);  // [bytes] each
+  for (const int64_t bytes : kDeviceCopyBytes) {
+    progress.Step(Describe("copy_d2d", {{"bytes", bytes}}));
+    Sample s = CopyRow("copy_d2d", bytes, 1);
+    s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpyAsync(d2d_dst.get(), d2d_src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+    });
+    session.samples.push_back(s);
+  }
+}
+
+// =================================================================================================
+void MeasureHost(Session& session) {
+  const auto& pin_bytes = session.quick ? kPinBytesQuick : kPinBytes;
+  Progress progress("host", 1 + pin_bytes.size() + kArenaBytes.size());
+  // The runtime's host AdamW is a private member of the CUDA backend, not a callable function.
+  progress.Note("host_adamw not measured: the runtime's host AdamW is not a callable function");
+
+  {  // One thread's std::memcpy between two touched host buffers.
+    progress.Step(Describe("host_memcpy", {{"bytes", kHostMemcpyBytes}}));
+    const auto size = static_cast<size_t>(kHostMemcpyBytes);
+    std::unique_ptr<std::byte[]> from(new std::byte[size]);  // [1 GiB]
+    std::unique_ptr<std::byte[]> to(new std::byte[size]);    // [1 GiB]
+    std::memset(from.get(), 0x5a, size);
+    std::memset(to.get(), 0xa5, size);
+    Sample s;
+    s.op = "host_memcpy";
+    s.bytes = static_cast<double>(kHostMemcpyBytes);
+    s.seconds = MedianWallSeconds(session.reps, [&] {
+      const auto start = std::chrono::steady_clock::now();
+      std::memcpy(to.get(), from.get(), size);
+      return SecondsSince(start);
+    });
+    session.samples.push_back(s);
+  }
+
+  // Pinning as the runtime's pinned page store pins (cudaHostAlloc in 1 GiB blocks): the store's
+  // construction is timed, its destruction (unpinning) is not.
+  for (const int64_t bytes : pin_bytes) {
+    progress.Step(Describe("pin", {{"bytes", bytes}}));
+    gpu::PinnedPageStoreOptions options;
+    options.page_bytes = kPinPageBytes;
+    options.capacity_pages = static_cast<uint64_t>(bytes) / kPinPageBytes;
+    try {
+      Sample s;
+      s.op = "pin";
+      s.bytes = static_cast<double>(options.capacity_pages * kPinPageBytes);
+      s.seconds = MedianWallSeconds(session.reps, [&] {
+        const auto start = std::chrono::steady_clock::now();
+        const gpu::PinnedPageStore store(options);
+        return SecondsSince(start);
+      });
+      session.samples.push_back(s);
+    } catch (const gpu::PinnedMemoryError& e) {
+      progress.Note(std::string("skipped pin: ") + e.what());
+    }
+  }
+
+  // The GPU arena's one reservation (cudaMalloc), then its free (not timed).
+  for (const int64_t bytes : kArenaBytes) {
+    progress.Step(Describe("device_alloc", {{"bytes", bytes}}));
+    gpu::DeviceArena::Reservations reservations{};
+    reservations[static_cast<size_t>(MemCategory::kPageSlots)] = static_cast<uint64_t>(bytes);
+    try {
+      Sample s;
+      s.op = "device_alloc";
+      s.bytes = static_cast<double>(bytes);
+      s.seconds = MedianWallSeconds(session.reps, [&] {
+        const auto start = std::chrono::steady_clock::now();
+        const gpu::DeviceArena arena(reservations);
+        return SecondsSince(start);
+      });
+      session.samples.push_back(s);
+    } catch (const kernels::CudaError& e) {  // a GPU with too little free memory
+      progress.Note(std::string("skipped device_alloc: ") + e.what());
+    }
+  }
+}
+
+}  // namespace ctxplan::calibrate
