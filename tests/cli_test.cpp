@@ -279,6 +279,13 @@ const std::vector<BadInputCase>& BadInputCases() {
        {"replay", kRecordedTrace, "--by-chunk", "attention_sideways"},
        {"--by-chunk", "'attention_sideways'", "not an op kind of this trace",
         "accepted: attention_bwd.paged,"}},
+      // --host-ram alone applies to the trace's machine, with the bounds it has everywhere.
+      {"ReplayHostRamTooSmall",
+       {"replay", kRecordedTrace, "--host-ram", "1GiB"},
+       {"--host-ram", "1.00 GiB", "expected more"}},
+      {"ReplayMachineAndGpu",
+       {"replay", kRecordedTrace, "--machine", "h100-125g", "--gpu", "h100-sxm"},
+       {"--machine and --gpu", "accepted:"}},
   };
   return cases;
 }
@@ -532,6 +539,36 @@ TEST(CliTest, ReplayByChunk) {
       dir.Write("replay.json", r.out));
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_EQ(py.out, "7 1\n");  // 8 chunks of 4096 at 32K: chunk 0 has no earlier pages
+}
+
+// A trace recorded before traces named their planning machine replays against h200-125g, saying
+// so; --machine and --gpu still choose another, and the report says where it came from.
+TEST(CliTest, ReplayOfAnOldTraceUsesTheDefaultMachine) {
+  ScratchDir dir;
+  std::vector<std::string> args = {"replay", kRecordedTrace, "--json"};
+  RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(JsonString(r.out, "machine"), "h200-125g");
+  EXPECT_EQ(JsonString(r.out, "machine_from"), "default h200-125g: the trace names no machine");
+  const double on_h200 = std::stod(r.out.substr(r.out.find("\"predicted_step_seconds\":") + 25));
+  args = {"replay", kRecordedTrace, "--machine", "h100-125g", "--json"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(JsonString(r.out, "machine"), "h100-125g");
+  EXPECT_EQ(JsonString(r.out, "machine_from"), "from --machine");
+  // The same 7B step predicted for an H100 is slower: the machine really changed.
+  const double on_h100 = std::stod(r.out.substr(r.out.find("\"predicted_step_seconds\":") + 25));
+  EXPECT_GT(on_h100, on_h200);
+  args = {"replay", kRecordedTrace, "--gpu", "h100-sxm", "--host-ram", "250GiB"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_NE(r.out.find("against h100-sxm+250GiB (from --gpu)\n"), std::string::npos) << r.out;
+  args = {"replay", kRecordedTrace};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_NE(r.out.find("against h200-125g (default h200-125g: the trace names no machine)\n"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(CliTest, ListNamesTheCatalogue) {

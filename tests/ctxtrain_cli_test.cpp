@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <regex>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/checkpoint.h"
 #include "ctxplan/runtime/model_weights.h"
 #include "ctxplan/runtime/safetensors.h"
 #include "ctxplan/runtime/token_data.h"
+#include "ctxplan/traces/op_trace.h"
 #include "support/process.h"
 
 namespace ctxplan {
@@ -187,6 +189,161 @@ TEST(CtxtrainCli, ExportsWeightsAndDumpsGradients) {
   });
   EXPECT_GT(norm, 0.0);
   EXPECT_TRUE(std::isfinite(norm));
+}
+
+}  // namespace
+}  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// A JSON string or number field of one flat object, as text ("" when absent).
+std::string JsonField(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\"")) ||
+      std::regex_search(json, m, std::regex("\"" + key + "\":([-0-9.eE+]+|null)")))
+    return m[1];
+  return "";
+}
+
+// A trace names the machine its run was planned for, and ctxplan replay predicts for that machine
+// unless told otherwise: planned for h100-125g it replays against h100-125g, and against h200-125g
+// only with --machine h200-125g.
+TEST(CtxtrainCli, TraceNamesItsPlanningMachineAndReplaysAgainstIt) {
+  ScratchDir dir;
+  const std::string trace = (dir.path() / "h100.ctxtrace").string();
+  const RunResult train = Ctxtrain({"--machine", "h100-125g", "--trace", trace, "--json"}, dir);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const OpTrace recorded = ReadOpTrace(trace);
+  const TraceMetadata& m = recorded.metadata;
+  EXPECT_EQ(m.at("plan_machine"), "h100-125g");
+  EXPECT_EQ(m.count("plan_gpu"), 0u);
+  EXPECT_EQ(m.at("plan_host_ram_bytes"), std::to_string(LoadMachine("h100-125g").host_ram_bytes));
+  EXPECT_EQ(m.at("plan_machine_name"), "h100-125g");
+  // The command line, without the program's name.
+  EXPECT_EQ(m.at("ctxtrain_flags"),
+            "--model tiny --context 96 --chunk 32 --page 8 --query-tile 8 --machine h100-125g "
+            "--trace " +
+                trace + " --json");
+
+  RunResult replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--json"}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  EXPECT_EQ(JsonField(replay.out, "machine"), "h100-125g") << replay.out;
+  EXPECT_EQ(JsonField(replay.out, "machine_from"), "from the trace");
+  replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--machine", "h200-125g", "--json"}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  EXPECT_EQ(JsonField(replay.out, "machine"), "h200-125g") << replay.out;
+  EXPECT_EQ(JsonField(replay.out, "machine_from"), "from --machine");
+  replay = RunArgv({CTXPLAN_EXE, "replay", trace}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  EXPECT_NE(replay.out.find("against h100-125g (from the trace)\n"), std::string::npos)
+      << replay.out;
+
+  // No --machine: planned for the default, and the trace says so.
+  const std::string plain = (dir.path() / "plain.ctxtrace").string();
+  ASSERT_EQ(Ctxtrain({"--trace", plain}, dir).exit_code, 0);
+  EXPECT_EQ(ReadOpTrace(plain).metadata.at("plan_machine"), "h200-125g");
+}
+
+// --gpu FILE --host-ram: the trace keeps the file's absolute path and the host RAM; replay from
+// another directory rebuilds that machine while the file exists, and falls back to h200-125g,
+// naming the file, once it is gone.
+TEST(CtxtrainCli, TraceOfAGpuFileReplaysWhileTheFileExists) {
+  namespace fs = std::filesystem;
+  ScratchDir dir, elsewhere;
+  fs::copy_file(fs::path(CTXPLAN_SOURCE_DIR) / "models/gpu/h100-sxm.yaml",
+                dir.path() / "mine.yaml");
+  // Programs run in the test's working directory: name the file relative to it, as a user would.
+  const std::string relative = fs::relative(dir.path() / "mine.yaml").string();
+  ASSERT_FALSE(fs::path(relative).is_absolute());
+  const std::string yaml = (fs::current_path() / relative).lexically_normal().string();
+  const std::string trace = (dir.path() / "gpu.ctxtrace").string();
+  const RunResult train =
+      Ctxtrain({"--gpu", relative, "--host-ram", "250GiB", "--trace", trace}, dir);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const TraceMetadata m = ReadOpTrace(trace).metadata;
+  EXPECT_EQ(m.at("plan_gpu"), yaml);
+  EXPECT_EQ(m.count("plan_machine"), 0u);
+  EXPECT_EQ(m.at("plan_host_ram_bytes"), std::to_string(int64_t{250} << 30));
+  // Replayed from another directory, where the relative name would not resolve.
+  struct InDirectory {
+    explicit InDirectory(const fs::path& to) : back(fs::current_path()) { fs::current_path(to); }
+    ~InDirectory() { fs::current_path(back); }
+    fs::path back;
+  };
+  // (Deeper than the name climbs with "..", so that it climbs to nowhere.)
+  fs::path deep = elsewhere.path();
+  for (const fs::path& part : fs::path(relative))
+    if (part == "..") deep /= "d";
+  fs::create_directories(deep / "d");
+  {
+    InDirectory moved(deep / "d");
+    ASSERT_FALSE(fs::exists(relative));
+    const RunResult replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--json"}, elsewhere.path());
+    ASSERT_EQ(replay.exit_code, 0) << replay.err;
+    EXPECT_EQ(JsonField(replay.out, "machine"), "h100-sxm+250GiB") << replay.out;
+    EXPECT_EQ(JsonField(replay.out, "machine_from"), "from the trace");
+  }
+  fs::remove(yaml);
+  const RunResult replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--json"}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  EXPECT_EQ(JsonField(replay.out, "machine"), "h200-125g") << replay.out;
+  EXPECT_EQ(JsonField(replay.out, "machine_from"),
+            "default h200-125g: the trace's GPU '" + yaml + "' is no longer a readable file here");
+}
+
+// Start-up is reported apart from the steps: one line by phase (on the CPU backend, weights and
+// other), the same figures in the JSON and in the trace, and the steps' own time; the lines that
+// scripts grep keep their form.
+TEST(CtxtrainCli, ReportsStartUpApartFromTheSteps) {
+  ScratchDir dir;
+  const RunResult text = Ctxtrain({"--steps", "2"}, dir);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  std::smatch line;
+  ASSERT_TRUE(std::regex_search(text.out, line,
+                                std::regex("\n  start-up ([0-9.]+) s \\(weights ([0-9.]+), other "
+                                           "([0-9.]+)\\); first step after ([0-9.]+) s\n")))
+      << text.out;
+  EXPECT_EQ(line[1], line[4]);  // start-up ends where the first step starts
+  EXPECT_TRUE(std::regex_search(
+      text.out, std::regex("\n  steps [0-9.]+ s, start-up excluded: first [0-9.]+ s, then "
+                           "[0-9.]+ s a step\n")))
+      << text.out;
+  EXPECT_TRUE(std::regex_search(text.out, std::regex("[0-9.]+ tokens/s"))) << text.out;
+  EXPECT_NE(text.out.find("arena allocated peak"), std::string::npos);
+  EXPECT_NE(text.out.find("optimizer state and staging) "), std::string::npos);
+
+  const std::string trace = (dir.path() / "s.ctxtrace").string();
+  const RunResult json = Ctxtrain({"--steps", "2", "--json", "--trace", trace}, dir);
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const TraceMetadata m = ReadOpTrace(trace).metadata;
+  double phases = 0;
+  for (const char* key :
+       {"startup_seconds", "startup_context_seconds", "startup_weights_seconds",
+        "startup_arena_seconds", "startup_pinning_seconds", "startup_other_seconds"}) {
+    SCOPED_TRACE(key);
+    const std::string value = JsonField(json.out, key);
+    ASSERT_FALSE(value.empty()) << json.out;
+    EXPECT_EQ(m.at(key), value);  // the trace carries the figures the run reports
+    EXPECT_GE(std::stod(value), 0.0);
+    if (std::string(key) != "startup_seconds") phases += std::stod(value);
+  }
+  const double total = std::stod(m.at("startup_seconds"));
+  EXPECT_GT(total, 0.0);
+  EXPECT_GT(std::stod(m.at("startup_weights_seconds")), 0.0);  // the weights took some time
+  EXPECT_NEAR(phases, total, 1e-5);                            // the phases add up to it
+  // The CPU backend creates no context, reserves no device arena and pins nothing.
+  EXPECT_EQ(m.at("startup_context_seconds"), "0.000000");
+  EXPECT_EQ(m.at("startup_arena_seconds"), "0.000000");
+  EXPECT_EQ(m.at("startup_pinning_seconds"), "0.000000");
+  // The steps' own time: the first and the later ones, start-up excluded.
+  const double steps = std::stod(JsonField(json.out, "steps_seconds"));
+  const double first = std::stod(JsonField(json.out, "first_step_seconds"));
+  const double later = std::stod(JsonField(json.out, "later_step_seconds"));
+  EXPECT_GT(first, 0.0);
+  EXPECT_GT(later, 0.0);
+  EXPECT_NEAR(steps, first + later, 1e-5);  // two steps
+  EXPECT_EQ(JsonField(Ctxtrain({"--json"}, dir).out, "later_step_seconds"), "null");
 }
 
 }  // namespace

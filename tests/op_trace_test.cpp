@@ -251,3 +251,83 @@ TEST(RecordedTrace, H200StepLoadsAndReplays) {
 
 }  // namespace
 }  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// The machine replay predicts for when the command line names none: the trace's planning machine,
+// rebuilt; h200-125g with the reason when the trace names none or it cannot be rebuilt here.
+TEST(TraceMachine, RebuildsThePlanningMachineOrSaysWhyNot) {
+  const std::string kDefault = "default h200-125g: ";
+  // Recorded before the keys existed: the default, saying so.
+  sim::ReplayMachine r = sim::MachineOfTrace({{"model", "tiny"}}, "old.ctxtrace");
+  EXPECT_EQ(r.machine.name, "h200-125g");
+  EXPECT_EQ(r.origin, kDefault + "the trace names no machine");
+
+  // A preset, as ctxtrain writes it.
+  const MachineSpec h100 = LoadMachine("h100-125g");
+  RunMetadata m;
+  AddPlanMachine({"h100-125g", "", h100.host_ram_bytes, h100.name}, m);
+  r = sim::MachineOfTrace(m, "t");
+  EXPECT_EQ(r.machine.name, "h100-125g");
+  EXPECT_EQ(r.machine.gpu.name, h100.gpu.name);
+  EXPECT_EQ(r.origin, "from the trace");
+  // The preset with its host RAM overridden (--machine h100-125g --host-ram 200GiB).
+  m["plan_host_ram_bytes"] = std::to_string(int64_t{200} << 30);
+  m["plan_machine_name"] = "h100-125g+200GiB";
+  r = sim::MachineOfTrace(m, "t");
+  EXPECT_EQ(r.machine.name, "h100-125g+200GiB");
+  EXPECT_EQ(r.machine.host_ram_bytes, int64_t{200} << 30);
+  EXPECT_EQ(r.machine.host_reserved_bytes, h100.host_reserved_bytes);
+
+  // A GPU YAML by path, while it exists; the default, naming the file, once it is gone.
+  const fs::path dir = fs::temp_directory_path() /
+                       ("ctxplan_trace_machine_" +
+                        std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  fs::create_directories(dir);
+  const fs::path yaml = dir / "my-gpu.yaml";
+  fs::copy_file(fs::path(CTXPLAN_SOURCE_DIR) / "models/gpu/h100-sxm.yaml", yaml,
+                fs::copy_options::overwrite_existing);
+  RunMetadata g;
+  AddPlanMachine({"", yaml.string(), int64_t{250} << 30, "x"}, g);
+  r = sim::MachineOfTrace(g, "t");
+  EXPECT_EQ(r.origin, "from the trace");
+  EXPECT_EQ(r.machine.gpu.name, LoadGpu("h100-sxm").name);
+  EXPECT_EQ(r.machine.host_ram_bytes, int64_t{250} << 30);
+  // Edited since into something that no longer loads: the default, with the loader's reason.
+  std::ofstream(yaml) << "not: [a gpu";
+  r = sim::MachineOfTrace(g, "t");
+  EXPECT_EQ(r.machine.name, "h200-125g");
+  EXPECT_TRUE(r.origin.starts_with(kDefault + "the trace's GPU '" + yaml.string() +
+                                   "' cannot be rebuilt here"))
+      << r.origin;
+  fs::remove_all(dir);
+  r = sim::MachineOfTrace(g, "t");
+  EXPECT_EQ(r.machine.name, "h200-125g");
+  EXPECT_EQ(r.origin,
+            kDefault + "the trace's GPU '" + yaml.string() + "' is no longer a readable file here");
+
+  // A GPU that left the catalogue.
+  RunMetadata gone;
+  AddPlanMachine({"", "tpu-v9", int64_t{125} << 30, "tpu-v9+125GiB"}, gone);
+  r = sim::MachineOfTrace(gone, "t");
+  EXPECT_EQ(r.machine.name, "h200-125g");
+  EXPECT_NE(r.origin.find("the trace's GPU 'tpu-v9' cannot be rebuilt here"), std::string::npos)
+      << r.origin;
+
+  // ctxplan's own predictions name a machine only: a preset rebuilds, a custom one does not.
+  r = sim::MachineOfTrace({{"machine", "h200-512g"}}, "t");
+  EXPECT_EQ(r.machine.name, "h200-512g");
+  EXPECT_EQ(r.origin, "from the trace");
+  r = sim::MachineOfTrace({{"machine", "h100-sxm+64GiB"}}, "t");
+  EXPECT_EQ(r.machine.name, "h200-125g");
+  EXPECT_NE(r.origin.find("'h100-sxm+64GiB' is not a preset"), std::string::npos) << r.origin;
+
+  // Damaged keys are errors naming the trace, not a silent default.
+  RunMetadata bad = m;
+  bad["plan_host_ram_bytes"] = "lots";
+  EXPECT_THROW(sim::MachineOfTrace(bad, "t"), InputError);
+}
+
+}  // namespace
+}  // namespace ctxplan

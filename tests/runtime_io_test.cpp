@@ -20,6 +20,7 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/checkpoint.h"
 #include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
 #include "ctxplan/runtime/token_data.h"
 
@@ -832,6 +833,66 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreClearErrors) {
                    {path.string(),
                     "required tensor 'adam_v.model.embed_tokens.weight' is "
                     "missing"});
+}
+
+}  // namespace
+}  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// The planning machine's trace keys: a preset round-trips by name, a --gpu path is written
+// absolute (replay runs from anywhere), a trace without the keys reads as none, and damaged keys
+// are clear errors.
+TEST(PlanMachineMetadata, RoundTripsPresetsAndPaths) {
+  RunMetadata m;
+  AddPlanMachine({"h100-125g", "", 134217728000, "h100-125g"}, m);
+  EXPECT_EQ(m.at("plan_machine"), "h100-125g");
+  EXPECT_EQ(m.count("plan_gpu"), 0u);
+  EXPECT_EQ(m.at("plan_host_ram_bytes"), "134217728000");
+  std::optional<PlanMachine> p = PlanMachineFromMetadata(m, "t");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->machine, "h100-125g");
+  EXPECT_EQ(p->gpu, "");
+  EXPECT_EQ(p->host_ram_bytes, 134217728000);
+  EXPECT_EQ(p->name, "h100-125g");
+
+  RunMetadata g;
+  AddPlanMachine({"", "gpus/mine.yaml", int64_t{250} << 30, "mine+250GiB"}, g);
+  EXPECT_EQ(g.count("plan_machine"), 0u);
+  const fs::path written = g.at("plan_gpu");
+  EXPECT_TRUE(written.is_absolute()) << written;
+  EXPECT_EQ(written, (fs::current_path() / "gpus/mine.yaml").lexically_normal());
+  p = PlanMachineFromMetadata(g, "t");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->gpu, written.string());
+  EXPECT_EQ(p->host_ram_bytes, int64_t{250} << 30);
+  RunMetadata named;  // a catalogue GPU's name is not a path: kept as given
+  AddPlanMachine({"", "h100-sxm", int64_t{125} << 30, "h100-sxm+125GiB"}, named);
+  EXPECT_EQ(named.at("plan_gpu"), "h100-sxm");
+
+  EXPECT_FALSE(PlanMachineFromMetadata({{"model", "tiny"}}, "old.ctxtrace").has_value());
+
+  auto expect_error = [](const RunMetadata& bad, const std::string& needle) {
+    try {
+      PlanMachineFromMetadata(bad, "bad.ctxtrace");
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.ctxtrace"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  RunMetadata both = m;
+  both["plan_gpu"] = "h100-sxm";
+  expect_error(both, "'plan_gpu' both");
+  for (const std::string text : {"", "12x", "-5", "0", "99999999999999999999999"}) {
+    RunMetadata bad = m;
+    bad["plan_host_ram_bytes"] = text;
+    expect_error(bad, "'plan_host_ram_bytes'");
+  }
+  RunMetadata empty = m;
+  empty["plan_machine"] = "";
+  expect_error(empty, "'plan_machine' is empty");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // pinned memory refused), 1 an internal error. A failed run never touches an existing checkpoint.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <regex>
 
 #include <CLI/CLI.hpp>
 
@@ -52,6 +54,59 @@ using cli::AddRunFlags;
 using cli::ResolveModel;
 using cli::ResolveOptions;
 using cli::RunFlags;
+using Clock = std::chrono::steady_clock;
+
+// As near the process's start as the program can read the clock: during static initialisation,
+// before main. Start-up is measured from here.
+const Clock::time_point kProcessStart = Clock::now();
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Start-up: from the process's start to the first step's, by phase, in seconds. A long run pays
+// it once; a short measurement run can be dominated by it, so it is reported apart from the steps.
+struct Startup {
+  double context = 0;  // creating the CUDA context
+  double weights = 0;  // random init or safetensors (or checkpoint) load; on CUDA also the upload
+  double arena = 0;    // reserving the device arena
+  double pinning = 0;  // pinning the host page stores; setting up the host optimizer's buffers
+  double total = 0;    // process start to the first step's start
+  double other() const { return std::max(0.0, total - context - weights - arena - pinning); }
+};
+
+// A duration as trace metadata and the JSON output write it: microseconds, so that the short
+// phases of a small CPU run do not all read 0.
+std::string SecondsText(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6f", seconds);
+  return text;
+}
+
+// The command line the run was started with, without the program's name: a trace says how to run
+// it again. Joined with spaces, unquoted.
+std::string JoinFlags(int argc, char** argv) {
+  std::string flags;
+  for (int i = 1; i < argc; ++i) flags += (i > 1 ? " " : "") + std::string(argv[i]);
+  return flags;
+}
+
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+// The NVIDIA kernel driver's version ("580.95.05"). cudaDriverGetVersion gives the CUDA version the
+// driver supports, not this; Linux's NVIDIA module prints it in /proc. Empty when unreadable.
+std::string NvidiaDriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Release Build ...": the version is
+  // the first dotted number after "Module" (x86_64 comes before it).
+  const size_t module = line.find("Module");
+  const std::string tail = module == std::string::npos ? line : line.substr(module);
+  static const std::regex kVersion(R"(\d+\.\d+(\.\d+)?)");
+  std::smatch match;
+  return std::regex_search(tail, match, kVersion) ? match.str(0) : "";
+}
+#endif
 
 struct Flags {
   RunFlags run;  // model, machine and run options, shared with ctxplan
@@ -228,6 +283,7 @@ int64_t HostPhysicalBytes() {
 int Main(int argc, char** argv) {
   CLI::App app{"ctxtrain: chunk-recurrent long-context training on the step plan"};
   Flags f;
+  const std::string flags = JoinFlags(argc, argv);
   app.add_option("--backend", f.backend, "cpu (reference kernels) or cuda")->capture_default_str();
   AddRunFlags(app, f.run, /*with_context=*/true);
   app.add_option("--steps", f.steps, "training steps")
@@ -271,17 +327,32 @@ int Main(int argc, char** argv) {
   const RunOptions options = ResolveOptions(f.run, model, /*with_context=*/true);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
+  // The machine the run is planned for (default h200-125g): the CUDA check below asks the
+  // planner about it, and traces name it so that replay predicts for the same machine.
+  const MachineSpec machine = cli::ResolveMachine(f.run);
+  PlanMachine plan_machine;
+  plan_machine.gpu = f.run.gpu;
+  if (f.run.gpu.empty()) plan_machine.machine = f.run.machine.empty() ? "h200-125g" : f.run.machine;
+  plan_machine.host_ram_bytes = machine.host_ram_bytes;
+  plan_machine.name = machine.name;
+  Startup startup;
 
   // Ask the planner first: a run that cannot fit is refused before it allocates anything.
   const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(plan.geometry());
   const int64_t host_have = HostPhysicalBytes();
   if (cuda) {
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    // The first runtime call creates the CUDA context: one call of its own, so that start-up can
+    // say what the context cost.
+    const Clock::time_point context_start = Clock::now();
+    const cudaError_t context = cudaFree(nullptr);
+    if (context != cudaSuccess)
+      throw TrainingError(std::string("no usable GPU: ") + cudaGetErrorString(context));
+    startup.context = SecondsSince(context_start);
     sim::StepPrediction memory;
     memory.gpu = predicted.gpu;
     memory.host = predicted.host;
-    const sim::PlanReport report =
-        sim::MakeReport(plan.geometry(), cli::ResolveMachine(f.run), memory);
+    const sim::PlanReport report = sim::MakeReport(plan.geometry(), machine, memory);
     size_t free_bytes = 0, total_bytes = 0;
     const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
     if (status != cudaSuccess)
@@ -304,8 +375,10 @@ int Main(int argc, char** argv) {
   }
 
   // Weights, optimizer state, first step.
+  Clock::time_point weights_start = Clock::now();
   ModelWeights weights =
       f.weights.empty() ? RandomWeights(model, f.seed) : LoadSafetensorsWeights(f.weights, model);
+  startup.weights = SecondsSince(weights_start);
   // The CPU backend's AdamW moments live on the host; the CUDA backend keeps its own on the GPU
   // (at 7B the host copies alone would take 61 GB of the RAM that pinned pages need).
   OptimizerState optimizer;
@@ -314,7 +387,9 @@ int Main(int argc, char** argv) {
   int64_t first_step = 0;
   LoraWeights resumed_lora, resumed_lora_m, resumed_lora_v;  // rank 0: none
   if (!f.resume.empty()) {
+    weights_start = Clock::now();
     TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
+    startup.weights += SecondsSince(weights_start);  // the checkpoint's weights replace them
     if (checkpoint.lora.rank != options.lora_rank)
       throw InputError(f.resume + ": the checkpoint's LoRA rank is " +
                        std::to_string(checkpoint.lora.rank) + " but the run asks for " +
@@ -358,6 +433,11 @@ int Main(int argc, char** argv) {
                                            lora ? &lora->weights : nullptr);
     cuda_backend = b.get();
     owned = std::move(b);
+    // The upload, the arena and the pinning happen while the backend is built.
+    const CudaStartupTimes built = cuda_backend->StartupTimes();
+    startup.weights += built.weights_upload_seconds;
+    startup.arena = built.arena_seconds;
+    startup.pinning = built.pinning_seconds;
   }
 #endif
   if (!cuda) {
@@ -373,7 +453,7 @@ int Main(int argc, char** argv) {
 
   // The first step pays one-time costs (cuBLASLt plans, first touches): tokens/s counts the
   // steps after it when there are any.
-  double last_loss = 0.0, total_seconds = 0.0, steady_seconds = 0.0;
+  double last_loss = 0.0, total_seconds = 0.0, steady_seconds = 0.0, first_seconds = 0.0;
   StepOutputs last;
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
@@ -388,13 +468,23 @@ int Main(int argc, char** argv) {
     if (cuda_backend) cuda_backend->ZeroGrads();
 #endif
     progress.StartStep(s - first_step);
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
+    if (s == first_step)
+      startup.total = std::chrono::duration<double>(start - kProcessStart).count();
     try {
       if (s == first_step + f.steps - 1 && !f.trace.empty()) {
         RunMetadata metadata{{"source", "ctxtrain"},         {"backend", f.backend},
                              {"model", model.name},          {"step", std::to_string(s)},
                              {"commit", CTXPLAN_GIT_COMMIT}, {"date", UtcNow()}};
         AddRunOptions(options, metadata);
+        AddPlanMachine(plan_machine, metadata);
+        metadata["ctxtrain_flags"] = flags;
+        metadata["startup_seconds"] = SecondsText(startup.total);
+        metadata["startup_context_seconds"] = SecondsText(startup.context);
+        metadata["startup_weights_seconds"] = SecondsText(startup.weights);
+        metadata["startup_arena_seconds"] = SecondsText(startup.arena);
+        metadata["startup_pinning_seconds"] = SecondsText(startup.pinning);
+        metadata["startup_other_seconds"] = SecondsText(startup.other());
         const bool compact =
             f.trace.size() >= 9 && f.trace.substr(f.trace.size() - 9) == ".ctxtrace";
         // CPU ops run synchronously: the wall clock times them. CUDA ops run asynchronously:
@@ -432,7 +522,15 @@ int Main(int argc, char** argv) {
         };
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
         if (cuda) {
+          // The GPU's name, memory and CUDA versions; then what DeviceMetadata lacks: the SM
+          // count (a GPU of the same name may be cut down) and the kernel driver's version.
           for (const auto& [key, value] : gpu::CuptiTracer::DeviceMetadata()) metadata[key] = value;
+          int device = 0, sms = 0;
+          CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+          CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+          metadata["gpu_sm_count"] = std::to_string(sms);
+          if (const std::string driver = NvidiaDriverVersion(); !driver.empty())
+            metadata["nvidia_driver_version"] = driver;
           // What the allocators hold: all reserved before the first step, so known here.
           const CudaMemoryReport memory = cuda_backend->Memory();
           metadata["gpu_arena_allocated_bytes"] = std::to_string(memory.arena_allocated_peak_bytes);
@@ -464,6 +562,7 @@ int Main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
     if (s > first_step) steady_seconds += seconds;
+    if (s == first_step) first_seconds = seconds;
     last_loss = last.mean_loss();
     progress.EndStep(last_loss, seconds);
     if (s == first_step && !f.dump_grads.empty()) {
@@ -528,22 +627,47 @@ int Main(int argc, char** argv) {
     pinned = memory.host_bytes;
   }
 #endif
+  // The steps' own time, start-up excluded: the first step (one-time costs: cuBLASLt plans, first
+  // touches) and the mean of the steps after it.
+  const double after_first = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;
   if (f.json) {
     std::printf(
         "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
         "\"loss\":%.6f,\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
         "\"arena_reserved_bytes\":%lld,\"device_bytes\":%s,\"pinned_host_peak_bytes\":%lld,"
-        "\"plan_gpu_peak_bytes\":%lld,\"plan_host_peak_bytes\":%lld}\n",
+        "\"plan_gpu_peak_bytes\":%lld,\"plan_host_peak_bytes\":%lld,"
+        "\"startup_seconds\":%.6f,\"startup_context_seconds\":%.6f,"
+        "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
+        "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
+        "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
         static_cast<long long>(allocated), static_cast<long long>(reserved),
         device_used >= 0 ? std::to_string(device_used).c_str() : "null",
         static_cast<long long>(pinned), static_cast<long long>(last.peak_arena_bytes),
-        static_cast<long long>(last.peak_host_bytes));
+        static_cast<long long>(last.peak_host_bytes), startup.total, startup.context,
+        startup.weights, startup.arena, startup.pinning, startup.other(), total_seconds,
+        first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null");
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
                 static_cast<long long>(f.steps));
+    // The CPU backend has no context, arena reservation or pinning: its start-up is the weights
+    // and the rest.
+    if (cuda)
+      std::printf(
+          "  start-up %.1f s (context %.1f, weights %.1f, arena %.1f, pinning %.1f, other %.1f); "
+          "first step after %.1f s\n",
+          startup.total, startup.context, startup.weights, startup.arena, startup.pinning,
+          startup.other(), startup.total);
+    else
+      std::printf("  start-up %.1f s (weights %.1f, other %.1f); first step after %.1f s\n",
+                  startup.total, startup.weights, startup.other(), startup.total);
+    if (f.steps > 1)
+      std::printf("  steps %.1f s, start-up excluded: first %.3f s, then %.3f s a step\n",
+                  total_seconds, first_seconds, after_first);
+    else
+      std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
     std::printf("  GPU memory: arena allocated peak %s, reserved %s", FormatGiB(allocated).c_str(),
                 FormatGiB(reserved).c_str());

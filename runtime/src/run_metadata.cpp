@@ -1,6 +1,8 @@
 #include "ctxplan/runtime/run_metadata.h"
 
+#include <cctype>
 #include <charconv>
+#include <filesystem>
 
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/step_plan.h"
@@ -67,6 +69,68 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
     throw InputError(where + "'keep_layer_inputs': '" + keep + "'; accepted: on, off");
   o.keep_layer_inputs = keep == "on";
   return o;
+}
+
+namespace {
+
+bool EndsWithIgnoreCase(const std::string& text, std::string_view suffix) {
+  if (text.size() < suffix.size()) return false;
+  for (size_t i = 0; i < suffix.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[text.size() - suffix.size() + i]);
+    if (std::tolower(c) != suffix[i]) return false;
+  }
+  return true;
+}
+
+// The catalogue's rule for "this names a file": a '/' or a .yaml/.yml/.json ending. A relative path
+// is made absolute: the trace is often replayed from another directory than the run's.
+std::string Portable(const std::string& value) {
+  if (value.find('/') == std::string::npos && !EndsWithIgnoreCase(value, ".yaml") &&
+      !EndsWithIgnoreCase(value, ".yml") && !EndsWithIgnoreCase(value, ".json"))
+    return value;
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(value, ec);
+  return ec ? value : absolute.lexically_normal().string();
+}
+
+}  // namespace
+
+void AddPlanMachine(const PlanMachine& p, RunMetadata& m) {
+  if (!p.gpu.empty())
+    m["plan_gpu"] = Portable(p.gpu);
+  else
+    m["plan_machine"] = Portable(p.machine);
+  m["plan_host_ram_bytes"] = std::to_string(p.host_ram_bytes);
+  m["plan_machine_name"] = p.name;
+}
+
+std::optional<PlanMachine> PlanMachineFromMetadata(const RunMetadata& m,
+                                                   const std::string& source) {
+  const auto machine = m.find("plan_machine");
+  const auto gpu = m.find("plan_gpu");
+  if (machine == m.end() && gpu == m.end()) return std::nullopt;
+  if (machine != m.end() && gpu != m.end())
+    throw InputError(source +
+                     ": metadata keys 'plan_machine' and 'plan_gpu' both present; accepted: "
+                     "one of them, as ctxtrain writes");
+  PlanMachine p;
+  if (machine != m.end()) p.machine = machine->second;
+  if (gpu != m.end()) p.gpu = gpu->second;
+  if (p.machine.empty() && p.gpu.empty())
+    throw InputError(source + ": metadata key '" +
+                     (machine != m.end() ? "plan_machine" : "plan_gpu") +
+                     "' is empty; accepted: a machine preset, a GPU, or a YAML path");
+  const auto ram = m.find("plan_host_ram_bytes");
+  if (ram != m.end()) {
+    const std::string& text = ram->second;
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), p.host_ram_bytes);
+    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
+        p.host_ram_bytes <= 0)
+      throw InputError(source + ": metadata key 'plan_host_ram_bytes': '" + text +
+                       "' is not a byte count; accepted: an integer > 0");
+  }
+  if (const auto name = m.find("plan_machine_name"); name != m.end()) p.name = name->second;
+  return p;
 }
 
 }  // namespace ctxplan

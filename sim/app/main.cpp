@@ -403,14 +403,33 @@ int RunReplay(ReplayFlags f) {
                      ": metadata key 'model' is missing; accepted: a trace written by "
                      "ctxtrain or ctxplan");
   const ModelSpec model = LoadModel(model_name->second);
+  // The machine the run was planned for, unless the command line names another: a prediction for
+  // another GPU than the one measured compares nothing, so the report says where it came from.
+  MachineSpec machine;
+  std::string machine_from;
   if (f.run.machine.empty() && f.run.gpu.empty()) {
-    const auto machine = trace.metadata.find("machine");
-    const std::vector<std::string> presets = CatalogMachineNames();
-    const bool preset = machine != trace.metadata.end() &&
-                        std::find(presets.begin(), presets.end(), machine->second) != presets.end();
-    f.run.machine = preset ? machine->second : "h200-125g";
+    sim::ReplayMachine planned = sim::MachineOfTrace(trace.metadata, f.trace);
+    machine = std::move(planned.machine);
+    machine_from = std::move(planned.origin);
+    if (!f.run.host_ram.empty()) {  // the trace's machine with other host RAM, as on a preset
+      const int64_t ram = ParseBytes(f.run.host_ram, "--host-ram");
+      try {
+        MakeMachine(machine.gpu, ram);  // the bounds --host-ram has everywhere
+      } catch (const InputError& e) {
+        throw InputError(std::string("--host-ram: ") + e.what());
+      }
+      if (ram <= machine.host_reserved_bytes)
+        throw InputError("--host-ram: " + FormatGiB(ram) + " leaves nothing after the " +
+                         FormatGiB(machine.host_reserved_bytes) +
+                         " the OS keeps; accepted: more host RAM than that");
+      machine.host_ram_bytes = ram;
+      machine.name += "+" + f.run.host_ram;
+      machine_from += ", host RAM from --host-ram";
+    }
+  } else {
+    machine = ResolveMachine(f.run);
+    machine_from = f.run.gpu.empty() ? "from --machine" : "from --gpu";
   }
-  const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = RunOptionsFromMetadata(trace.metadata, f.trace);
   options.Validate(model);
   const StepPlan plan(model, options);
@@ -423,7 +442,7 @@ int RunReplay(ReplayFlags f) {
   if (f.out.json) {
     JsonOut j;
     j.BeginObject().Field("trace", f.trace).Field("source", from).Field("model", model.name);
-    j.Field("machine", machine.name);
+    j.Field("machine", machine.name).Field("machine_from", machine_from);
     j.Field("measured_step_seconds", r.measured_step_seconds);
     j.Field("predicted_step_seconds", r.predicted_step_seconds);
     j.Field("plan_ops", static_cast<int64_t>(r.plan_ops));
@@ -471,7 +490,7 @@ int RunReplay(ReplayFlags f) {
   }
   char line[256];
   std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
-                  machine.name + "\n";
+                  machine.name + " (" + machine_from + ")\n";
   std::snprintf(
       line, sizeof line, "step: measured %.6f s, predicted %.6f s (measured/predicted %.3f)\n",
       r.measured_step_seconds, r.predicted_step_seconds,
@@ -588,9 +607,11 @@ int Main(int argc, char** argv) {
       "replay", "compare a recorded step (.ctxtrace) with the prediction, op by op");
   replay_cmd->add_option("trace", replay.trace, "the .ctxtrace file")->required();
   replay_cmd->add_option("--machine", replay.run.machine,
-                         "machine preset (default: the trace's, else h200-125g)");
+                         "machine preset (default: the one the trace was planned for, else "
+                         "h200-125g)");
   replay_cmd->add_option("--gpu", replay.run.gpu, "catalogue GPU or path (instead of --machine)");
-  replay_cmd->add_option("--host-ram", replay.run.host_ram, "host RAM with --gpu");
+  replay_cmd->add_option("--host-ram", replay.run.host_ram,
+                         "host RAM: with --gpu, or overriding the machine's");
   replay_cmd->add_option("--by-chunk", replay.by_chunk,
                          "one op kind (or kind.part, as 'by kind' names them) chunk by chunk: "
                          "its ops' mean measured and predicted time");

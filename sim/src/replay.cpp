@@ -1,11 +1,17 @@
 #include "ctxplan/sim/replay.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <tuple>
 
+#include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/models/units.h"
+#include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/sim/event_simulator.h"
 
 namespace ctxplan::sim {
@@ -35,7 +41,67 @@ double Seconds(int64_t ns) {
   return static_cast<double>(ns) * 1e-9;
 }
 
+// What replay predicts for when the trace cannot say: the default machine of every command.
+constexpr const char* kDefaultMachine = "h200-125g";
+
+ReplayMachine DefaultMachine(const std::string& why) {
+  return {LoadMachine(kDefaultMachine), std::string("default ") + kDefaultMachine + ": " + why};
+}
+
+// The catalogue's rule for "this names a file": a '/' or a .yaml/.yml/.json ending.
+bool NamesAFile(const std::string& value) {
+  if (value.find('/') != std::string::npos) return true;
+  for (std::string_view suffix : {".yaml", ".yml", ".json"}) {
+    if (value.size() < suffix.size()) continue;
+    bool match = true;
+    for (size_t i = 0; i < suffix.size(); ++i)
+      match = match &&
+              std::tolower(static_cast<unsigned char>(value[value.size() - suffix.size() + i])) ==
+                  suffix[i];
+    if (match) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+ReplayMachine MachineOfTrace(const TraceMetadata& metadata, const std::string& trace_name) {
+  const std::optional<PlanMachine> planned = PlanMachineFromMetadata(metadata, trace_name);
+  if (!planned) {
+    // ctxplan's own predictions (timeline --format ctxtrace) name their machine by name only:
+    // a preset rebuilds, a custom "<gpu>+<ram>" does not say where its GPU came from.
+    const auto named = metadata.find("machine");
+    if (named == metadata.end()) return DefaultMachine("the trace names no machine");
+    const std::vector<std::string> presets = CatalogMachineNames();
+    if (std::find(presets.begin(), presets.end(), named->second) != presets.end())
+      return {LoadMachine(named->second), "from the trace"};
+    return DefaultMachine("the trace's machine '" + named->second +
+                          "' is not a preset, and the trace does not say how it was built");
+  }
+  const bool by_gpu = !planned->gpu.empty();
+  const std::string& value = by_gpu ? planned->gpu : planned->machine;
+  const std::string what = std::string(by_gpu ? "GPU" : "machine") + " '" + value + "'";
+  std::error_code ec;
+  if (NamesAFile(value) && !std::filesystem::is_regular_file(value, ec))
+    return DefaultMachine("the trace's " + what + " is no longer a readable file here");
+  try {
+    if (by_gpu)  // as --gpu --host-ram built it; ctxtrain always writes the host RAM
+      return {MakeMachine(LoadGpu(value),
+                          planned->host_ram_bytes > 0 ? planned->host_ram_bytes : 125 * kGiB),
+              "from the trace"};
+    MachineSpec machine = LoadMachine(value);
+    if (planned->host_ram_bytes > 0 && planned->host_ram_bytes != machine.host_ram_bytes) {
+      // --host-ram overrode the preset's, as ResolveMachine does it: the preset otherwise kept.
+      machine.host_ram_bytes = planned->host_ram_bytes;
+      machine.name = !planned->name.empty()
+                         ? planned->name
+                         : machine.name + "+" + std::to_string(planned->host_ram_bytes) + "B";
+    }
+    return {std::move(machine), "from the trace"};
+  } catch (const InputError& e) {  // a YAML edited since into something that no longer loads
+    return DefaultMachine("the trace's " + what + " cannot be rebuilt here (" + e.what() + ")");
+  }
+}
 
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -199,6 +200,11 @@ inline bf16 ToBf16(float f) {
 // pin or a failing kernel, driven end to end through ctxtrain by tests.
 enum class InjectedFault { kNone, kPinnedAlloc, kCudaError };
 
+// Seconds of the steady clock since `start`: ctxtrain's start-up phases, measured where they run.
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 InjectedFault FaultFromEnvironment() {
   const char* value = std::getenv("CTXPLAN_INJECT_FAULT");
   if (value == nullptr || *value == '\0') return InjectedFault::kNone;
@@ -223,6 +229,7 @@ class CudaBackend::Impl {
   virtual ModelWeights DownloadGrads() = 0;
   virtual CudaMemoryReport Memory() = 0;
   virtual LoraWeights DownloadLora(bool grads) = 0;
+  virtual CudaStartupTimes StartupTimes() const = 0;
 };
 
 namespace {
@@ -234,6 +241,7 @@ class TypedImpl final : public CudaBackend::Impl {
   TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log,
             const LoraWeights* lora)
       : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
+    const auto constructed = std::chrono::steady_clock::now();
     if (o_.lora_rank > 0 && (lora == nullptr || lora->rank != o_.lora_rank))
       throw InternalError("CUDA backend: a LoRA plan of rank " + std::to_string(o_.lora_rank) +
                           " without adapters of that rank");
@@ -419,13 +427,19 @@ class TypedImpl final : public CudaBackend::Impl {
       for (auto& a : device_kv_) want.Want(a, store, MemCategory::kKvPages, "KV pages");
       for (auto& a : device_dkv_) want.Want(a, store, MemCategory::kDkvPages, "dKV pages");
     }
+    auto phase = std::chrono::steady_clock::now();
     arena_ = want.Commit(log);
+    startup_.arena_seconds = SecondsSince(phase);
 
+    phase = std::chrono::steady_clock::now();
     Upload(weights);  // and frees them: the host RAM is for the pinned pages pinned next
     if (o_.lora_rank > 0) UploadLora(*lora);
+    startup_.weights_upload_seconds = SecondsSince(phase);  // synchronous copies: all done here
     if (o_.optimizer == OptimizerKind::kAdamWHost) {
       // The host keeps the moments and a copy of the weights it updates; the gradients come
       // home into pinned staging. Regions are copied whole (tensor padding included).
+      // Start-up counts all of it as pinning: the host optimizer's buffers, set up once.
+      phase = std::chrono::steady_clock::now();
       host_grads_.Resize(arena_->category_stats(MemCategory::kGrads).reserved_bytes / sizeof(G));
       host_weights_.Resize(arena_->category_stats(MemCategory::kWeights).reserved_bytes /
                            sizeof(bf16));
@@ -435,6 +449,7 @@ class TypedImpl final : public CudaBackend::Impl {
       weights_.ForEach([&](DeviceArray<bf16>& t) { params += t.size(); });
       host_m_.assign(params, 0.0f);
       host_v_.assign(params, 0.0f);
+      startup_.pinning_seconds += SecondsSince(phase);
     }
     if (o_.optimizer == OptimizerKind::kAdamWGpu) {
       ClearRegion(MemCategory::kOptimizer);
@@ -450,6 +465,7 @@ class TypedImpl final : public CudaBackend::Impl {
     // Pinned host homes of the pages: pinned up front (pinning synchronises the device), pages
     // handed out as chunks write them; dKV pages only on their first write.
     if (o_.offload) {
+      phase = std::chrono::steady_clock::now();
       try {
         gpu::PinnedPageStoreOptions kv;
         kv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(bf16);
@@ -472,13 +488,17 @@ class TypedImpl final : public CudaBackend::Impl {
       } catch (const gpu::PinnedMemoryError& e) {
         throw TrainingError(std::string("cannot pin the host page stores: ") + e.what());
       }
+      startup_.pinning_seconds += SecondsSince(phase);
       kv_page_.assign(static_cast<size_t>(layers_),
                       std::vector<gpu::PageId>(static_cast<size_t>(total_pages_), gpu::kNoPage));
       dkv_page_ = kv_page_;
     }
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     arena_->SampleDeviceUsed();
+    startup_.total_seconds = SecondsSince(constructed);
   }
+
+  CudaStartupTimes StartupTimes() const override { return startup_; }
 
   ~TypedImpl() override {
     cudaDeviceSynchronize();
@@ -1635,6 +1655,7 @@ class TypedImpl final : public CudaBackend::Impl {
   uint64_t ops_ = 0;
   PlanMemoryTally memory_;
   InjectedFault fault_ = InjectedFault::kNone;
+  CudaStartupTimes startup_;
 };
 
 }  // namespace
@@ -1673,6 +1694,9 @@ LoraWeights CudaBackend::DownloadLora() const {
 }
 LoraWeights CudaBackend::DownloadLoraGrads() const {
   return impl_->DownloadLora(true);
+}
+CudaStartupTimes CudaBackend::StartupTimes() const {
+  return impl_->StartupTimes();
 }
 
 }  // namespace ctxplan

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "ctxplan/models/gpu_spec.h"
 #include "ctxplan/runtime/step_plan.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/traces/op_trace.h"
@@ -49,6 +51,21 @@ struct ReplayResult {
   std::vector<ChunkComparison> by_chunk;  // every kind, part and chunk, in that order
   std::vector<OpComparison> worst;        // largest |measured - predicted|, at most 10
 };
+
+// The machine a replay predicts for, and where it came from: the report says both, since a step
+// predicted for another GPU than the one it was planned for compares nothing.
+struct ReplayMachine {
+  MachineSpec machine;
+  std::string origin;  // "from the trace", or "default h200-125g: <why>"
+};
+
+// The machine the trace's run was planned for, rebuilt from its metadata: plan_machine (a catalogue
+// preset, or a machine YAML that still reads) or plan_gpu (a catalogue GPU or GPU YAML) with
+// plan_host_ram_bytes, as ctxtrain writes them; else a ctxplan prediction's `machine` when it names
+// a preset. A trace naming no machine (recorded before these keys), or one whose machine cannot be
+// rebuilt here (its YAML gone or unreadable), gets h200-125g, the origin saying why. Malformed
+// keys throw InputError naming `trace_name`.
+ReplayMachine MachineOfTrace(const TraceMetadata& metadata, const std::string& trace_name);
 
 // Throws InputError when the trace does not follow this plan (an op id the plan lacks, or whose
 // kind or stream differ: a trace from another plan version or other options).

@@ -42,6 +42,21 @@ struct CudaMemoryReport {
   int64_t pinned_pages_peak_bytes = 0;  // of the page stores' pages, in use at the peak
 };
 
+// Where the constructor's time went, in seconds of the steady clock: ctxtrain reports its start-up
+// by phase, and these phases happen in here. The rest of the constructor (streams, events, the
+// arena's layout, zeroing, the final synchronisation) is total minus the three.
+struct CudaStartupTimes {
+  // Rounding the weights (and LoRA adapters) to bf16 and copying them up.
+  double weights_upload_seconds = 0;
+  // Reserving the arena: its one cudaMalloc.
+  double arena_seconds = 0;
+  // Pinning the page stores; with AdamW on the host also setting up its buffers (pinned staging,
+  // its copy of the weights, its moments).
+  double pinning_seconds = 0;
+  // The whole constructor.
+  double total_seconds = 0;
+};
+
 class CudaBackend final : public StepBackend {
  public:
   // Sized for `plan` (its model and options). `weights` are uploaded in bf16 and freed before the
@@ -62,6 +77,7 @@ class CudaBackend final : public StepBackend {
   CudaMemoryReport Memory() const;        // samples device-level memory now
   LoraWeights DownloadLora() const;       // LoRA runs: the adapters, widened to fp32
   LoraWeights DownloadLoraGrads() const;  // and their gradients
+  CudaStartupTimes StartupTimes() const;  // measured while constructing
 
   class Impl;  // cuda_backend.cpp
 
