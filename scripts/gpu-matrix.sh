@@ -28,12 +28,12 @@ grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload
   start=$(date +%s.%N)
   timeout 500 "$ctxtrain" --backend cuda $args --task random --steps "$steps" > "$log" 2>&1
   rc=$?
-  wall=$(echo "$(date +%s.%N) - $start" | bc)
+  wall=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}")
   tps=$(grep -oE "[0-9.]+ tokens/s" "$log" | tail -1 | cut -d' ' -f1)
   arena=$(grep -oE "arena allocated peak [0-9.]+" "$log" | tail -1 | awk '{print $4}')
   device=$(grep -oE "device-level peak [0-9.]+" "$log" | tail -1 | awk '{print $3}')
   host=$(grep -oE "optimizer state and staging\) [0-9.]+" "$log" | tail -1 | awk '{print $5}')
-  startup=$(grep -oE "^start-up [0-9.]+" "$log" | tail -1 | awk '{print $2}')
+  startup=$(grep -oE "start-up [0-9.]+ s" "$log" | tail -1 | awk '{print $2}')
   echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-}" \
        "(rc $rc, wall $wall s)"
 done

@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "calibrate_command.h"
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
@@ -619,6 +620,9 @@ int Main(int argc, char** argv) {
 
   CLI::App* list_cmd = app.add_subcommand("list", "the model, GPU and machine catalogue");
 
+  CalibrateFlags calibrate;
+  CLI::App* calibrate_cmd = AddCalibrateCommand(app, calibrate);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -637,6 +641,7 @@ int Main(int argc, char** argv) {
   if (timeline_cmd->parsed()) return RunTimeline(timeline);
   if (replay_cmd->parsed()) return RunReplay(replay);
   if (list_cmd->parsed()) return RunList();
+  if (calibrate_cmd->parsed()) return RunCalibrate(calibrate, argv[0]);
   return 2;
 }
 
