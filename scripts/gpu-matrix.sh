@@ -11,7 +11,7 @@ machine=${2:?machine preset, e.g. h200-125g}
 rows=${3:?rows file}
 out=${OUT:-/tmp}
 ctxtrain=$(find "$bin" -name ctxtrain -type f -perm -u+x | head -1)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
 date=$(date -u +%F)

@@ -226,8 +226,9 @@ TEST(Catalog, EveryEntryLoadsAndNamesItsFile) {
     EXPECT_EQ(on_disk.max_position_embeddings, m.max_position_embeddings);
   }
   const std::vector<std::string> gpus = CatalogGpuNames();
-  EXPECT_EQ(gpus, (std::vector<std::string>{"a100-80gb-sxm", "b200", "gh200", "h100-pcie",
-                                            "h100-sxm", "h200", "l40s", "rtx-4090"}));
+  EXPECT_EQ(gpus,
+            (std::vector<std::string>{"a100-80gb-sxm", "b200", "gh200", "h100-pcie", "h100-sxm",
+                                      "h100-sxm-estimate", "h200", "l40s", "rtx-4090"}));
   for (const std::string& name : gpus) {
     SCOPED_TRACE(name);
     const GpuSpec g = LoadGpu(name);
@@ -258,21 +259,26 @@ TEST(Catalog, H200MeasuredValues) {
   EXPECT_DOUBLE_EQ(g.memory_gib.value, 139.8);
   EXPECT_EQ(g.memory_gib.provenance, Provenance::kMeasured);
   EXPECT_EQ(g.memory_bytes(), std::llround(139.8 * kGiB));
-  EXPECT_DOUBLE_EQ(g.bf16_gemm_tflops.value, 740);
+  // Written by `ctxplan calibrate` (calibration_test checks they are the fit of the committed
+  // samples): plausible Hopper figures, under the datasheet's peaks.
   EXPECT_EQ(g.bf16_gemm_tflops.provenance, Provenance::kMeasured);
+  EXPECT_GT(g.bf16_gemm_tflops.value, 700);
+  EXPECT_LT(g.bf16_gemm_tflops.value, g.bf16_dense_tflops.value);
   EXPECT_DOUBLE_EQ(g.bf16_dense_tflops.value, 989);
   EXPECT_EQ(g.bf16_dense_tflops.provenance, Provenance::kDatasheet);
-  EXPECT_DOUBLE_EQ(g.attention_fwd_tflops.value, 525);
-  EXPECT_DOUBLE_EQ(g.attention_bwd_tflops.value, 315);
-  EXPECT_DOUBLE_EQ(g.host_h2d_gbs.value, 55.2);
-  EXPECT_DOUBLE_EQ(g.host_d2h_gbs.value, 55.2);
-  EXPECT_DOUBLE_EQ(g.host_duplex_gbs.value, 97);
-  EXPECT_DOUBLE_EQ(g.d2d_copy_gbs.value, 4150);
+  EXPECT_GT(g.attention_fwd_tflops.value, g.attention_bwd_tflops.value);
+  EXPECT_NEAR(g.host_h2d_gbs.value, 55, 3);
+  EXPECT_NEAR(g.host_d2h_gbs.value, 55, 3);
+  EXPECT_NEAR(g.host_duplex_gbs.value, 96, 5);
+  EXPECT_LE(g.d2d_copy_gbs.value, g.memory_bandwidth_gbs.value);
+  EXPECT_EQ(g.kernels.provenance, Provenance::kMeasured);
   EXPECT_EQ(g.cuda_context_gib.provenance, Provenance::kEstimate);
   EXPECT_STREQ(ProvenanceName(Provenance::kMeasured), "measured");
   EXPECT_STREQ(ProvenanceName(Provenance::kDatasheet), "datasheet");
   EXPECT_STREQ(ProvenanceName(Provenance::kEstimate), "estimate");
-  EXPECT_EQ(LoadGpu("h100-sxm").bf16_gemm_tflops.provenance, Provenance::kEstimate);
+  EXPECT_EQ(LoadGpu("h100-sxm").kernels.provenance, Provenance::kMeasured);
+  EXPECT_EQ(LoadGpu("h100-sxm-estimate").bf16_gemm_tflops.provenance, Provenance::kEstimate);
+  EXPECT_EQ(LoadGpu("h100-sxm-estimate").kernels.derived_from, "h200");
 }
 
 TEST(Catalog, Machines) {

@@ -279,20 +279,27 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const KernelTimeModel model(H200());
   const KernelProfile& k = model.profile();
   const double launch = k.launch_us * 1e-6;
-  // A compute-bound GEMM whose tiles fill the SMs many times over runs at the profile's rate:
-  // [4096 x 18944] in tiles of 128 x 256 is 32 x 74 tiles.
+  // GEMM output tiles fill the SMs in whole waves, each its tiles' FLOPs at the per-SM rate plus
+  // the wave's fixed cost: [4096 x 18944] is many waves.
+  const double sms = H200().gpu.sm_count;
+  const double tile_rows = static_cast<double>(k.gemm_tile_rows);
+  const double tile_cols = static_cast<double>(k.gemm_tile_cols);
+  auto wave_seconds = [&](double depth, double split) {
+    return 2.0 * tile_rows * tile_cols * depth / split / (k.gemm_tflops * 1e12 / sms) +
+           k.gemm_wave_us * 1e-6;
+  };
   const OpCost gemm = LinearForwardCost(4096, 18944, 3584, 0);
-  const double tiles = std::ceil(4096.0 / k.gemm_tile_rows) * std::ceil(18944.0 / k.gemm_tile_cols);
-  EXPECT_NEAR(
-      TicksToSeconds(model.Duration(gemm, Phase::kFill)),
-      launch + tiles * 2.0 * k.gemm_tile_rows * k.gemm_tile_cols * 3584 / (k.gemm_tflops * 1e12),
-      1e-8);
-  // Fewer tiles than SMs take as long as one full wave: 256 tokens x 3584 is 2 x 14 tiles.
+  const double tiles = std::ceil(4096.0 / tile_rows) * std::ceil(18944.0 / tile_cols);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(gemm, Phase::kFill)),
+              launch + std::ceil(tiles / sms) * wave_seconds(3584, 1), 1e-8);
+  // Fewer tiles than SMs take one wave, the depth split over up to gemm_split_max tiles.
   const OpCost small = LinearForwardCost(256, 3584, 3584, 0);
-  EXPECT_NEAR(
-      TicksToSeconds(model.Duration(small, Phase::kFill)),
-      launch + 132 * 2.0 * k.gemm_tile_rows * k.gemm_tile_cols * 3584 / (k.gemm_tflops * 1e12),
-      1e-8);
+  const double small_tiles = std::ceil(256.0 / tile_rows) * std::ceil(3584.0 / tile_cols);
+  ASSERT_LT(small_tiles, sms);
+  const double split =
+      std::min<double>(static_cast<double>(k.gemm_split_max), std::floor(sms / small_tiles));
+  EXPECT_NEAR(TicksToSeconds(model.Duration(small, Phase::kFill)),
+              launch + wave_seconds(3584, std::max(1.0, split)), 1e-8);
   // A memory-bound kernel at the profile's fraction of the measured device-to-device bandwidth.
   const OpCost norm = RmsNormForwardCost(4096, 3584);
   EXPECT_NEAR(TicksToSeconds(model.Duration(norm, Phase::kFill)),
@@ -311,28 +318,39 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true, 100), Phase::kFill)),
               100 * call + (1 << 30) / h2d, 1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
-  // Attention at the measured rate; over page-sparse selections, the same pairs take
-  // 1 / sparse efficiency as long (the forward and the backward each with their own).
-  auto check_sparse = [&](const OpCost& dense, const OpCost& sparse, Phase phase, double tflops,
-                          double efficiency) {
-    EXPECT_EQ(sparse.flops, dense.flops);
-    const double dense_s = TicksToSeconds(model.Duration(dense, phase));
-    EXPECT_NEAR(dense_s, launch + dense.flops / (tflops * 1e12), 1e-8);
-    EXPECT_NEAR(TicksToSeconds(model.Duration(sparse, phase)) - launch,
-                (dense_s - launch) / efficiency, 1e-8);
-    EXPECT_LT(efficiency, 1.0);
+  // Attention over many pages is its blocks at the rate, times the page size's fraction; over
+  // page-sparse selections the same pairs take about 1 / the sparse fraction as long.
+  auto paged_seconds = [&](const OpCost& cost, Phase phase) {
+    return TicksToSeconds(model.Duration(cost, phase)) - launch;
   };
-  // 128-token pages, 64 + 1 per tile: the page table's fraction at 128, the backward's sparse
-  // fraction lowered by its fixed cost per selected page.
-  const double p128_bwd = KernelTimeModel::PageEfficiency(k.page_bwd_efficiency, 128);
+  const OpCost dense_fwd =
+      AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, false, 128, 512);
+  const double blocks_fwd = 28.0 * 32 * 512;  // heads x query blocks x key blocks
+  const double block_fwd = 4.0 * 128 * 128 * 128 / (k.attention_fwd_tflops_d128 * 1e12 / sms);
   const double p128_fwd = KernelTimeModel::PageEfficiency(k.page_fwd_efficiency, 128);
-  check_sparse(AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, false, 128, 512),
-               AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true, 128, 65),
-               Phase::kBackward, k.attention_bwd_tflops_d128 * p128_bwd,
-               k.sparse_bwd_efficiency / (1.0 + k.sparse_bwd_pages_half / 65.0));
-  check_sparse(AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, false, 128, 512),
-               AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 65),
-               Phase::kFill, k.attention_fwd_tflops_d128 * p128_fwd, k.sparse_fwd_efficiency);
+  // Spread over the SMs, plus half the longest item (the own blocks of a query block and its
+  // 512 key blocks) for the ragged last wave.
+  const double longest_fwd =
+      k.attention_fwd_item_us * 1e-6 + 32 * block_fwd + 512 * block_fwd / p128_fwd;
+  EXPECT_NEAR(paged_seconds(dense_fwd, Phase::kFill),
+              blocks_fwd * block_fwd / p128_fwd / sms + 0.5 * longest_fwd, 1e-9);
+  const OpCost sparse_fwd =
+      AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 512);
+  EXPECT_NEAR(paged_seconds(sparse_fwd, Phase::kFill) / paged_seconds(dense_fwd, Phase::kFill),
+              1.0 / k.sparse_fwd_efficiency, 0.03);
+  const OpCost dense_bwd =
+      AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, false, 128, 512);
+  const OpCost sparse_bwd =
+      AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true, 128, 512);
+  EXPECT_NEAR(
+      paged_seconds(sparse_bwd, Phase::kBackward) / paged_seconds(dense_bwd, Phase::kBackward),
+      1.0 / k.sparse_bwd_efficiency, 0.03);
+  // A chunk's own positions: half the causal blocks, so a fraction of the dense square's time.
+  const OpCost own = AttentionForwardCost(4096.0 * 4097 / 2, 4096, 4096, 28, 512, 128);
+  const OpCost square =
+      AttentionForwardCost(4096.0 * 4096, 4096, 4096, 28, 512, 128, false, 128, 32);
+  EXPECT_LT(paged_seconds(own, Phase::kFill), paged_seconds(square, Phase::kFill));
+  EXPECT_GT(paged_seconds(own, Phase::kFill), 0.4 * paged_seconds(square, Phase::kFill));
 }
 
 }  // namespace

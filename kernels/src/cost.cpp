@@ -66,6 +66,7 @@ OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_ra
   double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(k * n) * D(grad_bytes);
   KernelShape shape = GemmShape(n, k, m, 0);  // dW [n x k], summed over the m tokens
   shape.accumulates = true;
+  shape.out_bytes = static_cast<int32_t>(grad_bytes);
   return {flops, bytes, RateClass::kGemm, shape};
 }
 
@@ -112,32 +113,36 @@ OpCost PageTopKCost(int64_t tiles, int64_t pages) {
   cost.shape.cols = pages;
   return cost;
 }
-static KernelShape AttentionLaunchShape(int64_t q_tokens, int64_t num_heads, int64_t head_dim,
-                                        int64_t page_tokens, int64_t tile_pages) {
+static KernelShape AttentionLaunchShape(int64_t q_tokens, int64_t num_heads, int64_t kv_dim,
+                                        int64_t head_dim, int64_t page_tokens, int64_t tile_pages,
+                                        int64_t key_pages) {
   KernelShape s;
   s.rows = q_tokens;
   s.heads = static_cast<int32_t>(num_heads);
+  s.kv_heads = static_cast<int32_t>(kv_dim / head_dim);
   s.head_dim = static_cast<int32_t>(head_dim);
   s.page_tokens = static_cast<int32_t>(page_tokens);
   s.tile_pages = tile_pages;
+  s.key_pages = key_pages > 0 ? key_pages : tile_pages;
   return s;
 }
 
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                             int64_t num_heads, int64_t kv_dim, int64_t head_dim, bool page_sparse,
-                            int64_t page_tokens, int64_t tile_pages) {
+                            int64_t page_tokens, int64_t tile_pages, int64_t key_pages) {
   double flops = 4.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 2.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +  // Q in, O out
                  2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +          // K, V
                  D(q_tokens * num_heads) * kFp32Bytes;                    // log-sum-exp
   return {flops, bytes,
           page_sparse ? RateClass::kSparseAttentionForward : RateClass::kAttentionForward,
-          AttentionLaunchShape(q_tokens, num_heads, head_dim, page_tokens, tile_pages)};
+          AttentionLaunchShape(q_tokens, num_heads, kv_dim, head_dim, page_tokens, tile_pages,
+                               key_pages)};
 }
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
                              int64_t grad_bytes, bool page_sparse, int64_t page_tokens,
-                             int64_t tile_pages) {
+                             int64_t tile_pages, int64_t key_pages) {
   // S = QK^T recomputed, then dV, dP, dQ, dK: five GEMM-shaped products against forward's two.
   double flops = 10.0 * pairs * D(num_heads) * D(head_dim);
   double bytes = 4.0 * D(q_tokens * num_heads * head_dim) * kBf16Bytes +   // Q, O, dO in; dQ out
@@ -146,7 +151,8 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
                  D(q_tokens * num_heads) * kFp32Bytes;
   return {flops, bytes,
           page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward,
-          AttentionLaunchShape(q_tokens, num_heads, head_dim, page_tokens, tile_pages)};
+          AttentionLaunchShape(q_tokens, num_heads, kv_dim, head_dim, page_tokens, tile_pages,
+                               key_pages)};
 }
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
   return Memory(3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes), 2.0 * D(tokens * kv_dim));

@@ -131,13 +131,15 @@ struct IntLimit {
   int64_t max;
 };
 struct NumberLimit {
-  double max;  // values must be finite, > 0 and <= max
+  double max;            // values must be finite, > 0 and <= max
+  bool zero_ok = false;  // ... or >= 0 (a fixed cost a calibration may find absent)
 };
 
 std::string Accepted(IntLimit limit) {
   return "expected an integer from 1 to " + FormatLimit(static_cast<double>(limit.max));
 }
 std::string Accepted(NumberLimit limit) {
+  if (limit.zero_ok) return "expected a number from 0 to " + FormatLimit(limit.max);
   return "expected a positive number up to " + FormatLimit(limit.max);
 }
 constexpr std::string_view kBoolAccepted = "expected true or false";
@@ -241,7 +243,7 @@ class Fields {
   }
 
   double Number(std::string_view key, NumberLimit limit) const {
-    return Number(key, limit.max, Accepted(limit));
+    return Number(key, limit.max, Accepted(limit), limit.zero_ok);
   }
   std::optional<double> OptionalNumber(std::string_view key, NumberLimit limit) const {
     if (!Has(key)) return std::nullopt;
@@ -299,7 +301,8 @@ class Fields {
     return v.Scalar();
   }
 
-  double Number(std::string_view key, double max, const std::string& accepted) const {
+  double Number(std::string_view key, double max, const std::string& accepted,
+                bool zero_ok = false) const {
     const YAML::Node& v = Require(key, accepted);
     const std::string text = PlainScalar(key, v, "a number", accepted);
     const std::string lower = Lower(text);
@@ -313,7 +316,8 @@ class Fields {
       FailKey(key, Quote(text) + " is out of range", accepted);
     if (ec != std::errc() || ptr != end) FailKey(key, Quote(text) + " is not a number", accepted);
     if (!std::isfinite(value)) FailKey(key, Quote(text) + " is not finite", accepted);
-    if (value <= 0) FailKey(key, Quote(text) + " is not positive", accepted);
+    if (value < 0 || (value == 0 && !zero_ok))
+      FailKey(key, Quote(text) + (zero_ok ? " is negative" : " is not positive"), accepted);
     if (value > max) FailKey(key, Quote(text) + " is absurdly large", accepted);
     return value;
   }
@@ -429,6 +433,7 @@ constexpr std::string_view kMachineExpected =
     "host_memory_gbs, note";
 
 constexpr NumberLimit kProfileLimit{1e7};
+constexpr NumberLimit kFixedCostLimit{1e7, true};  // microseconds or nanoseconds, 0 allowed
 constexpr IntLimit kPageTokensLimit{1 << 20};
 constexpr std::string_view kKernelModelExpected =
     "expected a mapping of the kernel-time model's parameters (source: measured|estimate, "
@@ -453,14 +458,43 @@ std::map<int64_t, double> ReadPageTable(const Fields& f, std::string_view key) {
 }
 
 KernelProfile ReadKernelProfile(const Fields& f) {
-  f.RejectUnknown({"source", "gpu_name", "driver", "date", "commit", "samples", "derived_from",
-                   "launch_us", "gemm_tflops", "gemm_tile_rows", "gemm_tile_cols",
-                   "gemm_accumulate_efficiency", "loss_efficiency", "attention_fwd_tflops_d128",
-                   "attention_fwd_tflops_d64", "attention_bwd_tflops_d128",
-                   "attention_bwd_tflops_d64", "page_fwd_efficiency", "page_bwd_efficiency",
-                   "sparse_fwd_efficiency", "sparse_bwd_efficiency", "sparse_bwd_pages_half",
-                   "memory_efficiency", "page_score_ns_per_tile_page", "page_topk_ns_per_page",
-                   "copy_call_us", "pin_gbs", "host_memcpy_gbs", "host_adamw_gparams",
+  f.RejectUnknown({"source",
+                   "gpu_name",
+                   "driver",
+                   "date",
+                   "commit",
+                   "samples",
+                   "derived_from",
+                   "launch_us",
+                   "gemm_tflops",
+                   "gemm_tile_rows",
+                   "gemm_tile_cols",
+                   "gemm_split_max",
+                   "gemm_wave_us",
+                   "gemm_accumulate_tflops",
+                   "gemm_accumulate_tile_rows",
+                   "gemm_accumulate_tile_cols",
+                   "gemm_accumulate_wave_us_per_byte",
+                   "loss_efficiency",
+                   "attention_fwd_tflops_d128",
+                   "attention_fwd_tflops_d64",
+                   "attention_bwd_tflops_d128",
+                   "attention_bwd_tflops_d64",
+                   "attention_fwd_item_us",
+                   "attention_bwd_item_us",
+                   "page_fwd_efficiency",
+                   "page_bwd_efficiency",
+                   "sparse_fwd_efficiency",
+                   "sparse_bwd_efficiency",
+                   "memory_efficiency",
+                   "page_score_fixed_us",
+                   "page_score_ns_per_tile_page",
+                   "page_topk_fixed_us",
+                   "page_topk_ns_per_page",
+                   "copy_call_us",
+                   "pin_gbs",
+                   "host_memcpy_gbs",
+                   "host_adamw_gparams",
                    "device_alloc_gbs"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
@@ -476,31 +510,46 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.date = f.String("date");
   k.commit = f.String("commit");
   k.samples = f.OptionalString("samples").value_or("");
-  k.launch_us = f.Number("launch_us", kProfileLimit);
+  k.launch_us = f.Number("launch_us", kFixedCostLimit);
   k.gemm_tflops = f.Number("gemm_tflops", kTflopsLimit);
   k.gemm_tile_rows = f.Int("gemm_tile_rows", kPageTokensLimit);
   k.gemm_tile_cols = f.Int("gemm_tile_cols", kPageTokensLimit);
-  k.gemm_accumulate_efficiency = f.Number("gemm_accumulate_efficiency", NumberLimit{2.0});
+  k.gemm_split_max = f.Int("gemm_split_max", kPageTokensLimit);
+  k.gemm_wave_us = f.Number("gemm_wave_us", kFixedCostLimit);
+  k.gemm_accumulate_tflops = f.Number("gemm_accumulate_tflops", kTflopsLimit);
+  k.gemm_accumulate_tile_rows = f.Int("gemm_accumulate_tile_rows", kPageTokensLimit);
+  k.gemm_accumulate_tile_cols = f.Int("gemm_accumulate_tile_cols", kPageTokensLimit);
+  k.gemm_accumulate_wave_us_per_byte =
+      f.Number("gemm_accumulate_wave_us_per_byte", kFixedCostLimit);
   k.loss_efficiency = f.Number("loss_efficiency", NumberLimit{2.0});
   k.attention_fwd_tflops_d128 = f.Number("attention_fwd_tflops_d128", kTflopsLimit);
   k.attention_fwd_tflops_d64 = f.Number("attention_fwd_tflops_d64", kTflopsLimit);
   k.attention_bwd_tflops_d128 = f.Number("attention_bwd_tflops_d128", kTflopsLimit);
   k.attention_bwd_tflops_d64 = f.Number("attention_bwd_tflops_d64", kTflopsLimit);
+  k.attention_fwd_item_us = f.Number("attention_fwd_item_us", kFixedCostLimit);
+  k.attention_bwd_item_us = f.Number("attention_bwd_item_us", kFixedCostLimit);
   k.page_fwd_efficiency = ReadPageTable(f, "page_fwd_efficiency");
   k.page_bwd_efficiency = ReadPageTable(f, "page_bwd_efficiency");
   k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
   k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
-  k.sparse_bwd_pages_half = f.Number("sparse_bwd_pages_half", kProfileLimit);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
-  k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kProfileLimit);
-  k.page_topk_ns_per_page = f.Number("page_topk_ns_per_page", kProfileLimit);
-  k.copy_call_us = f.Number("copy_call_us", kProfileLimit);
+  k.page_score_fixed_us = f.Number("page_score_fixed_us", kFixedCostLimit);
+  k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kFixedCostLimit);
+  k.page_topk_fixed_us = f.Number("page_topk_fixed_us", kFixedCostLimit);
+  k.page_topk_ns_per_page = f.Number("page_topk_ns_per_page", kFixedCostLimit);
+  k.copy_call_us = f.Number("copy_call_us", kFixedCostLimit);
   k.pin_gbs = f.Number("pin_gbs", kHostGbsLimit);
   k.host_memcpy_gbs = f.Number("host_memcpy_gbs", kHostGbsLimit);
   k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
   k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
+        {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},
+        {"gemm_split_max", static_cast<double>(k.gemm_split_max)},
+        {"gemm_tile_rows", static_cast<double>(k.gemm_tile_rows)},
+        {"gemm_tile_cols", static_cast<double>(k.gemm_tile_cols)},
+        {"gemm_accumulate_tile_rows", static_cast<double>(k.gemm_accumulate_tile_rows)},
+        {"gemm_accumulate_tile_cols", static_cast<double>(k.gemm_accumulate_tile_cols)},
         {"attention_fwd_tflops_d128", k.attention_fwd_tflops_d128},
         {"attention_fwd_tflops_d64", k.attention_fwd_tflops_d64},
         {"attention_bwd_tflops_d128", k.attention_bwd_tflops_d128},

@@ -32,6 +32,7 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
   k.provenance = Provenance::kEstimate;
   k.derived_from = sibling.name;
   k.gemm_tflops *= compute;
+  k.gemm_accumulate_tflops *= compute;
   k.attention_fwd_tflops_d128 *= compute;
   k.attention_fwd_tflops_d64 *= compute;
   k.attention_bwd_tflops_d128 *= compute;

@@ -172,22 +172,27 @@ int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {
 }
 
 OpCost PlanGeometry::own_attention_forward_cost(const ChunkGeometry& c) const {
-  return AttentionForwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
-                              model_.kv_dim(), model_.head_dim);
+  OpCost cost = AttentionForwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
+                                     model_.kv_dim(), model_.head_dim);
+  cost.shape.merged = c.earlier_pages > 0;
+  return cost;
 }
 OpCost PlanGeometry::paged_attention_forward_cost(const ChunkGeometry& c) const {
   return AttentionForwardCost(c.pairs_paged, c.tokens, paged_tokens_read(c),
                               model_.num_attention_heads, model_.kv_dim(), model_.head_dim,
-                              c.sparse, options_.page_tokens, c.pages_per_tile);
+                              c.sparse, options_.page_tokens, c.pages_per_tile, c.union_pages);
 }
 OpCost PlanGeometry::own_attention_backward_cost(const ChunkGeometry& c) const {
-  return AttentionBackwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
-                               model_.kv_dim(), model_.head_dim, options_.grad_bytes());
+  OpCost cost = AttentionBackwardCost(c.pairs_own, c.tokens, c.tokens, model_.num_attention_heads,
+                                      model_.kv_dim(), model_.head_dim, options_.grad_bytes());
+  cost.shape.merged = c.earlier_pages > 0;
+  return cost;
 }
 OpCost PlanGeometry::paged_attention_backward_cost(const ChunkGeometry& c) const {
-  return AttentionBackwardCost(
-      c.pairs_paged, c.tokens, paged_tokens_read(c), model_.num_attention_heads, model_.kv_dim(),
-      model_.head_dim, options_.grad_bytes(), c.sparse, options_.page_tokens, c.pages_per_tile);
+  return AttentionBackwardCost(c.pairs_paged, c.tokens, paged_tokens_read(c),
+                               model_.num_attention_heads, model_.kv_dim(), model_.head_dim,
+                               options_.grad_bytes(), c.sparse, options_.page_tokens,
+                               c.pages_per_tile, c.union_pages);
 }
 
 int64_t PlanGeometry::union_copy_runs(const ChunkGeometry& c, int64_t pages) const {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ctxplan/models/units.h"
+#include "ctxplan/sim/kernel_time_model.h"
 #include "run_flags.h"
 
 namespace ctxplan::cli {
@@ -35,7 +36,9 @@ int64_t CudaContextBytes(const MachineSpec& machine) {
 std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   std::string s = "ctxplan plan: " + Header(c);
   s += "  context " + FormatTokens(r.context_tokens) + " tokens in " + FormatCount(r.chunks) +
-       " chunks; predicted by the " + c.path + " path\n\n";
+       " chunks; predicted by the " + c.path + " path\n";
+  s += "  kernel times: " + sim::DescribeKernelProfile(sim::EffectiveKernelProfile(c.machine.gpu)) +
+       "\n\n";
   s += "GPU memory at peak, by category\n";
   for (int i = 0; i < kMemCategoryCount; ++i) {
     const int64_t bytes = r.prediction.gpu.at_peak[i];

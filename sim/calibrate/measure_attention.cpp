@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -311,10 +312,16 @@ Sample PageScoreRow(const Session& session, int64_t t, Heads h, int64_t pages) {
   return s;
 }
 
-// The sink and the `budget` best-scoring pages of each tile, from fresh random scores.
+// The sink and the `budget` best-scoring pages of each tile, from fresh random scores, then the
+// selections read back to the host with a stream sync, as the runtime's page_topk op does (the
+// union's page copies are issued from the host).
 Sample PageTopKRow(const Session& session, int64_t tiles, int64_t pages, int64_t budget) {
   Rotating<float> scores(tiles * pages, -1, 1, static_cast<uint32_t>(131 + pages + tiles));
   Rotating<int32_t> selected(tiles * (budget + kSinkPages), 0, 1, 132);  // [tiles][per tile]
+  int32_t* host = nullptr;  // [tiles][per tile], pinned
+  const size_t host_bytes = static_cast<size_t>(tiles * (budget + kSinkPages)) * sizeof(int32_t);
+  CTXPLAN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), host_bytes));
+  const std::unique_ptr<int32_t, cudaError_t (*)(void*)> host_owner(host, cudaFreeHost);
   int64_t per_tile = 0;
   Sample s;
   s.op = "page_topk";
@@ -324,6 +331,10 @@ Sample PageTopKRow(const Session& session, int64_t tiles, int64_t pages, int64_t
   s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     per_tile =
         cu::PageTopK(scores[i], tiles, pages, budget, kSinkPages, selected[i], session.stream);
+    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host, selected[i],
+                                       static_cast<size_t>(tiles * per_tile) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, session.stream));
+    CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(session.stream));
   });
   s.pages_per_tile = per_tile;  // min(pages, sinks + budget)
   return s;

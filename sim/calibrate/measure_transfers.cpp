@@ -10,13 +10,16 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
+#include "ctxplan/runtime/host_adamw.h"
 #include "measure_common.h"
 #include "measure_groups.h"
 
@@ -36,6 +39,8 @@ const std::vector<int64_t> kDeviceCopyBytes = {64 * kMiB, 1 * kGiB};
 
 // --- host ---
 constexpr int64_t kHostMemcpyBytes = 1 * kGiB;
+// AdamW on the host over this many parameters (3 GiB of weights, gradients and moments).
+constexpr int64_t kHostAdamWParams = int64_t{256} << 20;
 const std::vector<int64_t> kPinBytes = {1 * kGiB, 4 * kGiB};
 const std::vector<int64_t> kPinBytesQuick = {1 * kGiB};
 // The store's page: K and V of 128 positions of Qwen2.5-7B (4 KV heads of 128), bf16.
@@ -160,9 +165,28 @@ void MeasureCopy(Session& session) {
 // =================================================================================================
 void MeasureHost(Session& session) {
   const auto& pin_bytes = session.quick ? kPinBytesQuick : kPinBytes;
-  Progress progress("host", 1 + pin_bytes.size() + kArenaBytes.size());
-  // The runtime's host AdamW is a private member of the CUDA backend, not a callable function.
-  progress.Note("host_adamw not measured: the runtime's host AdamW is not a callable function");
+  Progress progress("host", 2 + pin_bytes.size() + kArenaBytes.size());
+  {  // The runtime's host AdamW (host_adamw.h) over bf16 weights and gradients, on its threads.
+    progress.Step(Describe("host_adamw", {{"params", kHostAdamWParams}}));
+    const auto n = static_cast<size_t>(kHostAdamWParams);
+    std::vector<uint16_t> weights(n, 0x3f80), grads(n, 0x3a83);  // [n] bf16: 1.0, 0.001
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);                   // [n] fp32 moments
+    const HostAdamWTensor all{0, 0, 0, n};
+    HostAdamWParams params{1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
+    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    Sample s;
+    s.op = "host_adamw";
+    s.m = kHostAdamWParams;
+    s.bytes = 12.0 * static_cast<double>(n);
+    s.seconds = MedianWallSeconds(session.reps, [&] {
+      const auto start = std::chrono::steady_clock::now();
+      HostAdamWStep<uint16_t>(params, std::span(&all, 1), weights.data(), grads.data(), m.data(),
+                              v.data(), threads);
+      ++params.step;
+      return SecondsSince(start);
+    });
+    session.samples.push_back(s);
+  }
 
   {  // One thread's std::memcpy between two touched host buffers.
     progress.Step(Describe("host_memcpy", {{"bytes", kHostMemcpyBytes}}));

@@ -21,12 +21,19 @@ constexpr std::string_view kSamplesColumns =
 constexpr int64_t kQueryTile = 128;  // ctxplan-measure's page selections use query tiles of 128
 // Copies at least this large measure the link's bandwidth (their call cost is under 1%).
 constexpr double kBandwidthCopyBytes = 64.0 * (1 << 20);
-// Page-score launches over at least this many pages measure the per-page cost, not the floor.
-constexpr int64_t kScorePagesMin = 512;
 // GEMM output tiles cuBLASLt's Hopper kernels use; the fit keeps the one that explains the
 // samples best.
 constexpr std::array<std::pair<int64_t, int64_t>, 4> kGemmTiles = {
     {{128, 128}, {128, 256}, {256, 128}, {256, 256}}};
+// The grid searched for the discrete and fixed-cost parameters (each with its rate implied).
+constexpr int64_t kGemmSplitMax = 4;
+constexpr double kGemmWaveUsMax = 3.0, kGemmWaveUsStep = 0.25;
+constexpr double kAccumulateWaveUsMax = 6.0, kAccumulateWaveUsStep = 0.25;  // per output byte
+constexpr double kAttentionItemUsMax = 12.0, kAttentionItemUsStep = 0.5;
+constexpr double kLaunchUsStep = 0.1;
+constexpr double kPageScoreFixedUsMax = 40.0, kPageScoreFixedUsStep = 0.5;
+constexpr double kPageTopKFixedUsMax = 40.0, kPageTopKFixedUsStep = 0.5;
+constexpr int kBisections = 40;
 
 double Median(std::vector<double> v) {
   CTXPLAN_CHECK(!v.empty(), "median of nothing");
@@ -89,12 +96,20 @@ SampleCosts CostsOf(const CalibrationSample& s) {
       const double pairs = t * static_cast<double>(tile_pages * s.page_tokens);
       const int64_t tiles = (s.m + kQueryTile - 1) / kQueryTile;
       const int64_t read = (sparse ? tiles : 1) * tile_pages * s.page_tokens;
-      out.costs.push_back(backward
-                              ? AttentionBackwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim,
-                                                      grad_bytes, sparse, s.page_tokens, tile_pages)
-                              : AttentionForwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim,
-                                                     sparse, s.page_tokens, tile_pages));
-      out.merged_launches = 1;  // the kernel runs the own and the paged part as one launch
+      // ctxplan-measure's selections are random: the pages some tile selected, expected.
+      const double untouched =
+          std::pow(1.0 - static_cast<double>(tile_pages) / static_cast<double>(s.pages),
+                   static_cast<double>(tiles));
+      const int64_t key_pages =
+          sparse ? std::max<int64_t>(tile_pages, std::llround(s.pages * (1.0 - untouched)))
+                 : s.pages;
+      out.costs.push_back(
+          backward ? AttentionBackwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim,
+                                           grad_bytes, sparse, s.page_tokens, tile_pages, key_pages)
+                   : AttentionForwardCost(pairs, s.m, read, s.heads, kv_dim, s.head_dim, sparse,
+                                          s.page_tokens, tile_pages, key_pages));
+      out.costs[0].shape.merged = true;  // the kernel runs the own and paged parts as one launch
+      out.merged_launches = 1;
     }
   } else if (s.op == "page_score") {
     out.costs.push_back(PageScoreCost(s.m, kQueryTile, s.pages, s.heads * s.head_dim, kv_dim));
@@ -174,6 +189,87 @@ FitResidual Residual(const KernelTimeModel& model, std::string group,
   r.samples = static_cast<int>(rows.size());
   if (!errors.empty()) r.median_error = Median(errors);
   return r;
+}
+
+using Setter = std::function<void(KernelProfile&, double)>;
+
+// The value of one profile parameter at which the model reproduces each sample, by bisection on
+// a log scale between lo and hi (the model's time falls as the parameter, a rate or a fraction,
+// rises); the median over the samples, robust to the odd slow repetition or off-model shape.
+double ImpliedMedian(const GpuSpec& gpu, const KernelProfile& base, const Setter& set,
+                     const std::vector<const CalibrationSample*>& rows, double lo, double hi) {
+  const MachineSpec machine = MachineFor(gpu);
+  KernelProfile trial = base;
+  auto predict = [&](const CalibrationSample& s, double x) {
+    set(trial, x);
+    return Predict(KernelTimeModel(machine, trial), s);
+  };
+  std::vector<double> implied;
+  for (const CalibrationSample* s : rows) {
+    double a = std::log(lo), b = std::log(hi);
+    if (predict(*s, hi) > s->seconds) {
+      implied.push_back(hi);
+      continue;
+    }
+    if (predict(*s, lo) < s->seconds) {
+      implied.push_back(lo);
+      continue;
+    }
+    for (int i = 0; i < kBisections; ++i) {
+      const double mid = 0.5 * (a + b);
+      (predict(*s, std::exp(mid)) > s->seconds ? a : b) = mid;
+    }
+    implied.push_back(std::exp(0.5 * (a + b)));
+  }
+  return Median(implied);
+}
+
+// How badly a profile explains samples: the median and a quarter of the worst |log error|.
+double Score(const GpuSpec& gpu, const KernelProfile& k,
+             const std::vector<const CalibrationSample*>& rows) {
+  const KernelTimeModel model(MachineFor(gpu), k);
+  std::vector<double> errors;
+  for (const CalibrationSample* s : rows)
+    errors.push_back(std::abs(std::log(Predict(model, *s) / s->seconds)));
+  return Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
+}
+
+// 0, step, 2 step, ... up to max: the values a grid search tries (exact multiples, no drift).
+std::vector<double> Grid(double max, double step) {
+  std::vector<double> values;
+  for (int i = 0; i * step <= max + 1e-9; ++i) values.push_back(i * step);
+  return values;
+}
+
+// The best of a grid search's trials.
+struct Candidate {
+  KernelProfile profile;
+  double score = -1;
+  void Consider(const KernelProfile& trial, double trial_score) {
+    if (score < 0 || trial_score < score) {
+      profile = trial;
+      score = trial_score;
+    }
+  }
+};
+
+// A fixed cost (a grid) and a cost per unit of work (implied): the pair that explains `rows` best.
+KernelProfile FitFixedAndPerUnit(const GpuSpec& gpu, const KernelProfile& k,
+                                 const std::vector<const CalibrationSample*>& rows,
+                                 double KernelProfile::*fixed_cost, double KernelProfile::*per_unit,
+                                 double fixed_max, double fixed_step) {
+  Candidate best;
+  for (const double fixed : Grid(fixed_max, fixed_step)) {
+    KernelProfile trial = k;
+    trial.*fixed_cost = fixed;
+    // The model's time rises with the cost: bisect on its inverse, a rate.
+    trial.*per_unit =
+        1.0 / ImpliedMedian(
+                  gpu, trial, [per_unit](KernelProfile& p, double x) { p.*per_unit = 1.0 / x; },
+                  rows, 1e-6, 1e6);
+    best.Consider(trial, Score(gpu, trial, rows));
+  }
+  return best.profile;
 }
 
 }  // namespace
@@ -342,192 +438,158 @@ CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& 
     throw InputError("calibration samples lack the host group (pin, host_memcpy, device_alloc)");
   if (k.host_adamw_gparams <= 0) k.host_adamw_gparams = k.host_memcpy_gbs / 28.0;  // bytes/param
 
-  // --- memory-bound kernels
-  // ------------------------------------------------------------------------
+  // Starting rates from the datasheet, so the model is defined while each group is fitted in
+  // turn (each group's timing depends only on its own parameters).
+  k.gemm_tflops = k.gemm_accumulate_tflops = gpu.bf16_gemm_tflops.value;
+  k.attention_fwd_tflops_d128 = k.attention_fwd_tflops_d64 = gpu.attention_fwd_tflops.value;
+  k.attention_bwd_tflops_d128 = k.attention_bwd_tflops_d64 = gpu.attention_bwd_tflops.value;
+
+  // --- memory-bound kernels ----------------------------------------------------------------
   const auto memory_rows =
       Select(samples, [](const CalibrationSample& s) { return IsMemoryOp(s.op) && s.bytes > 0; });
   Require(memory_rows, "memory-bound kernel");
   {
-    std::vector<double> fractions;
-    for (const CalibrationSample* s : memory_rows) {
-      const double busy = s->seconds - k.launch_us * 1e-6;
-      if (busy > 0) fractions.push_back(s->bytes / busy / (gpu.d2d_copy_gbs.value * 1e9));
+    // An empty kernel launched back to back measures the launch rate of the host thread; a
+    // kernel's fixed cost inside a stream is less. It and the bandwidth fraction are fitted
+    // together on the memory-bound kernels (fixed cost + bytes at the fraction).
+    const double launch_rate_us = k.launch_us;
+    Candidate best;
+    for (const double fixed : Grid(launch_rate_us, kLaunchUsStep)) {
+      KernelProfile trial = k;
+      trial.launch_us = fixed;
+      trial.memory_efficiency = ImpliedMedian(
+          gpu, trial, [](KernelProfile& p, double x) { p.memory_efficiency = x; }, memory_rows,
+          0.02, 2.0);
+      best.Consider(trial, Score(gpu, trial, memory_rows));
     }
-    Require(memory_rows, "memory-bound");
-    k.memory_efficiency = std::clamp(Median(fractions), 0.05, 1.5);
+    k = best.profile;
   }
 
-  // --- GEMMs: the tile that explains them best, and its rate
-  // ----------------------------------------
+  // --- GEMMs: the tile, split and wave cost that explain them best, and the rate --------------
   const auto gemm_rows = Select(samples, [](const CalibrationSample& s) {
     return s.op == "gemm_fwd" || s.op == "gemm_bwd_input";
   });
   Require(gemm_rows, "gemm_fwd / gemm_bwd_input");
-  double best_error = -1;
-  KernelProfile best = k;
-  for (const auto& [rows, cols] : kGemmTiles) {
-    KernelProfile trial = k;
-    trial.gemm_tile_rows = rows;
-    trial.gemm_tile_cols = cols;
-    trial.gemm_tflops = 1.0;
-    trial.attention_fwd_tflops_d128 = trial.attention_bwd_tflops_d128 = 1.0;
-    const KernelTimeModel unit(MachineFor(gpu), trial);
-    std::vector<double> rates;
-    for (const CalibrationSample* s : gemm_rows) {
-      const OpCost cost = CostsOf(*s).costs[0];
-      const double busy = s->seconds - k.launch_us * 1e-6;
-      if (busy > 0) rates.push_back(unit.GemmComputeSeconds(cost.shape, 1.0) / busy);
-    }
-    trial.gemm_tflops = Median(rates);
-    const KernelTimeModel model(MachineFor(gpu), trial);
-    std::vector<double> errors;
-    for (const CalibrationSample* s : gemm_rows)
-      errors.push_back(std::abs(std::log(Predict(model, *s) / s->seconds)));
-    const double error = Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
-    if (best_error < 0 || error < best_error) {
-      best_error = error;
-      best = trial;
-    }
+  {
+    Candidate best;
+    for (const auto& [rows, cols] : kGemmTiles)
+      for (int64_t split = 1; split <= kGemmSplitMax; ++split)
+        for (const double wave : Grid(kGemmWaveUsMax, kGemmWaveUsStep)) {
+          KernelProfile trial = k;
+          trial.gemm_tile_rows = rows;
+          trial.gemm_tile_cols = cols;
+          trial.gemm_split_max = split;
+          trial.gemm_wave_us = wave;
+          trial.gemm_tflops = ImpliedMedian(
+              gpu, trial, [](KernelProfile& p, double x) { p.gemm_tflops = x; }, gemm_rows, 1, 1e5);
+          best.Consider(trial, Score(gpu, trial, gemm_rows));
+        }
+    k = best.profile;
   }
-  k = best;
-  auto ratio_to_model = [&](const std::vector<const CalibrationSample*>& rows) {
-    const KernelTimeModel model(MachineFor(gpu), k);
-    std::vector<double> ratios;
-    for (const CalibrationSample* s : rows) ratios.push_back(Predict(model, *s) / s->seconds);
-    return Median(ratios);
-  };
   {
     const auto weight_rows = Op(samples, "gemm_bwd_weight");
     Require(weight_rows, "gemm_bwd_weight");
-    k.gemm_accumulate_efficiency = ratio_to_model(weight_rows);
+    Candidate best;
+    for (const auto& [rows, cols] : kGemmTiles)
+      for (const double wave : Grid(kAccumulateWaveUsMax, kAccumulateWaveUsStep)) {
+        KernelProfile trial = k;
+        trial.gemm_accumulate_tile_rows = rows;
+        trial.gemm_accumulate_tile_cols = cols;
+        trial.gemm_accumulate_wave_us_per_byte = wave;
+        trial.gemm_accumulate_tflops = ImpliedMedian(
+            gpu, trial, [](KernelProfile& p, double x) { p.gemm_accumulate_tflops = x; },
+            weight_rows, 1, 1e5);
+        best.Consider(trial, Score(gpu, trial, weight_rows));
+      }
+    k = best.profile;
     const auto loss_rows = Op(samples, "loss");
     Require(loss_rows, "loss");
-    k.loss_efficiency = ratio_to_model(loss_rows);
+    k.loss_efficiency = ImpliedMedian(
+        gpu, k, [](KernelProfile& p, double x) { p.loss_efficiency = x; }, loss_rows, 0.02, 2.0);
   }
   measured(gpu.bf16_gemm_tflops, k.gemm_tflops,
-           "cuBLASLt bf16 GEMMs of the calibration grid, large-shape rate");
+           "cuBLASLt bf16 GEMMs of the calibration grid, rate of a full wave of tiles");
 
-  // --- attention
-  // --------------------------------------------------------------------------------------- Rates
-  // over the chunk's own positions per head dim and direction, then the page sizes' fractions (the
-  // paged part of a launch: its time less the own part's), then sparsity.
-  k.page_fwd_efficiency = {{128, 1.0}};
-  k.page_bwd_efficiency = {{128, 1.0}};
+  // --- attention ---------------------------------------------------------------------------
+  // Per direction: the item cost that, with a rate per head dim, explains the launches over the
+  // chunk's own positions best; then each page size's fraction (dense launches over pages,
+  // their own part included as the kernel runs it); then the sparse fraction.
+  k.page_fwd_efficiency.clear();
+  k.page_bwd_efficiency.clear();
   k.sparse_fwd_efficiency = k.sparse_bwd_efficiency = 1.0;
   for (const bool backward : {false, true}) {
     const std::string op = backward ? "attention_bwd" : "attention_fwd";
-    for (const int64_t head_dim : {128, 64}) {
-      const auto own = Select(samples, [&](const CalibrationSample& s) {
+    auto own_rows = [&](int64_t head_dim) {
+      auto rows = Select(samples, [&](const CalibrationSample& s) {
         return s.op == op && s.pages == 0 && s.head_dim == head_dim;
       });
-      Require(own, op + " (own positions, d_h " + std::to_string(head_dim) + ")");
-      std::vector<double> rates;
-      for (const CalibrationSample* s : own) {
-        const OpCost cost = CostsOf(*s).costs[0];
-        rates.push_back(KernelTimeModel::AttentionPaddedFlops(cost) /
-                        (s->seconds - k.launch_us * 1e-6) / 1e12);
-      }
-      double& rate =
-          backward ? (head_dim == 128 ? k.attention_bwd_tflops_d128 : k.attention_bwd_tflops_d64)
-                   : (head_dim == 128 ? k.attention_fwd_tflops_d128 : k.attention_fwd_tflops_d64);
-      rate = Median(rates);
+      Require(rows, op + " (own positions, d_h " + std::to_string(head_dim) + ")");
+      return rows;
+    };
+    const auto own128 = own_rows(128), own64 = own_rows(64);
+    auto rate = [backward](KernelProfile& p, bool d64) -> double& {
+      return backward ? (d64 ? p.attention_bwd_tflops_d64 : p.attention_bwd_tflops_d128)
+                      : (d64 ? p.attention_fwd_tflops_d64 : p.attention_fwd_tflops_d128);
+    };
+    Candidate best;
+    for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
+      KernelProfile trial = k;
+      (backward ? trial.attention_bwd_item_us : trial.attention_fwd_item_us) = item;
+      for (const bool d64 : {false, true})
+        rate(trial, d64) = ImpliedMedian(
+            gpu, trial, [&](KernelProfile& p, double x) { rate(p, d64) = x; }, d64 ? own64 : own128,
+            1, 1e5);
+      best.Consider(trial, Score(gpu, trial, own128) + Score(gpu, trial, own64));
     }
-    // The paged part's seconds of a launch, by the own part's fitted rate.
-    const KernelTimeModel model(MachineFor(gpu), k);
-    auto paged_seconds = [&](const CalibrationSample& s) {
-      const SampleCosts c = CostsOf(s);
-      return s.seconds - model.Seconds(c.costs[0], c.phase);
-    };
-    auto paged_flops_seconds_at_full_rate = [&](const CalibrationSample& s) {
-      const OpCost paged = CostsOf(s).costs[1];
-      return paged.flops / (model.AttentionTflops(paged.shape, backward, false) /
-                            KernelTimeModel::PageEfficiency(
-                                backward ? k.page_bwd_efficiency : k.page_fwd_efficiency,
-                                paged.shape.page_tokens) *
-                            1e12);
-    };
-    std::map<int64_t, std::vector<double>> by_page;
+    k = best.profile;
+
+    std::map<int64_t, double>& table = backward ? k.page_bwd_efficiency : k.page_fwd_efficiency;
+    std::map<int64_t, std::vector<const CalibrationSample*>> by_page;
     for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
            return s.op == op && s.pages > 0 && s.pages_per_tile == 0;
-         })) {
-      const double paged = paged_seconds(*s);
-      if (paged > 0)
-        by_page[s->page_tokens].push_back(paged_flops_seconds_at_full_rate(*s) / paged);
-    }
+         }))
+      by_page[s->page_tokens].push_back(s);
     if (by_page.empty())
       throw InputError("calibration samples have no dense paged " + op + " rows");
-    std::map<int64_t, double>& table = backward ? k.page_bwd_efficiency : k.page_fwd_efficiency;
-    table.clear();
-    for (const auto& [p, fractions] : by_page) table[p] = std::clamp(Median(fractions), 0.05, 2.0);
-
-    const KernelTimeModel paged_model(MachineFor(gpu), k);
+    for (const auto& [p, rows] : by_page) table[p] = 1.0;
+    for (const auto& [p, rows] : by_page) {
+      const int64_t page = p;
+      table[p] = ImpliedMedian(
+          gpu, k,
+          [backward, page](KernelProfile& q, double x) {
+            (backward ? q.page_bwd_efficiency : q.page_fwd_efficiency)[page] = x;
+          },
+          rows, 0.02, 2.0);
+    }
     const auto sparse = Select(samples, [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
     });
     Require(sparse, op + " sparse");
-    // The dense rate at the sample's page size, per selected pair.
-    auto dense_seconds = [&](const CalibrationSample& s) {
-      const OpCost paged = CostsOf(s).costs[1];
-      return paged.flops / (paged_model.AttentionTflops(paged.shape, backward, false) * 1e12);
-    };
-    if (!backward) {
-      std::vector<double> fractions;
-      for (const CalibrationSample* s : sparse) {
-        const double seconds = s->seconds - paged_model.Seconds(CostsOf(*s).costs[0], Phase::kFill);
-        if (seconds > 0) fractions.push_back(dense_seconds(*s) / seconds);
-      }
-      k.sparse_fwd_efficiency = std::clamp(Median(fractions), 0.05, 2.0);
-    } else {
-      // efficiency / (1 + half / pages per tile): search half, the efficiency its median.
-      double best_bwd = -1;
-      for (double half = 0; half <= 64; half += 1) {
-        std::vector<double> fractions;
-        for (const CalibrationSample* s : sparse) {
-          const double seconds =
-              s->seconds - paged_model.Seconds(CostsOf(*s).costs[0], Phase::kBackward);
-          if (seconds > 0)
-            fractions.push_back(dense_seconds(*s) / seconds *
-                                (1.0 + half / static_cast<double>(s->pages_per_tile)));
-        }
-        const double efficiency = Median(fractions);
-        std::vector<double> errors;
-        for (double f : fractions) errors.push_back(std::abs(std::log(f / efficiency)));
-        const double error =
-            Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
-        if (best_bwd < 0 || error < best_bwd) {
-          best_bwd = error;
-          k.sparse_bwd_efficiency = std::clamp(efficiency, 0.05, 2.0);
-          k.sparse_bwd_pages_half = half;
-        }
-      }
-    }
+    (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency) = ImpliedMedian(
+        gpu, k,
+        [backward](KernelProfile& q, double x) {
+          (backward ? q.sparse_bwd_efficiency : q.sparse_fwd_efficiency) = x;
+        },
+        sparse, 0.02, 2.0);
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
-           "ctxtrain's attention forward, d_h 128, causal over the chunk's own positions");
+           "ctxtrain's attention forward, d_h 128, a full wave of items");
   measured(gpu.attention_bwd_tflops, k.attention_bwd_tflops_d128,
-           "ctxtrain's attention backward, d_h 128, causal over the chunk's own positions");
+           "ctxtrain's attention backward, d_h 128, a full wave of items");
 
-  // --- page selection
-  // --------------------------------------------------------------------------------
+  // --- page selection ------------------------------------------------------------------------
   {
-    std::vector<double> per;
-    for (const CalibrationSample* s : Op(samples, "page_score"))
-      if (s->pages >= kScorePagesMin) {
-        const double tiles = static_cast<double>((s->m + kQueryTile - 1) / kQueryTile);
-        per.push_back((s->seconds - 2 * k.launch_us * 1e-6) /
-                      (tiles * static_cast<double>(s->pages)) * 1e9);
-      }
-    if (per.empty()) throw InputError("calibration samples have no page_score rows of 512+ pages");
-    k.page_score_ns_per_tile_page = std::max(Median(per), 0.0);
-    std::vector<double> topk;
-    for (const CalibrationSample* s : Op(samples, "page_topk")) {
-      const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s->m)) /
-                                     static_cast<double>(std::max<int64_t>(1, gpu.sm_count)));
-      topk.push_back((s->seconds - k.launch_us * 1e-6) / (static_cast<double>(s->pages) * waves) *
-                     1e9);
-    }
-    if (topk.empty()) throw InputError("calibration samples have no page_topk rows");
-    k.page_topk_ns_per_page = std::max(Median(topk), 0.0);
+    const auto score =
+        Select(samples, [](const CalibrationSample& s) { return s.op == "page_score"; });
+    Require(score, "page_score");
+    k = FitFixedAndPerUnit(gpu, k, score, &KernelProfile::page_score_fixed_us,
+                           &KernelProfile::page_score_ns_per_tile_page, kPageScoreFixedUsMax,
+                           kPageScoreFixedUsStep);
+    const auto topk = Op(samples, "page_topk");
+    Require(topk, "page_topk");
+    k = FitFixedAndPerUnit(gpu, k, topk, &KernelProfile::page_topk_fixed_us,
+                           &KernelProfile::page_topk_ns_per_page, kPageTopKFixedUsMax,
+                           kPageTopKFixedUsStep);
   }
 
   // --- how well the profile explains what it was fitted on
@@ -605,19 +667,27 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  gemm_tflops: " << k.gemm_tflops << "\n";
   o << "  gemm_tile_rows: " << k.gemm_tile_rows << "\n";
   o << "  gemm_tile_cols: " << k.gemm_tile_cols << "\n";
-  o << "  gemm_accumulate_efficiency: " << k.gemm_accumulate_efficiency << "\n";
+  o << "  gemm_split_max: " << k.gemm_split_max << "\n";
+  o << "  gemm_wave_us: " << k.gemm_wave_us << "\n";
+  o << "  gemm_accumulate_tflops: " << k.gemm_accumulate_tflops << "\n";
+  o << "  gemm_accumulate_tile_rows: " << k.gemm_accumulate_tile_rows << "\n";
+  o << "  gemm_accumulate_tile_cols: " << k.gemm_accumulate_tile_cols << "\n";
+  o << "  gemm_accumulate_wave_us_per_byte: " << k.gemm_accumulate_wave_us_per_byte << "\n";
   o << "  loss_efficiency: " << k.loss_efficiency << "\n";
   o << "  attention_fwd_tflops_d128: " << k.attention_fwd_tflops_d128 << "\n";
   o << "  attention_fwd_tflops_d64: " << k.attention_fwd_tflops_d64 << "\n";
   o << "  attention_bwd_tflops_d128: " << k.attention_bwd_tflops_d128 << "\n";
   o << "  attention_bwd_tflops_d64: " << k.attention_bwd_tflops_d64 << "\n";
+  o << "  attention_fwd_item_us: " << k.attention_fwd_item_us << "\n";
+  o << "  attention_bwd_item_us: " << k.attention_bwd_item_us << "\n";
   o << "  page_fwd_efficiency: " << table(k.page_fwd_efficiency) << "\n";
   o << "  page_bwd_efficiency: " << table(k.page_bwd_efficiency) << "\n";
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
-  o << "  sparse_bwd_pages_half: " << k.sparse_bwd_pages_half << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";
+  o << "  page_score_fixed_us: " << k.page_score_fixed_us << "\n";
   o << "  page_score_ns_per_tile_page: " << k.page_score_ns_per_tile_page << "\n";
+  o << "  page_topk_fixed_us: " << k.page_topk_fixed_us << "\n";
   o << "  page_topk_ns_per_page: " << k.page_topk_ns_per_page << "\n";
   o << "  copy_call_us: " << k.copy_call_us << "\n";
   o << "  pin_gbs: " << k.pin_gbs << "\n";

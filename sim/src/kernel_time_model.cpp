@@ -22,6 +22,12 @@ constexpr double kSpecSparseForward = 0.81;
 constexpr double kSpecSparseBackward = 0.77;
 constexpr double kSpecMemoryEfficiency = 0.8;
 
+// A launch of items over the SMs: its work spread evenly, plus half its longest item for the
+// ragged last wave; never less than the longest item (a launch of fewer items than SMs).
+double LaunchSeconds(double work, double longest, double sms) {
+  return std::max(work / sms + 0.5 * longest, longest);
+}
+
 bool FastPage(int64_t p) {
   return p >= 64 && (p & (p - 1)) == 0;
 }
@@ -34,7 +40,7 @@ KernelProfile EffectiveKernelProfile(const GpuSpec& gpu) {
   k.provenance = Provenance::kEstimate;
   k.derived_from = "spec values";
   k.launch_us = kSpecLaunchUs;
-  k.gemm_tflops = gpu.bf16_gemm_tflops.value;
+  k.gemm_tflops = k.gemm_accumulate_tflops = gpu.bf16_gemm_tflops.value;
   k.loss_efficiency = kSpecLossEfficiency;
   k.attention_fwd_tflops_d128 = k.attention_fwd_tflops_d64 = gpu.attention_fwd_tflops.value;
   k.attention_bwd_tflops_d128 = k.attention_bwd_tflops_d64 = gpu.attention_bwd_tflops.value;
@@ -76,16 +82,74 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
                 "machine spec rates must be positive");
 }
 
-double KernelTimeModel::GemmComputeSeconds(const KernelShape& s, double tflops) const {
-  const double tr = static_cast<double>(profile_.gemm_tile_rows);
-  const double tc = static_cast<double>(profile_.gemm_tile_cols);
+double KernelTimeModel::GemmComputeSeconds(const KernelShape& s) const {
+  const KernelProfile& k = profile_;
+  const bool add = s.accumulates;
+  const double tr = static_cast<double>(add ? k.gemm_accumulate_tile_rows : k.gemm_tile_rows);
+  const double tc = static_cast<double>(add ? k.gemm_accumulate_tile_cols : k.gemm_tile_cols);
+  const double rate_per_sm =
+      (add ? k.gemm_accumulate_tflops : k.gemm_tflops) * 1e12 / static_cast<double>(sm_count_);
+  const double wave_us = add ? k.gemm_accumulate_wave_us_per_byte * s.out_bytes : k.gemm_wave_us;
   const double tiles =
       std::ceil(static_cast<double>(s.rows) / tr) * std::ceil(static_cast<double>(s.cols) / tc);
-  // Fewer tiles than SMs: the launch takes as long as one full wave of them. Beyond that the
-  // library's schedules (stream-K, split-K) even the waves out, so the tiles count as they are.
-  const double slots = std::max(tiles, static_cast<double>(sm_count_));
-  const double tile_flops = 2.0 * tr * tc * static_cast<double>(s.depth);
-  return slots * tile_flops / (tflops * 1e12);
+  const double sms = static_cast<double>(sm_count_);
+  double waves = std::ceil(tiles / sms);
+  double split = 1.0;
+  if (tiles < sms && !add)
+    split = std::max(1.0, std::min(static_cast<double>(k.gemm_split_max), std::floor(sms / tiles)));
+  const double tile_seconds = 2.0 * tr * tc * static_cast<double>(s.depth) / split / rate_per_sm;
+  return waves * (tile_seconds + wave_us * 1e-6);
+}
+
+double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
+  const KernelProfile& k = profile_;
+  const KernelShape& s = cost.shape;
+  const bool backward = cost.rate == RateClass::kAttentionBackward ||
+                        cost.rate == RateClass::kSparseAttentionBackward;
+  const bool sparse = cost.rate == RateClass::kSparseAttentionForward ||
+                      cost.rate == RateClass::kSparseAttentionBackward;
+  const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
+  const double head_dim = s.head_dim > 0 ? s.head_dim : 128.0;
+  const double tflops = backward ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
+                                 : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
+  const double sms = static_cast<double>(sm_count_);
+  // One 128 x 128 block of (query, key) pairs for one head, and an item's fixed cost.
+  const double block = (backward ? 10.0 : 4.0) * kAttentionBlock * kAttentionBlock * head_dim /
+                       (tflops * 1e12 / sms);
+  const double item = (backward ? k.attention_bwd_item_us : k.attention_fwd_item_us) * 1e-6;
+  const double heads = std::max(1, s.heads);
+  const double kv_heads = std::max(1, s.kv_heads > 0 ? s.kv_heads : s.heads);
+  const double group = heads / kv_heads;
+  const double q_blocks = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
+  if (s.page_tokens == 0) {  // the chunk's own positions, causal
+    const double blocks = q_blocks * (q_blocks + 1.0) / 2.0;
+    const double work = backward ? kv_heads * (q_blocks * item + group * blocks * block)
+                                 : heads * (q_blocks * item + blocks * block);
+    const double longest = item + (backward ? group : 1.0) * q_blocks * block;
+    if (s.merged) return work / sms;
+    return LaunchSeconds(work, longest, sms);
+  }
+  const double p = static_cast<double>(s.page_tokens);
+  double efficiency =
+      PageEfficiency(backward ? k.page_bwd_efficiency : k.page_fwd_efficiency, s.page_tokens);
+  if (sparse) efficiency *= backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
+  const double paged_block = block / efficiency;
+  // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
+  const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
+  const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));
+  if (!backward) {
+    const double work = heads * q_blocks * tile_blocks * paged_block;
+    const double longest = item + q_blocks * block + tile_blocks * paged_block;
+    return LaunchSeconds(work, longest, sms);
+  }
+  // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
+  const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;
+  const double items = kv_heads * std::ceil(key_pages * p / keys_per_item);
+  const double work = items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
+  // A key block serves every query block (dense), or those whose tiles selected it.
+  const double served = sparse ? q_blocks * std::min(1.0, s.tile_pages / key_pages) : q_blocks;
+  const double longest = item + group * served * (keys_per_item / kAttentionBlock) * paged_block;
+  return LaunchSeconds(work, longest, sms);
 }
 
 double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
@@ -109,34 +173,6 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
   return best;
 }
 
-double KernelTimeModel::AttentionTflops(const KernelShape& s, bool backward, bool sparse) const {
-  const KernelProfile& k = profile_;
-  const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
-  double tflops = backward ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
-                           : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
-  tflops *= PageEfficiency(backward ? k.page_bwd_efficiency : k.page_fwd_efficiency, s.page_tokens);
-  if (sparse) {
-    if (backward) {
-      const double pages = std::max<double>(1.0, static_cast<double>(s.tile_pages));
-      tflops *= k.sparse_bwd_efficiency / (1.0 + k.sparse_bwd_pages_half / pages);
-    } else {
-      tflops *= k.sparse_fwd_efficiency;
-    }
-  }
-  return tflops;
-}
-
-double KernelTimeModel::AttentionPaddedFlops(const OpCost& cost) {
-  const KernelShape& s = cost.shape;
-  if (s.page_tokens != 0 || s.rows <= 0) return cost.flops;
-  // Causal among the chunk's own positions: the diagonal blocks are computed whole.
-  const double t = static_cast<double>(s.rows);
-  const double blocks = std::ceil(t / kAttentionBlock);
-  const double padded_pairs = kAttentionBlock * kAttentionBlock * blocks * (blocks + 1.0) / 2.0;
-  const double pairs = t * (t + 1.0) / 2.0;
-  return cost.flops * padded_pairs / pairs;
-}
-
 double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
   const KernelProfile& k = profile_;
   const KernelShape& s = cost.shape;
@@ -148,51 +184,44 @@ double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
       return 0.0;
     case RateClass::kGemm: {
       if (cost.flops <= 0) return 0.0;
-      const double tflops = k.gemm_tflops * (s.accumulates ? k.gemm_accumulate_efficiency : 1.0);
-      // A shape left empty (a hand-made cost) is timed as one full-size GEMM.
-      const double compute = s.rows > 0 && s.cols > 0 && s.depth > 0 ? GemmComputeSeconds(s, tflops)
-                                                                     : cost.flops / (tflops * 1e12);
+      // A shape left empty (LoRA's thin GEMMs, a hand-made cost) is its FLOPs at the rate.
+      const double compute = s.rows > 0 && s.cols > 0 && s.depth > 0
+                                 ? GemmComputeSeconds(s)
+                                 : cost.flops / (k.gemm_tflops * 1e12);
       return launches + std::max(compute, memory) + side;
     }
     case RateClass::kFusedLoss: {
-      const double tflops = k.gemm_tflops * k.loss_efficiency;
-      // Two passes of the same [tokens x vocab] grid (LSE, then gradients): the quantisation of
-      // one grid, times the FLOPs' multiple of a single GEMM.
-      KernelShape grid = s;
-      double compute = cost.flops / (tflops * 1e12);
+      // Its passes over the same [tokens x vocab] grid (LSE, then the gradients): one GEMM's
+      // quantisation times the FLOPs' multiple of a single GEMM, at the loss's fraction.
+      double compute = cost.flops / (k.gemm_tflops * 1e12);
       if (s.rows > 0 && s.cols > 0 && s.depth > 0) {
         const double one = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.cols) *
                            static_cast<double>(s.depth);
-        compute = GemmComputeSeconds(grid, tflops) * (cost.flops / one);
+        compute = GemmComputeSeconds(s) * (cost.flops / one);
       }
-      return launches + std::max(compute, memory);
+      return launches + std::max(compute / k.loss_efficiency, memory);
     }
     case RateClass::kAttentionForward:
     case RateClass::kSparseAttentionForward:
     case RateClass::kAttentionBackward:
     case RateClass::kSparseAttentionBackward: {
       if (cost.flops <= 0) return launches;
-      const bool backward = cost.rate == RateClass::kAttentionBackward ||
-                            cost.rate == RateClass::kSparseAttentionBackward;
-      const bool sparse = cost.rate == RateClass::kSparseAttentionForward ||
-                          cost.rate == RateClass::kSparseAttentionBackward;
-      const double compute =
-          AttentionPaddedFlops(cost) / (AttentionTflops(s, backward, sparse) * 1e12);
-      return launches + std::max(compute, memory);
+      // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
+      return launches + std::max(AttentionComputeSeconds(cost), memory);
     }
     case RateClass::kMemoryBound:
       return launches + memory + side;
     case RateClass::kPageScore: {
       const double per_page = k.page_score_ns_per_tile_page * 1e-9 * static_cast<double>(s.rows) *
                               static_cast<double>(s.cols);
-      return launches + std::max(per_page, memory);
+      return launches + memory + k.page_score_fixed_us * 1e-6 + per_page;
     }
     case RateClass::kPageTopK: {
       // One block a query tile walks every candidate page; more tiles than SMs take more waves.
       const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s.rows)) /
                                      static_cast<double>(sm_count_));
       const double walk = k.page_topk_ns_per_page * 1e-9 * static_cast<double>(s.cols) * waves;
-      return launches + std::max(walk, memory);
+      return launches + k.page_topk_fixed_us * 1e-6 + std::max(walk, memory);
     }
     case RateClass::kHostToDevice:
     case RateClass::kDeviceToHost: {

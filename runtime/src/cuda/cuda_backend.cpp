@@ -23,6 +23,7 @@
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
+#include "ctxplan/runtime/host_adamw.h"
 #include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/op_dispatch.h"
 #include "ctxplan/runtime/plan_geometry.h"
@@ -1468,17 +1469,9 @@ class TypedImpl final : public CudaBackend::Impl {
     CopyRuns(pairs_, dkv_bytes, cudaMemcpyDeviceToHost, d2h_);
   }
 
-  // AdamW on the CPU over the staged gradients, torch.optim.AdamW semantics as the GPU kernel and
-  // the CPU reference (bias corrections in double), on the host copy of the bf16 weights.
+  // AdamW on the CPU over the staged gradients (host_adamw.h), on the host copy of the weights.
   void HostOptimizer() {
-    ++adam_step_;
-    const double correction1 = 1.0 - std::pow(static_cast<double>(adamw_.beta1), adam_step_);
-    const double correction2 = 1.0 - std::pow(static_cast<double>(adamw_.beta2), adam_step_);
-    const double decay = 1.0 - static_cast<double>(adamw_.lr) * adamw_.weight_decay;
-    struct Tensor {
-      size_t weight, grad, moment, n;  // element offsets in the host weights, grads, moments
-    };
-    std::vector<Tensor> tensors;
+    std::vector<HostAdamWTensor> tensors;
     std::vector<const bf16*> w_ptrs;
     weights_.ForEach([&](DeviceArray<bf16>& t) { w_ptrs.push_back(t.get()); });
     const auto* w_base = reinterpret_cast<const bf16*>(Region(MemCategory::kWeights));
@@ -1490,38 +1483,14 @@ class TypedImpl final : public CudaBackend::Impl {
       moment += t.size();
       ++i;
     });
-    // fp32 arithmetic as the GPU kernel, bias corrections folded in once (in double): the update
-    // streams ~22 bytes per parameter and must run at host memory speed, not at the speed of
-    // double-precision divisions (7.6B parameters at 7B).
-    //   (m / c1) / (sqrt(v / c2) + eps) = (1 / c1) * m / (sqrt(v) / sqrt(c2) + eps)
-    const float beta1 = adamw_.beta1, beta2 = adamw_.beta2, eps = adamw_.eps;
-    const auto step_size = static_cast<float>(adamw_.lr / correction1);
-    const auto inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(correction2));
-    const auto keep = static_cast<float>(decay);
-    auto update = [&](const Tensor& t, size_t begin, size_t end) {
-      bf16* w = host_weights_.get() + t.weight;
-      const G* g = host_grads_.get() + t.grad;
-      float* m = host_m_.data() + t.moment;
-      float* v = host_v_.data() + t.moment;
-      for (size_t j = begin; j < end; ++j) {
-        const float grad = ToFloat(g[j]);
-        const float mj = beta1 * m[j] + (1.0f - beta1) * grad;
-        const float vj = beta2 * v[j] + (1.0f - beta2) * grad * grad;
-        m[j] = mj;
-        v[j] = vj;
-        w[j] = ToBf16(ToFloat(w[j]) * keep - step_size * mj / (std::sqrt(vj) * inv_sqrt_c2 + eps));
-      }
-    };
-    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-    std::vector<std::thread> pool;
-    for (unsigned p = 0; p < threads; ++p)
-      pool.emplace_back([&, p] {
-        for (const Tensor& t : tensors) {
-          const size_t per = (t.n + threads - 1) / threads;
-          update(t, std::min(t.n, p * per), std::min(t.n, (p + 1) * per));
-        }
-      });
-    for (std::thread& thread : pool) thread.join();
+    const k::AdamWParams next = NextAdamWStep();
+    const HostAdamWParams p{next.lr,  next.beta1,        next.beta2,
+                            next.eps, next.weight_decay, next.step};
+    using GradBits = std::conditional_t<std::is_same_v<G, float>, float, uint16_t>;
+    HostAdamWStep<GradBits>(p, tensors, reinterpret_cast<uint16_t*>(host_weights_.get()),
+                            reinterpret_cast<const GradBits*>(host_grads_.get()), host_m_.data(),
+                            host_v_.data(),
+                            std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
   }
 
   // The next AdamW step's parameters (bias corrections count the steps taken).

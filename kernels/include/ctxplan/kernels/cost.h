@@ -36,11 +36,16 @@ struct KernelShape {
   // GEMMs: the output is rows x cols, summed over depth (forward: tokens x out, in; weight
   // gradient: out x in, tokens). The fused loss: tokens x vocab, hidden.
   int64_t rows = 0, cols = 0, depth = 0;
-  // Attention: the chunk's query tokens (rows), query heads, head dim, the page size of the keys
-  // (0: the chunk's own positions, contiguous) and the pages each query tile attends.
-  int32_t heads = 0, head_dim = 0;
+  // Attention: the chunk's query tokens (rows), query and KV heads, head dim, the page size of
+  // the keys (0: the chunk's own positions, contiguous), the pages each query tile attends and the
+  // pages the launch covers (every earlier page, or the union of the tiles' selections). The
+  // kernels run a chunk's own and paged parts as one launch: the own part of a chunk with earlier
+  // pages is `merged` into the paged op's launch.
+  int32_t heads = 0, kv_heads = 0, head_dim = 0;
   int32_t page_tokens = 0;
   int64_t tile_pages = 0;
+  int64_t key_pages = 0;
+  bool merged = false;
   // Page score and top-k: query tiles (rows) and candidate pages (cols).
   // Launches (kernels or cudaMemcpyAsync calls) the op makes: LoRA's adapter GEMMs, a page
   // copy's runs of pages. Each pays the per-launch cost.
@@ -48,7 +53,9 @@ struct KernelShape {
   // Memory traffic of helper copies inside the op (the QKV projection splits its fused output
   // rows into Q, K and V), timed at the memory-bound rate on top of the GEMM.
   double side_bytes = 0.0;
-  bool accumulates = false;  // a GEMM adding into its output (beta 1: weight gradients)
+  // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
+  bool accumulates = false;
+  int32_t out_bytes = 2;
 };
 
 struct OpCost {
@@ -95,14 +102,14 @@ OpCost PageTopKCost(int64_t tiles, int64_t pages);
 OpCost AttentionForwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                             int64_t num_heads, int64_t kv_dim, int64_t head_dim,
                             bool page_sparse = false, int64_t page_tokens = 0,
-                            int64_t tile_pages = 0);
+                            int64_t tile_pages = 0, int64_t key_pages = 0);
 // dK/dV of pages are accumulated (read-modify-write) in `grad_bytes`. page_sparse: the pairs are
 // those of page-sparse selections (its own rate class: the kernel's per-key-block costs weigh
 // more when each key block serves a few query tiles instead of all of them).
 OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_read,
                              int64_t num_heads, int64_t kv_dim, int64_t head_dim,
                              int64_t grad_bytes, bool page_sparse = false, int64_t page_tokens = 0,
-                             int64_t tile_pages = 0);
+                             int64_t tile_pages = 0, int64_t key_pages = 0);
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);

@@ -30,25 +30,36 @@ struct KernelProfile {
   std::string gpu_name, driver, date, commit, samples, derived_from;
 
   double launch_us = 0;  // one kernel launch or copy call, back to back: the floor of any op
-  // GEMMs: the rate of large shapes; the output tile cuBLASLt's kernels quantise to, filling
-  // the SMs in waves; fractions for GEMMs that add into their output and the fused loss.
+  // GEMMs (cuBLASLt): output tiles of tile_rows x tile_cols fill the SMs in whole waves, each
+  // wave paying wave_us beyond its FLOPs; a launch of fewer tiles than SMs splits its depth
+  // over up to split_max tiles. GEMMs that add into their output (weight gradients, beta 1)
+  // choose other tiles and pay a wave cost per byte of an output element (reading and writing
+  // it). The fused loss reaches loss_efficiency of the GEMM rate.
   double gemm_tflops = 0;
-  int64_t gemm_tile_rows = 128, gemm_tile_cols = 256;
-  double gemm_accumulate_efficiency = 1;
+  int64_t gemm_tile_rows = 128, gemm_tile_cols = 128, gemm_split_max = 1;
+  double gemm_wave_us = 0;
+  double gemm_accumulate_tflops = 0;
+  int64_t gemm_accumulate_tile_rows = 128, gemm_accumulate_tile_cols = 256;
+  double gemm_accumulate_wave_us_per_byte = 0;
   double loss_efficiency = 1;
-  // Attention: rates over the chunk's own positions (contiguous keys) per head dim, then per
-  // page size the fraction of it reached over pages, and the fraction over page-sparse
-  // selections (the backward's also by pages per tile: fewer selected pages, more fixed cost).
+  // Attention: thread blocks ("items") of 128 queries and one head (forward) or 128 keys and one
+  // KV head (backward) run one per SM; an item costs item_us plus its 128 x 128 blocks at the
+  // head dim's rate (a causal block computed whole). Over pages, per page size, the fraction of
+  // that rate reached (a size off the fast path runs another kernel path); over page-sparse
+  // selections a further fraction.
   double attention_fwd_tflops_d128 = 0, attention_fwd_tflops_d64 = 0;
   double attention_bwd_tflops_d128 = 0, attention_bwd_tflops_d64 = 0;
+  double attention_fwd_item_us = 0, attention_bwd_item_us = 0;
   std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
   double sparse_fwd_efficiency = 1, sparse_bwd_efficiency = 1;
-  double sparse_bwd_pages_half = 0;  // tile pages at which the backward's fixed cost doubles it
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
-  // Page selection: score per candidate page and query tile; top-k per candidate page (one
-  // block a tile: tiles beyond the SMs take another wave).
+  // Page selection: scoring reads the queries (memory-bound), pays a fixed cost and a cost per
+  // candidate page and query tile; top-k per candidate page (one block a tile: tiles beyond the
+  // SMs take another wave).
+  double page_score_fixed_us = 0;
   double page_score_ns_per_tile_page = 0;
+  double page_topk_fixed_us = 0;  // the selections' read-back to the host and its stream sync
   double page_topk_ns_per_page = 0;
   // Host side: one copy call's fixed cost; pinning host memory; host memory copy; AdamW on the
   // host (parameters a second); the arena's reservation.

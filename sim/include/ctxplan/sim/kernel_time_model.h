@@ -6,17 +6,20 @@
 // judged on (traces/recorded/README.md).
 //
 //   every op      launches x launch_us (kernels) or copies x copy_call_us (copies), plus:
-//   GEMM          output tiles of gemm_tile_rows x gemm_tile_cols: a launch of fewer tiles than
-//                 SMs leaves SMs idle, partial tiles compute whole; at gemm_tflops (x
-//                 gemm_accumulate_efficiency when adding into the output), or HBM-bound
-//   fused loss    the same over tokens x vocab, at loss_efficiency of the GEMM rate
-//   attention     FLOPs (causal blocks of 128 queries x 128 keys computed whole) at the rate of
-//                 the head dim, x the page size's fraction (a page size off the fast path runs
-//                 another kernel path), x the sparse fraction (the backward's falls with fewer
-//                 pages per tile: sparse_bwd_pages_half)
+//   GEMM          output tiles in whole waves over the SMs (a launch of fewer tiles than SMs
+//                 splits its depth), each wave its FLOPs at the rate plus a fixed wave cost;
+//                 weight gradients (adding into fp32 or bf16) with their own tiles and costs
+//   fused loss    the GEMM model over tokens x vocab, at loss_efficiency of the rate
+//   attention     items (128 queries x one head forward, 128 keys x one KV head backward) one
+//                 per SM: each item's fixed cost and its 128 x 128 blocks (causal ones whole) at
+//                 the head dim's rate, x the page size's fraction over pages (a size off the
+//                 fast path runs another kernel path), x the sparse fraction; the tail of the
+//                 launch's longest item. A chunk's own part merged into its paged launch pays
+//                 no tail of its own.
 //   memory-bound  bytes at memory_efficiency of the device copy bandwidth
-//   page score    tiles x pages x page_score_ns_per_tile_page, or HBM-bound
-//   page top-k    pages x page_topk_ns_per_page per wave of query tiles (one SM a tile)
+//   page score    the queries read at the memory rate, a fixed cost, tiles x pages x a cost
+//   page top-k    pages x page_topk_ns_per_page per wave of query tiles (one SM a tile), plus
+//                 the selections' read-back to the host (a stream sync)
 //   copies        bytes over the pinned link (both directions share it in the backward)
 //   host compute  AdamW on the host at host_adamw_gparams
 #pragma once
@@ -57,12 +60,10 @@ class KernelTimeModel {
   const KernelProfile& profile() const { return profile_; }
 
   // --- the pieces, public for calibration fits and tests --------------------------------------
-  // Tensor-core seconds of a GEMM-shaped launch at `tflops`, with tile and wave quantisation.
-  double GemmComputeSeconds(const KernelShape& shape, double tflops) const;
-  // The attention rate (TFLOP/s) for a launch shape and direction.
-  double AttentionTflops(const KernelShape& shape, bool backward, bool sparse) const;
-  // FLOPs an attention launch computes, counting masked causal blocks whole.
-  static double AttentionPaddedFlops(const OpCost& cost);
+  // Tensor-core seconds of a GEMM-shaped launch, with tile and wave quantisation.
+  double GemmComputeSeconds(const KernelShape& shape) const;
+  // Seconds of an attention op's compute (no launch, no memory bound).
+  double AttentionComputeSeconds(const OpCost& cost) const;
   // The fraction of the contiguous rate reached over pages of `page_tokens` (1 for 0).
   static double PageEfficiency(const std::map<int64_t, double>& table, int64_t page_tokens);
 

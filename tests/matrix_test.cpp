@@ -1,0 +1,261 @@
+// The planner against the validation matrix (traces/recorded/matrix.csv): ctxtrain runs on the
+// H200 and the H100 over chunk, page, budget, offload, layer inputs, optimizer, LoRA, three
+// models and contexts 8K-256K. The runs were split BEFORE any fitting by the rule below; the
+// kernel-time model's parameters come from microbenchmarks (models/gpu/*.yaml, `ctxplan
+// calibrate`), not from these runs. Both sets' errors are printed, with whether issue 11's
+// acceptance is met (validation step time median <= 3%, max <= 8%; device memory median <= 1%,
+// max <= 2%; pinned host max <= 1%; every op kind of a replayed trace within 15%).
+//
+// The assertions are the planner's accuracy today, so that no change makes it worse unnoticed:
+// where they are looser than the acceptance, the acceptance is not met yet (the test prints
+// "NOT MET" and the issue stays open). Tighten them as the model improves.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/plan_report.h"
+#include "ctxplan/sim/replay.h"
+#include "ctxplan/traces/op_trace.h"
+
+namespace ctxplan {
+namespace {
+
+const std::string kDir = std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/";
+
+struct MatrixRun {
+  std::string machine, model, trace, line;
+  RunOptions options;
+  double tokens_per_second = 0, arena_gib = 0, device_gib = 0, host_gib = 0;
+  bool validation = false;
+};
+
+// The split, written down before the runs were fitted or judged (traces/recorded/README.md):
+// every run on the H100, every run of Llama-3.1-8B, and every run with page 96 or 192 or chunk
+// 3072 or 6144 is validation; the rest is calibration.
+bool IsValidation(const MatrixRun& r) {
+  const RunOptions& o = r.options;
+  return r.machine.rfind("h100", 0) == 0 || r.model == "llama-3.1-8b" || o.page_tokens == 96 ||
+         o.page_tokens == 192 || o.chunk_tokens == 3072 || o.chunk_tokens == 6144;
+}
+
+std::vector<MatrixRun> ReadMatrix() {
+  std::ifstream in(kDir + "matrix.csv");
+  EXPECT_TRUE(in.good()) << kDir << "matrix.csv";
+  std::vector<MatrixRun> runs;
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string cell; std::getline(fields, cell, ',');) f.push_back(cell);
+    if (!line.empty() && line.back() == ',') f.emplace_back();
+    EXPECT_EQ(f.size(), 22u) << line;
+    if (f.size() != 22) continue;
+    MatrixRun r;
+    r.line = line;
+    r.machine = f[0];
+    r.model = f[1];
+    RunOptions& o = r.options;
+    o.context_tokens = std::stoll(f[2]);
+    o.chunk_tokens = std::stoll(f[3]);
+    o.page_tokens = std::stoll(f[4]);
+    o.query_tile = 128;
+    o.sink_pages = 1;
+    o.page_budget = ParsePageBudget(f[5], "budget");
+    o.keep_layer_inputs = f[6] == "on";
+    o.offload = f[7] == "on";
+    o.grad_dtype = ParseGradDtype(f[8], "grad_dtype");
+    o.optimizer = ParseOptimizer(f[9], "optimizer");
+    o.lora_rank = std::stoll(f[10]);
+    r.tokens_per_second = std::stod(f[12]);
+    r.arena_gib = std::stod(f[13]);
+    r.device_gib = std::stod(f[14]);
+    r.host_gib = std::stod(f[15]);
+    r.trace = f[21];
+    r.validation = IsValidation(r);
+    runs.push_back(r);
+  }
+  return runs;
+}
+
+struct Errors {
+  std::vector<double> time, device, host;
+  void Print(const char* set) const {
+    auto stats = [](std::vector<double> v, double& median, double& max) {
+      if (v.empty()) return;
+      std::sort(v.begin(), v.end());
+      median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+      max = v.back();
+    };
+    double tm = 0, tx = 0, dm = 0, dx = 0, hm = 0, hx = 0;
+    stats(time, tm, tx);
+    stats(device, dm, dx);
+    stats(host, hm, hx);
+    std::printf(
+        "  %-11s %2zu runs: step time median %5.1f%% max %5.1f%%; device memory median "
+        "%4.1f%% max %4.1f%%; pinned host max %4.1f%%\n",
+        set, time.size(), 100 * tm, 100 * tx, 100 * dm, 100 * dx, 100 * hx);
+  }
+};
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty()      ? 0
+         : v.size() % 2 ? v[v.size() / 2]
+                        : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+TEST(Matrix, PlannerPredictsTheValidationRuns) {
+  const std::vector<MatrixRun> runs = ReadMatrix();
+  ASSERT_GE(runs.size(), 40u);
+  Errors calibration, validation;
+  std::map<std::string, int> machines;
+  for (const MatrixRun& r : runs) {
+    const ModelSpec model = LoadModel(r.model);
+    const MachineSpec machine = LoadMachine(r.machine);
+    ++machines[r.machine];
+    r.options.Validate(model);
+    const PlanGeometry geometry(model, r.options);
+    const sim::KernelTimeModel time_model(machine);
+    const sim::PlanReport report =
+        sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
+    // Step time is the inverse of tokens/s; errors relative to the measurement.
+    const double time = r.tokens_per_second / report.tokens_per_second - 1.0;
+    const double device =
+        static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0) - 1.0;
+    const double host_gib = static_cast<double>(report.host_peak) / 1073741824.0;
+    const double host = r.host_gib > 0 ? host_gib / r.host_gib - 1.0 : host_gib;
+    Errors& set = r.validation ? validation : calibration;
+    set.time.push_back(std::abs(time));
+    set.device.push_back(std::abs(device));
+    set.host.push_back(std::abs(host));
+    std::printf(
+        "  %s %-10s %-13s %7lld c %5lld p %3lld %-4s %s%s%s  time %+6.1f%%  device %+5.1f%%"
+        "  host %+5.1f%%\n",
+        r.validation ? "V" : "C", r.machine.c_str(), r.model.c_str(),
+        static_cast<long long>(r.options.context_tokens),
+        static_cast<long long>(r.options.chunk_tokens),
+        static_cast<long long>(r.options.page_tokens),
+        r.options.dense() ? "all" : std::to_string(r.options.page_budget).c_str(),
+        r.options.offload ? "offload " : "", r.options.keep_layer_inputs ? "keep " : "",
+        r.options.lora_rank ? "lora" : "", 100 * time, 100 * device, 100 * host);
+  }
+  calibration.Print("calibration");
+  validation.Print("validation");
+  for (const auto& [name, count] : machines) std::printf("  %s: %d runs\n", name.c_str(), count);
+  ASSERT_GE(validation.time.size(), 10u);
+  const double time_median = MedianOf(validation.time);
+  const double time_max = *std::max_element(validation.time.begin(), validation.time.end());
+  const double device_median = MedianOf(validation.device);
+  const double device_max = *std::max_element(validation.device.begin(), validation.device.end());
+  const double host_max = *std::max_element(validation.host.begin(), validation.host.end());
+  const bool met = time_median <= 0.03 && time_max <= 0.08 && device_median <= 0.01 &&
+                   device_max <= 0.02 && host_max <= 0.01;
+  std::printf("  issue 11 acceptance on the validation set: %s\n", met ? "met" : "NOT MET");
+  // Today's accuracy (2026-11-24): time median 8.7%, max 15.4%; device median 0.7%, max 2.3%.
+  EXPECT_LE(time_median, 0.10);
+  EXPECT_LE(time_max, 0.18);
+  EXPECT_LE(device_median, 0.01);
+  EXPECT_LE(device_max, 0.025);
+  EXPECT_LE(host_max, 0.01);
+}
+
+// An H100 prediction made without the H100's calibration: the H200's profile scaled by datasheet
+// differences (models/gpu/h100-sxm-estimate.yaml), against the matrix's H100 runs.
+TEST(Matrix, H100FromTheH200ProfileScaled) {
+  Errors calibrated, estimated;
+  for (const MatrixRun& r : ReadMatrix()) {
+    if (r.machine != "h100-125g") continue;
+    const ModelSpec model = LoadModel(r.model);
+    r.options.Validate(model);
+    const PlanGeometry geometry(model, r.options);
+    MachineSpec machine = LoadMachine(r.machine);
+    for (const bool estimate : {false, true}) {
+      if (estimate) machine.gpu = LoadGpu("h100-sxm-estimate");
+      const sim::KernelTimeModel time_model(machine);
+      const sim::PlanReport report =
+          sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
+      (estimate ? estimated : calibrated)
+          .time.push_back(std::abs(r.tokens_per_second / report.tokens_per_second - 1.0));
+    }
+  }
+  ASSERT_GE(estimated.time.size(), 10u);
+  std::printf(
+      "  H100 runs, step time error: calibrated profile median %.1f%% max %.1f%%; "
+      "H200 profile scaled median %.1f%% max %.1f%%\n",
+      100 * MedianOf(calibrated.time),
+      100 * *std::max_element(calibrated.time.begin(), calibrated.time.end()),
+      100 * MedianOf(estimated.time),
+      100 * *std::max_element(estimated.time.begin(), estimated.time.end()));
+  // Acceptance: within 8% on every H100 run. Today's: see the line above.
+  EXPECT_LE(MedianOf(estimated.time), 0.12);
+  EXPECT_LE(*std::max_element(estimated.time.begin(), estimated.time.end()), 0.30);
+}
+
+TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
+  int replayed = 0, gaps = 0;
+  for (const MatrixRun& r : ReadMatrix()) {
+    if (r.trace.empty()) continue;
+    const OpTrace trace = ReadOpTrace(kDir + "matrix/" + r.trace);
+    const ModelSpec model = LoadModel(r.model);
+    const MachineSpec machine = LoadMachine(r.machine);
+    const RunOptions options = RunOptionsFromMetadata(trace.metadata, r.trace);
+    const StepPlan plan(model, options);
+    const sim::KernelTimeModel time_model(machine);
+    const sim::ReplayResult result = sim::Replay(trace, plan, time_model, r.trace);
+    std::map<OpKind, std::pair<double, double>> by_kind;  // measured, predicted
+    for (const sim::KindComparison& k : result.by_kind) {
+      by_kind[k.kind].first += k.measured_seconds;
+      by_kind[k.kind].second += k.predicted_seconds;
+    }
+    std::printf("  %s (%s): step measured %.3f s, predicted %.3f s\n", r.trace.c_str(),
+                r.machine.c_str(), result.measured_step_seconds, result.predicted_step_seconds);
+    for (const auto& [kind, times] : by_kind) {
+      const auto [measured, predicted] = times;
+      if (measured <= 0 && predicted <= 0) continue;
+      std::printf("    %-22s measured %8.3f s predicted %8.3f s (x%.2f)\n",
+                  std::string(OpKindName(kind)).c_str(), measured, predicted,
+                  predicted / std::max(measured, 1e-12));
+      // Kinds under 0.2% of the step are launch-bound noise; the rest within 15%, but for the
+      // gaps known today (asserted within their current error, and counted as NOT MET):
+      //   page_topk with offload: its selections' read-back queues behind the offload stream's
+      //     page copies on the D2H engine (the model times it alone on the link);
+      //   attention_bwd: page-sparse selections at page 96, and Llama-3.2-1B (d_h 64) over pages;
+      //   copy_d2h at page 64 with offload on the H200 (more, smaller copy runs than modelled).
+      if (measured < 0.002 * result.measured_step_seconds) continue;
+      const double ratio = predicted / measured;
+      if (std::abs(ratio - 1.0) <= 0.15) continue;
+      ++gaps;
+      std::printf("    ^ NOT MET: %s off by more than 15%%\n",
+                  std::string(OpKindName(kind)).c_str());
+      const bool known = kind == OpKind::kPageTopK || kind == OpKind::kAttentionBackward ||
+                         kind == OpKind::kCopyD2H;
+      EXPECT_TRUE(known) << r.trace << " " << OpKindName(kind) << " x" << ratio;
+      EXPECT_GT(ratio, kind == OpKind::kPageTopK ? 0.08 : 0.75)
+          << r.trace << " " << OpKindName(kind);
+      EXPECT_LT(ratio, 1.30) << r.trace << " " << OpKindName(kind);
+    }
+    ++replayed;
+  }
+  std::printf("  %d traces replayed; op kinds beyond 15%%: %d (acceptance: 0)\n", replayed, gaps);
+  EXPECT_GE(replayed, 6);
+}
+
+}  // namespace
+}  // namespace ctxplan
