@@ -97,6 +97,10 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
   duplex.bytes = 256 << 20;
   duplex.seconds = 2 * duplex.bytes / (gpu.host_duplex_gbs.value * 1e9);
   out.rows.push_back(duplex);
+  CalibrationSample weights = Row("weights_init");
+  weights.m = 1'000'000'000;
+  weights.seconds = 4.0;
+  out.rows.push_back(weights);
   for (const char* op : {"pin", "host_memcpy", "device_alloc"}) {
     CalibrationSample s = Row(op);
     s.bytes = 1 << 30;
@@ -222,6 +226,7 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(k.sparse_bwd_efficiency / truth.sparse_bwd_efficiency, 1.0, 0.02);
   EXPECT_NEAR(k.memory_efficiency / truth.memory_efficiency, 1.0, 0.01);
   EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
+  EXPECT_NEAR(k.weights_init_gparams, 0.25, 1e-9);
   EXPECT_NEAR(k.page_topk_ns_per_page / truth.page_topk_ns_per_page, 1.0, 0.02);
   for (const FitResidual& r : fit.residuals)
     EXPECT_LT(r.max_error, 0.05) << r.group << " " << r.worst;

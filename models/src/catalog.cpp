@@ -495,6 +495,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "pin_gbs",
                    "host_memcpy_gbs",
                    "host_adamw_gparams",
+                   "weights_init_gparams",
                    "device_alloc_gbs"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
@@ -541,6 +542,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.pin_gbs = f.Number("pin_gbs", kHostGbsLimit);
   k.host_memcpy_gbs = f.Number("host_memcpy_gbs", kHostGbsLimit);
   k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
+  k.weights_init_gparams = f.Number("weights_init_gparams", kProfileLimit);
   k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},

@@ -70,6 +70,14 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
        FormatGiB(static_cast<int64_t>(r.prediction.h2d_bytes)) + ", D2H " +
        FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
   s += "Bottleneck: " + std::string(sim::BottleneckName(r.bottleneck)) + "\n";
+  const sim::StartupPrediction& st = r.startup;
+  s += "Start-up " + Printf("%.1f s", st.total()) + " (context " +
+       Printf("%.1f", st.context_seconds) + ", weights " + Printf("%.1f", st.weights_seconds) +
+       ", arena " + Printf("%.1f", st.arena_seconds) + ", pinning " +
+       Printf("%.1f", st.pinning_seconds) +
+       "; random weights, no --weights file): first step after " +
+       Printf("%.1f s", st.total() + r.prediction.step_seconds()) + ", then " +
+       Printf("%.3f s", r.prediction.step_seconds()) + " a step\n";
   if (r.run_cost) {
     const sim::RunCost& rc = *r.run_cost;
     s += "Training on " + FormatCount(rc.train_tokens) +
@@ -130,6 +138,14 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("compute_utilisation", r.compute_utilisation)
       .Field("h2d_utilisation", r.h2d_utilisation)
       .Field("d2h_utilisation", r.d2h_utilisation)
+      .EndObject();
+  j.BeginObject("startup")
+      .Field("seconds", r.startup.total())
+      .Field("context_seconds", r.startup.context_seconds)
+      .Field("weights_seconds", r.startup.weights_seconds)
+      .Field("arena_seconds", r.startup.arena_seconds)
+      .Field("pinning_seconds", r.startup.pinning_seconds)
+      .Field("first_step_after_seconds", r.startup.total() + r.prediction.step_seconds())
       .EndObject();
   j.Field("bottleneck", sim::BottleneckName(r.bottleneck));
   if (r.run_cost) {

@@ -17,9 +17,11 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/host_adamw.h"
+#include "ctxplan/runtime/model_weights.h"
 #include "measure_common.h"
 #include "measure_groups.h"
 
@@ -165,7 +167,19 @@ void MeasureCopy(Session& session) {
 // =================================================================================================
 void MeasureHost(Session& session) {
   const auto& pin_bytes = session.quick ? kPinBytesQuick : kPinBytes;
-  Progress progress("host", 2 + pin_bytes.size() + kArenaBytes.size());
+  Progress progress("host", 3 + pin_bytes.size() + kArenaBytes.size());
+  {  // ctxtrain's random weights (no --weights file), for Llama-3.2-1B: once (seconds long).
+    const ModelSpec model = LoadModel("llama-3.2-1b");
+    progress.Step(Describe("weights_init", {{"params", model.total_params()}}));
+    Sample s;
+    s.op = "weights_init";
+    s.m = model.total_params();
+    s.bytes = 4.0 * static_cast<double>(s.m);  // fp32 on the host
+    const auto start = std::chrono::steady_clock::now();
+    const ModelWeights weights = RandomWeights(model, 1);
+    s.seconds = SecondsSince(start);
+    session.samples.push_back(s);
+  }
   {  // The runtime's host AdamW (host_adamw.h) over bf16 weights and gradients, on its threads.
     progress.Step(Describe("host_adamw", {{"params", kHostAdamWParams}}));
     const auto n = static_cast<size_t>(kHostAdamWParams);

@@ -426,16 +426,20 @@ CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& 
   auto host_rate = [&](std::string_view op, double scale) {
     std::vector<double> rates;
     for (const CalibrationSample* s : Op(samples, op))
-      rates.push_back((op == "host_adamw" ? static_cast<double>(s->m) : s->bytes) / s->seconds *
-                      scale);
+      rates.push_back(
+          (op == "host_adamw" || op == "weights_init" ? static_cast<double>(s->m) : s->bytes) /
+          s->seconds * scale);
     return rates.empty() ? 0.0 : Median(rates);
   };
+  k.weights_init_gparams = host_rate("weights_init", 1e-9);
   k.pin_gbs = host_rate("pin", 1e-9);
   k.host_memcpy_gbs = host_rate("host_memcpy", 1e-9);
   k.host_adamw_gparams = host_rate("host_adamw", 1e-9);
   k.device_alloc_gbs = host_rate("device_alloc", 1e-9);
-  if (k.pin_gbs <= 0 || k.host_memcpy_gbs <= 0 || k.device_alloc_gbs <= 0)
-    throw InputError("calibration samples lack the host group (pin, host_memcpy, device_alloc)");
+  if (k.pin_gbs <= 0 || k.host_memcpy_gbs <= 0 || k.device_alloc_gbs <= 0 ||
+      k.weights_init_gparams <= 0)
+    throw InputError(
+        "calibration samples lack the host group (pin, host_memcpy, device_alloc, weights_init)");
   if (k.host_adamw_gparams <= 0) k.host_adamw_gparams = k.host_memcpy_gbs / 28.0;  // bytes/param
 
   // Starting rates from the datasheet, so the model is defined while each group is fitted in
@@ -693,6 +697,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  pin_gbs: " << k.pin_gbs << "\n";
   o << "  host_memcpy_gbs: " << k.host_memcpy_gbs << "\n";
   o << "  host_adamw_gparams: " << k.host_adamw_gparams << "\n";
+  o << "  weights_init_gparams: " << k.weights_init_gparams << "\n";
   o << "  device_alloc_gbs: " << k.device_alloc_gbs << "\n";
   return o.str();
 }

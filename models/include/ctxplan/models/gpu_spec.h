@@ -62,11 +62,12 @@ struct KernelProfile {
   double page_topk_fixed_us = 0;  // the selections' read-back to the host and its stream sync
   double page_topk_ns_per_page = 0;
   // Host side: one copy call's fixed cost; pinning host memory; host memory copy; AdamW on the
-  // host (parameters a second); the arena's reservation.
+  // host (parameters a second); random weights; the arena's reservation.
   double copy_call_us = 0;
   double pin_gbs = 0;
   double host_memcpy_gbs = 0;
   double host_adamw_gparams = 0;
+  double weights_init_gparams = 0;  // ctxtrain's random weights on the host (no --weights file)
   double device_alloc_gbs = 0;
 
   bool empty() const { return gemm_tflops <= 0; }

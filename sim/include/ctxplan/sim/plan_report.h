@@ -30,6 +30,17 @@ struct RunCost {
   std::optional<double> cost;
 };
 
+// ctxtrain's start-up before its first step (ctxtrain prints the same split): the CUDA context,
+// the weights (random on the host, then uploaded), the arena's reservation and the pinned host
+// memory (page stores, host optimizer state). From the kernel profile's host figures; zero where
+// the profile has none (a GPU with spec values only).
+struct StartupPrediction {
+  double context_seconds = 0, weights_seconds = 0, arena_seconds = 0, pinning_seconds = 0;
+  double total() const {
+    return context_seconds + weights_seconds + arena_seconds + pinning_seconds;
+  }
+};
+
 struct PlanReport {
   int64_t context_tokens = 0;
   int32_t chunks = 0;
@@ -47,6 +58,7 @@ struct PlanReport {
   double d2h_utilisation = 0.0;
   double achieved_tflops = 0.0;
   std::optional<RunCost> run_cost;
+  StartupPrediction startup;
 
   bool fits() const { return fits_gpu && fits_host; }
 };
