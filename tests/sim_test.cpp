@@ -119,8 +119,12 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     // Both paths also count the same work.
     EXPECT_LE(Relative(both.analytic.flops, both.event.flops), 1e-9) << where;
     EXPECT_LE(Relative(both.analytic.h2d_bytes + 1, both.event.h2d_bytes + 1), 1e-9) << where;
+    // Busy time agrees but at a power-limited clock: the analytic path slows whole layer
+    // segments built at the maximum clock, the event path times each op at the lower clock (an
+    // op bound by memory at the maximum clock may be bound by compute at the lower one).
     for (int s = 0; s < kStreamCount; ++s)
-      EXPECT_EQ(both.analytic.busy_ticks[s], both.event.busy_ticks[s]) << where << " stream " << s;
+      EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1), 0.005)
+          << where << " stream " << s;
     ++compared;
   }
   EXPECT_EQ(compared, static_cast<int>(grid.size()));

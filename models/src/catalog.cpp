@@ -496,7 +496,14 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "host_memcpy_gbs",
                    "host_adamw_gparams",
                    "weights_init_gparams",
-                   "device_alloc_gbs"});
+                   "device_alloc_gbs",
+                   "max_sm_clock_mhz",
+                   "power_limit_w",
+                   "idle_w",
+                   "gemm_w",
+                   "attention_fwd_w",
+                   "attention_bwd_w",
+                   "memory_w"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
   k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
@@ -544,6 +551,14 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
   k.weights_init_gparams = f.Number("weights_init_gparams", kProfileLimit);
   k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
+  // Power (optional: a profile measured without NVML has none).
+  k.max_sm_clock_mhz = f.OptionalNumber("max_sm_clock_mhz", kProfileLimit).value_or(0.0);
+  k.power_limit_w = f.OptionalNumber("power_limit_w", kProfileLimit).value_or(0.0);
+  k.idle_w = f.OptionalNumber("idle_w", kProfileLimit).value_or(0.0);
+  k.gemm_w = f.OptionalNumber("gemm_w", kProfileLimit).value_or(0.0);
+  k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
+  k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
+  k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
         {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},
@@ -698,7 +713,8 @@ GpuSpec ParseGpuYaml(std::string_view text, std::string_view source) {
   f.RejectUnknown({"name", "display_name", "sm_count", "host_link", "memory_gib",
                    "memory_bandwidth_gbs", "d2d_copy_gbs", "bf16_dense_tflops", "bf16_gemm_tflops",
                    "attention_fwd_tflops", "attention_bwd_tflops", "host_h2d_gbs", "host_d2h_gbs",
-                   "host_duplex_gbs", "cuda_context_gib", "boost_clock_mhz", "kernel_model"});
+                   "host_duplex_gbs", "cuda_context_gib", "boost_clock_mhz", "tdp_w",
+                   "kernel_model"});
   GpuSpec g;
   g.name = f.String("name");
   g.display_name = f.String("display_name");
@@ -717,6 +733,7 @@ GpuSpec ParseGpuYaml(std::string_view text, std::string_view source) {
   g.host_duplex_gbs = ReadSpec(f, "host_duplex_gbs", kHostGbsLimit);
   g.cuda_context_gib = ReadSpec(f, "cuda_context_gib", kContextGiBLimit);
   g.boost_clock_mhz = f.OptionalNumber("boost_clock_mhz", kProfileLimit).value_or(0.0);
+  g.tdp_w = f.OptionalNumber("tdp_w", kProfileLimit).value_or(0.0);
   if (f.Has("kernel_model")) {
     g.kernels = ReadKernelProfile(f.Map("kernel_model", kKernelModelExpected));
     if (g.kernels.provenance == Provenance::kEstimate) {

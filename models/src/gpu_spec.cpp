@@ -39,6 +39,17 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
   k.attention_bwd_tflops_d64 *= compute;
   k.page_score_ns_per_tile_page /= memory;
   k.page_topk_ns_per_page /= clock;
+  if (k.has_power() && target.tdp_w > 0 && sibling.tdp_w > 0) {
+    k.power_limit_w = target.tdp_w;
+    k.idle_w *= target.tdp_w / sibling.tdp_w;
+    k.gemm_w *= compute;
+    k.attention_fwd_w *= compute;
+    k.attention_bwd_w *= compute;
+    k.memory_w *= memory;
+    if (target.boost_clock_mhz > 0) k.max_sm_clock_mhz = target.boost_clock_mhz;
+  } else {
+    k.power_limit_w = 0;  // no power model
+  }
   return k;
 }
 

@@ -229,7 +229,7 @@ void MeasureAttentionCase(Session& session, const AttentionCase& c) {
     cu::AttentionForward(shape, q.get(), k_own.get(), v_own.get(), earlier, sel, out.get(),
                          lse.get(), session.stream);
   });
-  session.samples.push_back(fwd);
+  session.Add(fwd);
   // The backward reads the forward's out and lse: the last timed forward left them.
   Sample bwd = row;
   bwd.op = "attention_bwd";
@@ -240,7 +240,7 @@ void MeasureAttentionCase(Session& session, const AttentionCase& c) {
                           lse.get(), d_out.get(), dq.get(), dk_own.get(), dv_own.get(), dkv,
                           workspace.get(), workspace_bytes, session.stream);
   });
-  session.samples.push_back(bwd);
+  session.Add(bwd);
 }
 
 }  // namespace
@@ -269,7 +269,7 @@ void MeasureAttention(Session& session) {
 namespace {
 
 // Mean key of each of `pages` full pages of the chunk's own (identity-mapped) pages.
-Sample PageSummaryRow(const Session& session, int64_t pages, int64_t p) {
+Sample PageSummaryRow(Session& session, int64_t pages, int64_t p) {
   const Heads h = kSummaryHeads;
   const KvPageShape shape{p, h.kv_heads, h.head_dim};
   Rotating<bf16> pool(pages * shape.page_elements(), -1, 1, 111);    // [pages][2][p][H_kv][d_h]
@@ -290,7 +290,7 @@ Sample PageSummaryRow(const Session& session, int64_t pages, int64_t p) {
 }
 
 // Each query tile's score for every earlier page.
-Sample PageScoreRow(const Session& session, int64_t t, Heads h, int64_t pages) {
+Sample PageScoreRow(Session& session, int64_t t, Heads h, int64_t pages) {
   const int64_t tiles = (t + kQueryTile - 1) / kQueryTile;
   Rotating<bf16> q(t * h.heads * h.head_dim, -1, 1, 121);                 // [t][H_q][d_h]
   Rotating<bf16> summaries(pages * h.kv_heads * h.head_dim, -1, 1, 122);  // [pages][H_kv][d_h]
@@ -315,7 +315,7 @@ Sample PageScoreRow(const Session& session, int64_t t, Heads h, int64_t pages) {
 // The sink and the `budget` best-scoring pages of each tile, from fresh random scores, then the
 // selections read back to the host with a stream sync, as the runtime's page_topk op does (the
 // union's page copies are issued from the host).
-Sample PageTopKRow(const Session& session, int64_t tiles, int64_t pages, int64_t budget) {
+Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budget) {
   Rotating<float> scores(tiles * pages, -1, 1, static_cast<uint32_t>(131 + pages + tiles));
   Rotating<int32_t> selected(tiles * (budget + kSinkPages), 0, 1, 132);  // [tiles][per tile]
   int32_t* host = nullptr;  // [tiles][per tile], pinned
@@ -378,11 +378,21 @@ void MeasureSelect(Session& session) {
   for (const Case& c : cases) {
     progress.Step(c.what);
     try {
-      session.samples.push_back(c.measure());
+      session.Add(c.measure());
     } catch (const std::invalid_argument& e) {
       progress.Note("skipped " + c.what + ": " + e.what());
     }
   }
+}
+
+// =================================================================================================
+// Sustained (session.sustain_seconds): the forward and backward of a Llama-3-8B-shaped (d_h 128)
+// and a d_h 64 chunk of 4096 queries over 32768 earlier positions in pages of 128.
+void MeasurePowerAttention(Session& session) {
+  MeasureAttentionCase(session,
+                       {kChunkTokens, kLlama8b, kDefaultPage, kDenseEarlier / kDefaultPage, 0});
+  MeasureAttentionCase(session,
+                       {kChunkTokens, kHeadDim64, kDefaultPage, kDenseEarlier / kDefaultPage, 0});
 }
 
 }  // namespace ctxplan::calibrate

@@ -69,7 +69,7 @@ PinnedHost::~PinnedHost() {
   if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
 }
 
-double MedianSecondsPerCall(const Session& session, const std::function<void(int64_t)>& call,
+double MedianSecondsPerCall(Session& session, const std::function<void(int64_t)>& call,
                             int64_t batch) {
   cudaStream_t stream = session.stream;
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -99,16 +99,28 @@ double MedianSecondsPerCall(const Session& session, const std::function<void(int
     call(index++);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(stop, stream));
     const double probe = std::max(elapsed(), 1e-7);
-    batch = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kMinBatchSeconds / probe)), 1,
-                                kMaxBatch);
+    const double batch_seconds = session.sustain_seconds > 0
+                                     ? 0.5 * session.sustain_seconds / session.reps
+                                     : kMinBatchSeconds;
+    batch = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(batch_seconds / probe)), 1,
+                                session.sustain_seconds > 0 ? kMaxBatch * 10 : kMaxBatch);
+  }
+  if (session.sustain_seconds > 0) {  // heat: back to back until clock and power settle
+    const auto start = std::chrono::steady_clock::now();
+    while (SecondsSince(start) < 0.5 * session.sustain_seconds) {
+      for (int64_t i = 0; i < batch / session.reps + 1; ++i) call(index++);
+      CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
   }
   std::vector<double> per_call;
+  if (session.clocks != nullptr) session.clocks->Begin();
   for (int r = 0; r < session.reps; ++r) {
     CTXPLAN_CUDA_CHECK(cudaEventRecord(start, stream));
     for (int64_t i = 0; i < batch; ++i) call(index++);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(stop, stream));
     per_call.push_back(elapsed() / static_cast<double>(batch));
   }
+  if (session.clocks != nullptr) session.last_window = session.clocks->End();
   std::sort(per_call.begin(), per_call.end());
   return per_call[per_call.size() / 2];
 }

@@ -18,6 +18,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "gpu_clock_sampler.h"
 
 namespace ctxplan::calibrate {
 
@@ -37,6 +38,7 @@ struct Sample {
   double bytes = 0.0, flops = 0.0;
   int64_t copies = 0;
   double seconds = 0.0;  // median seconds of one call (copy rows: of one batch of `copies`)
+  ClockReading clock;    // the SM clock and board power while it was timed (0: not known)
 
   // Takes bytes and FLOPs from an op's cost descriptor (kernels/cost.h).
   Sample& Cost(const OpCost& cost) {
@@ -49,9 +51,21 @@ struct Sample {
 // What every group needs: the options, the stream everything is timed on, and the rows so far.
 struct Session {
   bool quick = false;
-  int reps = 5;                   // timed batches per sample; the median is reported
-  cudaStream_t stream = nullptr;  // blocking w.r.t. the legacy stream, so fills order before it
+  int reps = 5;                       // timed batches per sample; the median is reported
+  cudaStream_t stream = nullptr;      // blocking w.r.t. the legacy stream, so fills order before it
+  GpuClockSampler* clocks = nullptr;  // null: clock and power not recorded
+  // > 0 (the power group): MedianSecondsPerCall first runs the calls back to back for half this
+  // long, so that clock and power settle where a training step holds them, then times batches
+  // over the other half.
+  double sustain_seconds = 0;
+  ClockReading last_window;  // of the last MedianSecondsPerCall
   std::vector<Sample> samples;
+
+  // Appends `s` with the clock of the window timed last (a sample timed on the host gets none).
+  void Add(Sample s) {
+    s.clock = std::exchange(last_window, ClockReading{});
+    samples.push_back(std::move(s));
+  }
 };
 
 // --- device memory -----------------------------------------------------------------------------
@@ -153,7 +167,8 @@ inline constexpr int64_t kMaxBatch = 20000;
 // one timed probe call that sizes the batch (calls per batch: `batch` if > 0, else enough for
 // kMinBatchSeconds), then session.reps batches, each between two events on the stream; the
 // median batch time divided by the batch's calls.
-double MedianSecondsPerCall(const Session& session, const std::function<void(int64_t)>& call,
+// The SM clock and power over the timed batches are left in session.last_window.
+double MedianSecondsPerCall(Session& session, const std::function<void(int64_t)>& call,
                             int64_t batch = 0);
 
 // Host-side costs (pinning, allocation, memcpy): `once()` does the thing once and returns the

@@ -17,6 +17,10 @@ void MeasureAttention(Session& session);  // measure_attention.cpp
 void MeasureSelect(Session& session);     // measure_attention.cpp
 void MeasureCopy(Session& session);       // measure_transfers.cpp
 void MeasureHost(Session& session);       // measure_transfers.cpp
+void MeasurePower(Session& session);      // measure_power.cpp
+// The power group's pieces: a few kernels timed under session.sustain_seconds.
+void MeasurePowerKernels(Session& session);    // measure_kernels.cpp
+void MeasurePowerAttention(Session& session);  // measure_attention.cpp
 
 // An empty kernel <<<1, 1>>> on `stream`, launch checked (measure_launch.cu).
 void LaunchEmptyKernel(cudaStream_t stream);

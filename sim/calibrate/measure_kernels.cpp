@@ -76,12 +76,62 @@ void MeasureLaunch(Session& session) {
   s.op = "launch";
   s.seconds = MedianSecondsPerCall(
       session, [&](int64_t) { LaunchEmptyKernel(session.stream); }, kLaunchBatch);
-  session.samples.push_back(s);
+  session.Add(s);
 }
 
 // =================================================================================================
 // Y [m x n] = X [m x k] W^T (LinearForward, no bias); dX [m x k] = dY [m x n] W
 // (LinearBackwardInput); dW [n x k] += dY^T X (LinearBackwardWeight, beta 1) in bf16 and fp32.
+namespace {
+
+// The four GEMMs of one linear layer at tokens m, out n, in k (forward_only: the forward alone).
+void MeasureGemmShape(Session& session, cu::CublasLtGemm& gemm, int64_t m, int64_t n, int64_t k,
+                      bool forward_only) {
+  cudaStream_t stream = session.stream;
+  Rotating<bf16> x(m * k, -1, 1, 1);            // X: [m][k]
+  Rotating<bf16> w(n * k, -0.05, 0.05, 2);      // W: [n][k] (Hugging Face [out][in])
+  Rotating<bf16> y(m * n, -1, 1, 3);            // Y (forward output) and dY: [m][n]
+  Rotating<bf16> dx(m * k, -1, 1, 4);           // dX: [m][k]
+  Rotating<float> dw32(n * k, -1e-3, 1e-3, 5);  // dW fp32: [n][k], accumulated
+  Rotating<bf16> dw16(n * k, -1e-3, 1e-3, 6);   // dW bf16: [n][k], accumulated
+  auto row = [&](const char* op, int64_t grad_bytes, const OpCost& cost) {
+    Sample s;
+    s.op = op;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.grad_bytes = grad_bytes;
+    return s.Cost(cost);
+  };
+  Sample fwd = row("gemm_fwd", 0, LinearForwardCost(m, n, k, 0));
+  fwd.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+    cu::LinearForward(gemm, x[i], w[i], nullptr, m, n, k, y[i], stream);
+  });
+  session.Add(fwd);
+  if (forward_only) return;
+  Sample bwd_input = row("gemm_bwd_input", 0, LinearBackwardInputCost(m, n, k, 0));
+  bwd_input.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+    cu::LinearBackwardInput(gemm, y[i], w[i], m, n, k, dx[i], stream);
+  });
+  session.Add(bwd_input);
+  Sample bwd_w16 =
+      row("gemm_bwd_weight", kBf16Bytes, LinearBackwardWeightCost(m, n, k, 0, kBf16Bytes));
+  bwd_w16.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+    cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw16[i], static_cast<bf16*>(nullptr),
+                             stream);
+  });
+  session.Add(bwd_w16);
+  Sample bwd_w32 =
+      row("gemm_bwd_weight", kFp32Bytes, LinearBackwardWeightCost(m, n, k, 0, kFp32Bytes));
+  bwd_w32.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+    cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw32[i], static_cast<float*>(nullptr),
+                             stream);
+  });
+  session.Add(bwd_w32);
+}
+
+}  // namespace
+
 void MeasureGemm(Session& session) {
   const auto& tokens = session.quick ? kGemmTokensQuick : kGemmTokens;
   const auto& out_in = session.quick ? kGemmOutInQuick : kGemmOutIn;
@@ -90,46 +140,7 @@ void MeasureGemm(Session& session) {
   for (const auto& [n, k] : out_in) {
     for (const int64_t m : tokens) {
       progress.Step(Describe("gemm", {{"m", m}, {"n", n}, {"k", k}}));
-      cudaStream_t stream = session.stream;
-      Rotating<bf16> x(m * k, -1, 1, 1);            // X: [m][k]
-      Rotating<bf16> w(n * k, -0.05, 0.05, 2);      // W: [n][k] (Hugging Face [out][in])
-      Rotating<bf16> y(m * n, -1, 1, 3);            // Y (forward output) and dY: [m][n]
-      Rotating<bf16> dx(m * k, -1, 1, 4);           // dX: [m][k]
-      Rotating<float> dw32(n * k, -1e-3, 1e-3, 5);  // dW fp32: [n][k], accumulated
-      Rotating<bf16> dw16(n * k, -1e-3, 1e-3, 6);   // dW bf16: [n][k], accumulated
-      auto row = [&](const char* op, int64_t grad_bytes, const OpCost& cost) {
-        Sample s;
-        s.op = op;
-        s.m = m;
-        s.n = n;
-        s.k = k;
-        s.grad_bytes = grad_bytes;
-        return s.Cost(cost);
-      };
-      Sample fwd = row("gemm_fwd", 0, LinearForwardCost(m, n, k, 0));
-      fwd.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
-        cu::LinearForward(gemm, x[i], w[i], nullptr, m, n, k, y[i], stream);
-      });
-      session.samples.push_back(fwd);
-      Sample bwd_input = row("gemm_bwd_input", 0, LinearBackwardInputCost(m, n, k, 0));
-      bwd_input.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
-        cu::LinearBackwardInput(gemm, y[i], w[i], m, n, k, dx[i], stream);
-      });
-      session.samples.push_back(bwd_input);
-      Sample bwd_w16 =
-          row("gemm_bwd_weight", kBf16Bytes, LinearBackwardWeightCost(m, n, k, 0, kBf16Bytes));
-      bwd_w16.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
-        cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw16[i], static_cast<bf16*>(nullptr),
-                                 stream);
-      });
-      session.samples.push_back(bwd_w16);
-      Sample bwd_w32 =
-          row("gemm_bwd_weight", kFp32Bytes, LinearBackwardWeightCost(m, n, k, 0, kFp32Bytes));
-      bwd_w32.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
-        cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw32[i], static_cast<float*>(nullptr),
-                                 stream);
-      });
-      session.samples.push_back(bwd_w32);
+      MeasureGemmShape(session, gemm, m, n, k, false);
     }
   }
 }
@@ -166,7 +177,7 @@ void MeasureLoss(Session& session) {
                                1.0f / static_cast<float>(t), dx.get(), dw.get(), loss.get(),
                                workspace.get(), session.stream);
       });
-      session.samples.push_back(s);
+      session.Add(s);
     }
   }
 }
@@ -184,7 +195,7 @@ Sample TokenRow(const char* op, int64_t t, int64_t n, const OpCost& cost) {
 }
 
 // h = residual + x, y = RMSNorm(h): the runtime's RmsNormResidualForward.
-Sample RmsNormForward(const Session& session, int64_t t) {
+Sample RmsNormForward(Session& session, int64_t t) {
   const int64_t d = kHidden;
   Rotating<bf16> residual(t * d, -2, 2, 21);         // [t][d]
   Rotating<bf16> x(t * d, -2, 2, 22);                // [t][d]
@@ -204,7 +215,7 @@ Sample RmsNormForward(const Session& session, int64_t t) {
 // the default grad dtype) summed every call: the runtime's attention / MLP norm backward.
 // final_norm: the final norm's RmsNormBackwardIntoPartials instead (no d_add, d_weight left in
 // fp32 partial rows summed once a step).
-Sample RmsNormBackward(const Session& session, int64_t t, bool final_norm) {
+Sample RmsNormBackward(Session& session, int64_t t, bool final_norm) {
   const int64_t d = kHidden;
   Rotating<bf16> x(t * d, -2, 2, 31);                     // [t][d]
   Rotating<bf16> dy(t * d, -1, 1, 32);                    // [t][d]
@@ -233,7 +244,7 @@ Sample RmsNormBackward(const Session& session, int64_t t, bool final_norm) {
 }
 
 // RoPE as the runtime's op runs it: Q [t][H_q][d_h] and K [t][H_kv][d_h], two launches.
-Sample Rope(const Session& session, int64_t t) {
+Sample Rope(Session& session, int64_t t) {
   Rotating<bf16> q(t * kQDim, -1, 1, 41);   // [t][H_q][d_h], rotated in place
   Rotating<bf16> k(t * kKvDim, -1, 1, 42);  // [t][H_kv][d_h], rotated in place
   Sample s = TokenRow("rope", t, kQDim, RopeCost(t, kQDim, kKvDim));
@@ -250,7 +261,7 @@ Sample Rope(const Session& session, int64_t t) {
   return s;
 }
 
-Sample Swiglu(const Session& session, int64_t t, bool backward) {
+Sample Swiglu(Session& session, int64_t t, bool backward) {
   const int64_t I = kIntermediate;
   Rotating<bf16> gate_up(t * 2 * I, -6, 6, 51);    // [t][2I] = [gate | up]
   Rotating<bf16> out(t * I, -1, 1, 52);            // forward: out [t][I]; backward: d_out
@@ -268,7 +279,7 @@ Sample Swiglu(const Session& session, int64_t t, bool backward) {
 }
 
 // Embedding rows: k = the vocabulary. Backward into a bf16 table (grad bytes 2).
-Sample Embedding(const Session& session, int64_t t, bool backward) {
+Sample Embedding(Session& session, int64_t t, bool backward) {
   const int64_t d = kHidden;
   Rotating<int32_t> ids(t, 0, kVocab, 61);                      // [t] in [0, V)
   Rotating<bf16> rows(t * d, -1, 1, 62);                        // out / d_out: [t][d]
@@ -289,7 +300,7 @@ Sample Embedding(const Session& session, int64_t t, bool backward) {
 
 // The chunk's K and V into its own 128-token pages (KvWrite), or the dKV later chunks left in
 // them (bf16) added to dK / dV (DkvAccumulate). Identity page table, as the runtime's own pages.
-Sample PageHelper(const Session& session, int64_t t, bool accumulate) {
+Sample PageHelper(Session& session, int64_t t, bool accumulate) {
   const KvPageShape shape{kPageTokens, kKvHeads, kHeadDim};
   const int64_t own_pages = CeilDiv(t, kPageTokens);
   Rotating<bf16> k(t * kKvDim, -1, 1, 71);                            // K / dK: [t][H_kv][d_h]
@@ -319,7 +330,7 @@ Sample PageHelper(const Session& session, int64_t t, bool accumulate) {
   return s;
 }
 
-Sample ZeroFill(const Session& session, int64_t bytes) {
+Sample ZeroFill(Session& session, int64_t bytes) {
   Rotating<float> buffer(static_cast<size_t>(bytes) / sizeof(float), -1, 1, 81);  // [bytes]
   Sample s;
   s.op = "zero_fill";
@@ -331,7 +342,7 @@ Sample ZeroFill(const Session& session, int64_t bytes) {
 }
 
 // AdamW on the GPU: bf16 parameters and gradients, fp32 moments.
-Sample AdamW(const Session& session, int64_t params) {
+Sample AdamW(Session& session, int64_t params) {
   Rotating<bf16> param(params, -0.05, 0.05, 91);  // [n]
   Rotating<bf16> grad(params, -1e-2, 1e-2, 92);   // [n]
   Rotating<float> m(params, -1e-3, 1e-3, 93);     // [n]
@@ -384,11 +395,21 @@ void MeasureMemory(Session& session) {
   for (const Case& c : cases) {
     progress.Step(c.what);
     try {
-      session.samples.push_back(c.measure());
+      session.Add(c.measure());
     } catch (const std::invalid_argument& e) {
       progress.Note("skipped " + c.what + ": " + e.what());
     }
   }
+}
+
+// ===============================================================================================
+// Sustained (session.sustain_seconds): a Llama-3-8B and a Llama-3.2-1B MLP projection over a
+// 4096-token chunk, and an HBM-bound kernel.
+void MeasurePowerKernels(Session& session) {
+  cu::CublasLtGemm gemm;
+  MeasureGemmShape(session, gemm, 4096, 28672, 4096, true);
+  MeasureGemmShape(session, gemm, 4096, 16384, 2048, true);
+  session.Add(Swiglu(session, 16384, false));
 }
 
 }  // namespace ctxplan::calibrate

@@ -5,16 +5,18 @@
 //
 //   ctxplan-measure --output FILE [--quick] [--only GROUP[,GROUP]] [--reps N] [--device I]
 //
-// Groups: launch, gemm, loss, attention, select, memory, copy, host (the grid: the group's file,
-// measure_kernels.cpp, measure_attention.cpp, measure_transfers.cpp). Measured on an H200: the
-// whole grid 41 s (574 samples), --quick 8 s (130 samples); pinning 4 GiB five times is 8 s of it.
+// Groups: launch, gemm, loss, attention, select, memory, copy, host, power (the grid: the group's
+// file, measure_kernels.cpp, measure_attention.cpp, measure_transfers.cpp, measure_power.cpp).
+// Measured on an H200: the whole grid 41 s (574 samples), --quick 8 s (130 samples); pinning 4 GiB
+// five times is 8 s of it.
 //
 // Output (published atomically when the run completes): header comments `# key: value`
 //   gpu_name, sm_count, memory_bytes, clock_mhz, memory_clock_mhz, memory_bus_bits, driver,
-//   cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, quick (0/1)
+//   cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, quick (0/1), and from NVML (0
+//   without it) max_sm_clock_mhz, power_limit_w
 // then the header line and one row per sample:
 //   op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,
-//   copies,seconds
+//   copies,seconds,sm_clock_mhz,watts
 // Unused fields are 0. seconds: the median over --reps batches of the time of ONE call (copy
 // rows: of one batch of `copies` cudaMemcpyAsync calls); bytes and flops: the op's cost
 // descriptor (kernels/cost.h) for kernels, the bytes of one copy for copies. Attention rows: one
@@ -25,7 +27,8 @@
 // Timing: CUDA events on one stream around batches of back-to-back calls (a batch lasts >= 2 ms),
 // after a warm-up call; inputs random (never zeros) and, for memory-bound kernels, rotated over
 // copies so that consecutive calls miss the L2 cache. Host-side costs (memcpy, pinning, the
-// arena's cudaMalloc) on the steady clock.
+// arena's cudaMalloc) on the steady clock. sm_clock_mhz and watts: NVML's SM clock and board
+// power averaged over the timed batches (gpu_clock_sampler.h), 0 where not known.
 //
 // Exit codes: 0 done; 2 a bad flag or value, an unwritable --output, no CUDA GPU (one line on
 // stderr, before any GPU work); 1 a CUDA error during the measurements (no file written).
@@ -71,10 +74,10 @@ struct Group {
   void (*measure)(Session&);
 };
 // In the order they run: the arena's large reservations last, when nothing else holds memory.
-const std::vector<Group> kGroups = {{"launch", MeasureLaunch}, {"gemm", MeasureGemm},
-                                    {"loss", MeasureLoss},     {"attention", MeasureAttention},
-                                    {"select", MeasureSelect}, {"memory", MeasureMemory},
-                                    {"copy", MeasureCopy},     {"host", MeasureHost}};
+const std::vector<Group> kGroups = {
+    {"launch", MeasureLaunch},       {"gemm", MeasureGemm},     {"loss", MeasureLoss},
+    {"attention", MeasureAttention}, {"select", MeasureSelect}, {"memory", MeasureMemory},
+    {"copy", MeasureCopy},           {"host", MeasureHost},     {"power", MeasurePower}};
 
 struct Flags {
   std::string output;
@@ -114,7 +117,7 @@ std::string UtcDate() {
   return text;
 }
 
-void WriteHeader(std::ostream& out, int device, bool quick) {
+void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSampler& clocks) {
   cudaDeviceProp prop{};
   CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   int clock_khz = 0, memory_clock_khz = 0, bus_bits = 0, driver = 0, runtime = 0;
@@ -137,22 +140,26 @@ void WriteHeader(std::ostream& out, int device, bool quick) {
       << "# commit: " << CTXPLAN_GIT_COMMIT << "\n"
       << "# date: " << UtcDate() << "\n"
       << "# host_cpus: " << std::thread::hardware_concurrency() << "\n"
-      << "# quick: " << (quick ? 1 : 0) << "\n";
+      << "# quick: " << (quick ? 1 : 0) << "\n"
+      << "# max_sm_clock_mhz: " << clocks.max_sm_clock_mhz() << "\n"
+      << "# power_limit_w: " << clocks.power_limit_watts() << "\n";
 }
 
 void WriteSamples(std::ostream& out, const std::vector<Sample>& samples) {
   out << "op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,"
-         "flops,copies,seconds\n";
+         "flops,copies,seconds,sm_clock_mhz,watts\n";
   for (const Sample& s : samples) {
     char line[512];
     std::snprintf(line, sizeof(line),
-                  "%s,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.0f,%.0f,%lld,%.6e\n",
+                  "%s,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.0f,%.0f,%lld,%.6e,%.0f,"
+                  "%.1f\n",
                   s.op.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
                   static_cast<long long>(s.k), static_cast<long long>(s.heads),
                   static_cast<long long>(s.kv_heads), static_cast<long long>(s.head_dim),
                   static_cast<long long>(s.page_tokens), static_cast<long long>(s.pages),
                   static_cast<long long>(s.pages_per_tile), static_cast<long long>(s.grad_bytes),
-                  s.bytes, s.flops, static_cast<long long>(s.copies), s.seconds);
+                  s.bytes, s.flops, static_cast<long long>(s.copies), s.seconds,
+                  s.clock.sm_clock_mhz, s.clock.watts);
     out << line;
   }
 }
@@ -221,6 +228,8 @@ int Main(int argc, char** argv) {
     session.quick = flags.quick;
     session.reps = flags.reps > 0 ? flags.reps : (flags.quick ? 3 : 5);
     CTXPLAN_CUDA_CHECK(cudaSetDevice(flags.device));
+    GpuClockSampler clocks(flags.device);
+    session.clocks = &clocks;
     // A blocking stream: ordered after the legacy stream, where the buffers are filled.
     CTXPLAN_CUDA_CHECK(cudaStreamCreate(&session.stream));
     for (const Group& g : kGroups) {
@@ -230,7 +239,7 @@ int Main(int argc, char** argv) {
     }
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(session.stream));
     CTXPLAN_CUDA_CHECK(cudaStreamDestroy(session.stream));
-    WriteHeader(output->stream(), flags.device, flags.quick);
+    WriteHeader(output->stream(), flags.device, flags.quick, clocks);
     WriteSamples(output->stream(), session.samples);
     output->Commit();
     std::fprintf(stderr, "%s: %zu samples in %.0f s written to %s\n", kProgram,

@@ -85,7 +85,7 @@ void MeasureCopy(Session& session) {
               cudaMemcpyAsync(host_b.get(), dev_a.get(), bytes, cudaMemcpyDeviceToHost, stream));
         }
       });
-      session.samples.push_back(s);
+      session.Add(s);
     }
   }
 
@@ -114,7 +114,7 @@ void MeasureCopy(Session& session) {
           }
         }
       });
-      session.samples.push_back(s);
+      session.Add(s);
     }
   }
 
@@ -147,7 +147,7 @@ void MeasureCopy(Session& session) {
       CTXPLAN_CUDA_CHECK(cudaEventRecord(join, other));
       CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
     });
-    session.samples.push_back(s);
+    session.Add(s);
   }
 
   // Device to device: bytes = the size copied (HBM traffic is twice that: read + write).
@@ -160,7 +160,7 @@ void MeasureCopy(Session& session) {
       CTXPLAN_CUDA_CHECK(
           cudaMemcpyAsync(d2d_dst.get(), d2d_src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
     });
-    session.samples.push_back(s);
+    session.Add(s);
   }
 }
 
@@ -178,7 +178,7 @@ void MeasureHost(Session& session) {
     const auto start = std::chrono::steady_clock::now();
     const ModelWeights weights = RandomWeights(model, 1);
     s.seconds = SecondsSince(start);
-    session.samples.push_back(s);
+    session.Add(s);
   }
   {  // The runtime's host AdamW (host_adamw.h) over bf16 weights and gradients, on its threads.
     progress.Step(Describe("host_adamw", {{"params", kHostAdamWParams}}));
@@ -199,7 +199,7 @@ void MeasureHost(Session& session) {
       ++params.step;
       return SecondsSince(start);
     });
-    session.samples.push_back(s);
+    session.Add(s);
   }
 
   {  // One thread's std::memcpy between two touched host buffers.
@@ -217,7 +217,7 @@ void MeasureHost(Session& session) {
       std::memcpy(to.get(), from.get(), size);
       return SecondsSince(start);
     });
-    session.samples.push_back(s);
+    session.Add(s);
   }
 
   // Pinning as the runtime's pinned page store pins (cudaHostAlloc in 1 GiB blocks): the store's
@@ -236,7 +236,7 @@ void MeasureHost(Session& session) {
         const gpu::PinnedPageStore store(options);
         return SecondsSince(start);
       });
-      session.samples.push_back(s);
+      session.Add(s);
     } catch (const gpu::PinnedMemoryError& e) {
       progress.Note(std::string("skipped pin: ") + e.what());
     }
@@ -256,7 +256,7 @@ void MeasureHost(Session& session) {
         const gpu::DeviceArena arena(reservations);
         return SecondsSince(start);
       });
-      session.samples.push_back(s);
+      session.Add(s);
     } catch (const kernels::CudaError& e) {  // a GPU with too little free memory
       progress.Note(std::string("skipped device_alloc: ") + e.what());
     }

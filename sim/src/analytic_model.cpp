@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <vector>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
@@ -36,15 +38,29 @@ void Observe(MemoryPeak& peak, const MemoryState& state) {
 // other), summed op by op exactly as the event path times them.
 struct Segment {
   Tick ticks = 0;
+  Tick clock_ticks = 0;  // the part of `ticks` that runs at the SM clock
   double flops = 0.0;
+  StepEnergy energy;
+
+  // This segment with its clock-bound part `slower` times longer (a lower clock).
+  void Slow(double slower) {
+    const Tick extra =
+        static_cast<Tick>(std::llround(static_cast<double>(clock_ticks) * (slower - 1)));
+    ticks += extra;
+    clock_ticks += extra;
+    energy.clock_bound_seconds *= slower;
+  }
 };
 
 class SegmentBuilder {
  public:
   SegmentBuilder(const KernelTimeModel& model, Phase phase) : model_(model), phase_(phase) {}
   SegmentBuilder& operator()(Segment& segment, const OpCost& cost) {
-    segment.ticks += model_.Duration(cost, phase_);
+    const KernelTimeModel::OpTime t = model_.Time(cost, phase_);
+    segment.ticks += SecondsToTicks(t.seconds);
+    segment.clock_ticks += SecondsToTicks(t.energy.clock_bound_seconds);
     segment.flops += cost.flops;
+    segment.energy += t.energy;
     return *this;
   }
 
@@ -58,6 +74,14 @@ struct ForwardLayer {
   Tick h2d = 0, d2h = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
   bool paged = false, copy_in = false, sparse = false, fill = false;
+
+  ForwardLayer Slowed(double slower) const {
+    ForwardLayer f = *this;
+    for (Segment* s :
+         {&f.pre, &f.kv_write, &f.summary, &f.select, &f.attn_own, &f.attn_paged, &f.post})
+      s->Slow(slower);
+    return f;
+  }
 };
 
 struct BackwardLayer {
@@ -65,6 +89,13 @@ struct BackwardLayer {
   Tick h2d = 0, d2h = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
   bool paged = false, copy_in = false, own_dkv = false;
+
+  BackwardLayer Slowed(double slower) const {
+    BackwardLayer b = *this;
+    for (Segment* s : {&b.zero, &b.before_attention, &b.attn_paged, &b.dkv_accumulate, &b.after})
+      s->Slow(slower);
+    return b;
+  }
 };
 
 // The state the max-plus recurrence carries from layer to layer: when each stream is next free,
@@ -179,10 +210,12 @@ class TimeRecurrence {
   }
 
   void Kernel(const OpCost& cost, Phase phase) {
-    const Tick ticks = model_.Duration(cost, phase);
+    const KernelTimeModel::OpTime t = model_.Time(cost, phase);
+    const Tick ticks = SecondsToTicks(t.seconds);
     clock_.compute() += ticks;
     result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += ticks;
     result_.flops += cost.flops;
+    result_.energy += t.energy;
   }
 
   // Runs the layers of one forward pass over a chunk.
@@ -197,6 +230,11 @@ class TimeRecurrence {
     result_.flops += static_cast<double>(layers) *
                      (f.pre.flops + f.kv_write.flops + f.summary.flops + f.select.flops +
                       f.attn_own.flops + f.attn_paged.flops + f.post.flops);
+    StepEnergy energy = f.pre.energy;
+    for (const Segment* s :
+         {&f.kv_write, &f.summary, &f.select, &f.attn_own, &f.attn_paged, &f.post})
+      energy += s->energy;
+    result_.energy += energy.Times(static_cast<double>(layers));
     result_.h2d_bytes += static_cast<double>(layers) * f.h2d_bytes;
     result_.d2h_bytes += static_cast<double>(layers) * f.d2h_bytes;
   }
@@ -212,6 +250,10 @@ class TimeRecurrence {
     result_.flops +=
         static_cast<double>(layers) * (b.zero.flops + b.before_attention.flops +
                                        b.attn_paged.flops + b.dkv_accumulate.flops + b.after.flops);
+    StepEnergy energy = b.zero.energy;
+    for (const Segment* s : {&b.before_attention, &b.attn_paged, &b.dkv_accumulate, &b.after})
+      energy += s->energy;
+    result_.energy += energy.Times(static_cast<double>(layers));
     result_.h2d_bytes += static_cast<double>(layers) * b.h2d_bytes;
     result_.d2h_bytes += static_cast<double>(layers) * b.d2h_bytes;
   }
@@ -365,6 +407,13 @@ class TimeRecurrence {
 
 }  // namespace
 
+// The layers one pass over the chunks built at the maximum clock, kept so that the pass at the
+// sustained clock slows them instead of timing every op again.
+struct LayerCache {
+  std::vector<ForwardLayer> forward;
+  std::vector<BackwardLayer> backward;
+};
+
 MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   const RunOptions& o = g.options();
   const int64_t layers = g.model().num_hidden_layers;
@@ -429,21 +478,64 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   return p;
 }
 
+namespace {
+double ComputeBusySeconds(const StepPrediction& p) {
+  return TicksToSeconds(p.busy_ticks[static_cast<size_t>(Stream::kCompute)]);
+}
+}  // namespace
+
 StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   StepPrediction result;
   const MemoryPrediction memory = PredictMemory(g);
   result.gpu = memory.gpu;
   result.host = memory.host;
+  // At the maximum clock first; a step that would draw more than the power limit allows is
+  // timed again at the clock that fits (clock_model.h).
+  const KernelTimeModel at_max = time_model_.AtClock(1.0);
+  LayerCache layers;
+  PredictTime(g, at_max, result, layers, false);
+  const double clock =
+      SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
+  if (clock < 1.0) PredictTime(g, at_max.AtClock(clock), result, layers, true);
+  return result;
+}
 
+double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
+  StepPrediction result;
+  const KernelTimeModel at_max = time_model_.AtClock(1.0);
+  LayerCache layers;
+  PredictTime(g, at_max, result, layers, false);
+  return SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
+}
+
+void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,
+                                StepPrediction& result, LayerCache& layers, bool reuse) {
+  const double slower = 1.0 / time_model.clock_fraction();
+  size_t next_forward = 0, next_backward = 0;
+  auto forward = [&](const ChunkGeometry& c, Phase phase, TimeRecurrence& time) {
+    if (reuse) return layers.forward[next_forward++].Slowed(slower);
+    layers.forward.push_back(time.Forward(c, phase));
+    return layers.forward.back();
+  };
+  auto backward = [&](const ChunkGeometry& c, const DkvState& dkv, TimeRecurrence& time) {
+    if (reuse) return layers.backward[next_backward++].Slowed(slower);
+    layers.backward.push_back(time.Backward(c, dkv));
+    return layers.backward.back();
+  };
+  const MemoryPeak gpu = result.gpu, host = result.host;
+  result = StepPrediction{};
+  result.gpu = gpu;
+  result.host = host;
+  result.sm_clock_fraction = time_model.clock_fraction();
   const ModelSpec& m = g.model();
   const RunOptions& o = g.options();
   const int32_t chunks = g.num_chunks();
-  TimeRecurrence time(g, time_model_, result);
+  TimeRecurrence time(g, time_model, result);
 
   for (int32_t i = 0; i < g.fill_chunks(); ++i) {
     const ChunkGeometry c = g.Chunk(i);
     time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kFill);
-    time.RunForward(time.Forward(c, Phase::kFill));
+    time.RunForward(forward(c, Phase::kFill, time));
   }
   int64_t selected_by_later_chunks = 0;
   for (int32_t i = chunks - 1; i >= 0; --i) {
@@ -451,20 +543,19 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
     const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
     if (!o.keep_layer_inputs) {
       time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kRecompute);
-      time.RunForward(time.Forward(c, Phase::kRecompute));
+      time.RunForward(forward(c, Phase::kRecompute, time));
     }
     time.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
     time.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
                                         o.grad_bytes()),
                 Phase::kLoss);
     time.Kernel(RmsNormBackwardCost(c.tokens, m.hidden_size), Phase::kLoss);
-    time.RunBackward(time.Backward(c, dkv));
+    time.RunBackward(backward(c, dkv, time));
     time.Kernel(EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes()), Phase::kBackward);
     selected_by_later_chunks += c.union_pages;
   }
   time.Optimizer();
   result.step_ticks = time.End();
-  return result;
 }
 
 }  // namespace ctxplan::sim

@@ -17,6 +17,10 @@ namespace {
 
 constexpr std::string_view kSamplesColumns =
     "op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,"
+    "copies,seconds,sm_clock_mhz,watts";
+// Samples written before ctxplan-measure recorded clock and power.
+constexpr std::string_view kSamplesColumnsWithoutClock =
+    "op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,"
     "copies,seconds";
 constexpr int64_t kQueryTile = 128;  // ctxplan-measure's page selections use query tiles of 128
 // Copies at least this large measure the link's bandwidth (their call cost is under 1%).
@@ -281,6 +285,7 @@ CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path) {
   std::string line;
   int number = 0;
   bool header_seen = false;
+  size_t columns = 0;
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -300,12 +305,18 @@ CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path) {
       continue;
     }
     if (!header_seen) {
-      if (line != kSamplesColumns) Bad(path, number, "unexpected header line");
+      if (line == kSamplesColumns)
+        columns = 17;
+      else if (line == kSamplesColumnsWithoutClock)
+        columns = 15;
+      else
+        Bad(path, number, "unexpected header line");
       header_seen = true;
       continue;
     }
     const std::vector<std::string> f = SplitCsv(line);
-    if (f.size() != 15) Bad(path, number, std::to_string(f.size()) + " fields, not 15");
+    if (f.size() != columns)
+      Bad(path, number, std::to_string(f.size()) + " fields, not " + std::to_string(columns));
     CalibrationSample s;
     s.op = f[0];
     auto integer = [&](size_t i) -> int64_t {
@@ -342,14 +353,91 @@ CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path) {
     s.flops = number_at(12);
     s.copies = integer(13);
     s.seconds = number_at(14);
+    if (columns == 17) {
+      s.sm_clock_mhz = number_at(15);
+      s.watts = number_at(16);
+    }
     out.rows.push_back(std::move(s));
   }
   if (!header_seen) Bad(path, number, "no header line");
   return out;
 }
 
-CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& base,
+namespace {
+
+double HeaderNumber(const CalibrationSamples& samples, const char* key) {
+  auto it = samples.header.find(key);
+  if (it == samples.header.end()) return 0;
+  try {
+    return std::stod(it->second);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// The kernels whose time goes as 1 / SM clock (clock_model.h).
+bool IsClockBound(std::string_view op) {
+  return op.rfind("gemm_", 0) == 0 || op == "loss" || op == "attention_fwd" ||
+         op == "attention_bwd";
+}
+
+// The samples with every compute-bound kernel's seconds scaled from the clock it was timed at to
+// the maximum SM clock, at which the profile's rates hold. Samples without a clock stay as
+// they are.
+CalibrationSamples AtMaxClock(const CalibrationSamples& measured) {
+  CalibrationSamples out = measured;
+  const double max_mhz = HeaderNumber(measured, "max_sm_clock_mhz");
+  if (max_mhz <= 0) return out;
+  for (CalibrationSample& s : out.rows) {
+    std::string_view op = s.op;
+    if (op.rfind("power_", 0) == 0) op.remove_prefix(6);
+    if (IsClockBound(op) && s.sm_clock_mhz > 0) s.seconds *= s.sm_clock_mhz / max_mhz;
+  }
+  return out;
+}
+
+// The power group: idle watts, the power limit, and each kind's watts above idle at the maximum
+// clock, from its sustained draw at the clock it held (P - idle) / x^kPowerExponent.
+void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
+  const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz");
+  const double limit = HeaderNumber(samples, "power_limit_w");
+  double idle = 0;  // the idle row has no time, only watts
+  for (const CalibrationSample& s : samples.rows)
+    if (s.op == "power_idle") idle = s.watts;
+  if (max_mhz <= 0 || limit <= 0 || idle <= 0) return;
+  // Watts above idle at the maximum clock, per second of the kind's work at its full rate
+  // (`tflops`, the head dim's for attention): what an op draws goes with its FLOPs
+  // (kernel_time_model.cpp). The sustained rows' seconds are already at the maximum clock.
+  auto kind = [&](std::string_view op, std::function<double(const CalibrationSample&)> tflops) {
+    std::vector<double> watts;
+    for (const CalibrationSample* s : Op(samples, op)) {
+      if (s->watts <= 0 || s->sm_clock_mhz <= 0) continue;
+      const double x = std::min(1.0, s->sm_clock_mhz / max_mhz);
+      const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, kPowerExponent);
+      const double full_seconds = tflops ? s->flops / (tflops(*s) * 1e12) : s->seconds;
+      watts.push_back(drawn * std::min(1.0, s->seconds / full_seconds));
+    }
+    return watts.empty() ? 0.0 : Median(watts);
+  };
+  auto d64 = [](const CalibrationSample& s) { return s.head_dim > 0 && s.head_dim <= 64; };
+  k.max_sm_clock_mhz = max_mhz;
+  k.power_limit_w = limit;
+  k.idle_w = idle;
+  k.gemm_w = kind("power_gemm_fwd", [&](const CalibrationSample&) { return k.gemm_tflops; });
+  k.attention_fwd_w = kind("power_attention_fwd", [&](const CalibrationSample& s) {
+    return d64(s) ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128;
+  });
+  k.attention_bwd_w = kind("power_attention_bwd", [&](const CalibrationSample& s) {
+    return d64(s) ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128;
+  });
+  k.memory_w = kind("power_swiglu_fwd", nullptr);
+}
+
+}  // namespace
+
+CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& base,
                               const std::string& samples_name) {
+  const CalibrationSamples samples = AtMaxClock(timed);
   CalibrationFit fit;
   GpuSpec& gpu = fit.gpu;
   gpu = base;
@@ -612,6 +700,19 @@ CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& 
   group("page_topk", [](const CalibrationSample& s) { return s.op == "page_topk"; });
   group("copy",
         [](const CalibrationSample& s) { return s.op == "copy_h2d" || s.op == "copy_d2h"; });
+  // The sustained kernels of the power group, timed at the clock the power limit left them,
+  // scaled to the maximum clock: how well 1 / clock explains a kernel under the limit.
+  {
+    CalibrationSamples sustained;
+    for (const CalibrationSample& s : samples.rows) {
+      if (s.op.rfind("power_", 0) != 0 || s.op == "power_idle") continue;
+      sustained.rows.push_back(s);
+      sustained.rows.back().op = s.op.substr(6);
+    }
+    const auto rows = Select(sustained, [](const CalibrationSample& s) { return s.seconds > 0; });
+    if (!rows.empty()) fit.residuals.push_back(Residual(model, "sustained", rows));
+  }
+  FitPower(samples, k);
   return fit;
 }
 
@@ -632,6 +733,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "display_name: " << g.display_name << "\n";
   o << "sm_count: " << g.sm_count << "\n";
   if (g.boost_clock_mhz > 0) o << "boost_clock_mhz: " << g.boost_clock_mhz << "\n";
+  if (g.tdp_w > 0) o << "tdp_w: " << g.tdp_w << "\n";
   o << "host_link: " << g.host_link << "\n";
   spec("memory_gib", g.memory_gib);
   spec("memory_bandwidth_gbs", g.memory_bandwidth_gbs);
@@ -699,6 +801,15 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  host_adamw_gparams: " << k.host_adamw_gparams << "\n";
   o << "  weights_init_gparams: " << k.weights_init_gparams << "\n";
   o << "  device_alloc_gbs: " << k.device_alloc_gbs << "\n";
+  if (k.has_power()) {
+    o << "  max_sm_clock_mhz: " << k.max_sm_clock_mhz << "\n";
+    o << "  power_limit_w: " << k.power_limit_w << "\n";
+    o << "  idle_w: " << k.idle_w << "\n";
+    o << "  gemm_w: " << k.gemm_w << "\n";
+    o << "  attention_fwd_w: " << k.attention_fwd_w << "\n";
+    o << "  attention_bwd_w: " << k.attention_bwd_w << "\n";
+    o << "  memory_w: " << k.memory_w << "\n";
+  }
   return o.str();
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
+#include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/event_queue.h"
 
 namespace ctxplan::sim {
@@ -150,8 +151,14 @@ void StreamState::Process() {
 }  // namespace
 
 StepPrediction EventSimulator::Run(const StepPlan& plan, SimObserver* observer) const {
-  Engine engine(plan, time_model_, observer);
-  return engine.Run();
+  // The ops timed at the SM clock the step holds under the power limit, which the analytic
+  // path finds (clock_model.h).
+  const double clock = AnalyticModel(time_model_).SustainedClock(plan.geometry());
+  const KernelTimeModel at_clock = time_model_.AtClock(clock);
+  Engine engine(plan, at_clock, observer);
+  StepPrediction result = engine.Run();
+  result.sm_clock_fraction = clock;
+  return result;
 }
 
 }  // namespace ctxplan::sim

@@ -173,22 +173,48 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
   return best;
 }
 
-double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
+KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
+  CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
+  KernelTimeModel m = *this;
+  m.clock_fraction_ = fraction;
+  return m;
+}
+
+KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) const {
   const KernelProfile& k = profile_;
   const KernelShape& s = cost.shape;
   const double launches = static_cast<double>(std::max(1, s.launches)) * k.launch_us * 1e-6;
   const double memory = cost.bytes / hbm_bytes_per_second_;
   const double side = s.side_bytes / hbm_bytes_per_second_;
+  // Compute-bound seconds at the maximum clock, slowed to this model's clock when they, not
+  // the memory traffic, bound the op. Its energy goes with its work: the op's FLOPs at the
+  // kind's full rate (`full_seconds`), times what the kind draws there above idle (`watts`) - a
+  // kernel on a slow path (small tiles, pages off the fast path) waits more and draws less.
+  auto bounded = [&](double fixed, double compute_at_max, double full_seconds, double watts) {
+    OpTime t;
+    const double compute = compute_at_max / clock_fraction_;
+    if (compute >= memory) {
+      t.seconds = fixed + compute;
+      t.energy.clock_bound_seconds = compute;
+      t.energy.clock_joules = std::min(full_seconds, compute_at_max) * watts;
+    } else {
+      t.seconds = fixed + memory;
+      t.energy.fixed_joules = memory * k.memory_w;
+    }
+    return t;
+  };
   switch (cost.rate) {
     case RateClass::kNone:
-      return 0.0;
+      return {};
     case RateClass::kGemm: {
-      if (cost.flops <= 0) return 0.0;
+      if (cost.flops <= 0) return {};
       // A shape left empty (LoRA's thin GEMMs, a hand-made cost) is its FLOPs at the rate.
       const double compute = s.rows > 0 && s.cols > 0 && s.depth > 0
                                  ? GemmComputeSeconds(s)
                                  : cost.flops / (k.gemm_tflops * 1e12);
-      return launches + std::max(compute, memory) + side;
+      OpTime t = bounded(launches, compute, cost.flops / (k.gemm_tflops * 1e12), k.gemm_w);
+      t.seconds += side;
+      return t;
     }
     case RateClass::kFusedLoss: {
       // Its passes over the same [tokens x vocab] grid (LSE, then the gradients): one GEMM's
@@ -199,29 +225,40 @@ double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
                            static_cast<double>(s.depth);
         compute = GemmComputeSeconds(s) * (cost.flops / one);
       }
-      return launches + std::max(compute / k.loss_efficiency, memory);
+      return bounded(launches, compute / k.loss_efficiency, cost.flops / (k.gemm_tflops * 1e12),
+                     k.gemm_w);
     }
     case RateClass::kAttentionForward:
     case RateClass::kSparseAttentionForward:
     case RateClass::kAttentionBackward:
     case RateClass::kSparseAttentionBackward: {
-      if (cost.flops <= 0) return launches;
+      if (cost.flops <= 0) return {launches, {}};
+      const bool backward = cost.rate == RateClass::kAttentionBackward ||
+                            cost.rate == RateClass::kSparseAttentionBackward;
       // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
-      return launches + std::max(AttentionComputeSeconds(cost), memory);
+      const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
+      const double tflops = backward
+                                ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
+                                : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
+      return bounded(launches, AttentionComputeSeconds(cost), cost.flops / (tflops * 1e12),
+                     backward ? k.attention_bwd_w : k.attention_fwd_w);
     }
-    case RateClass::kMemoryBound:
-      return launches + memory + side;
+    case RateClass::kMemoryBound: {
+      OpTime t{launches + memory + side, {}};
+      t.energy.fixed_joules = (memory + side) * k.memory_w;
+      return t;
+    }
     case RateClass::kPageScore: {
       const double per_page = k.page_score_ns_per_tile_page * 1e-9 * static_cast<double>(s.rows) *
                               static_cast<double>(s.cols);
-      return launches + memory + k.page_score_fixed_us * 1e-6 + per_page;
+      return {launches + memory + k.page_score_fixed_us * 1e-6 + per_page, {}};
     }
     case RateClass::kPageTopK: {
       // One block a query tile walks every candidate page; more tiles than SMs take more waves.
       const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s.rows)) /
                                      static_cast<double>(sm_count_));
       const double walk = k.page_topk_ns_per_page * 1e-9 * static_cast<double>(s.cols) * waves;
-      return launches + k.page_topk_fixed_us * 1e-6 + std::max(walk, memory);
+      return {launches + k.page_topk_fixed_us * 1e-6 + std::max(walk, memory), {}};
     }
     case RateClass::kHostToDevice:
     case RateClass::kDeviceToHost: {
@@ -230,15 +267,15 @@ double KernelTimeModel::Seconds(const OpCost& cost, Phase phase) const {
                                 : cost.rate == RateClass::kHostToDevice ? h2d_bytes_per_second_
                                                                         : d2h_bytes_per_second_;
       const double calls = static_cast<double>(std::max(1, s.launches)) * k.copy_call_us * 1e-6;
-      return calls + cost.bytes / per_second;
+      return {calls + cost.bytes / per_second, {}};
     }
     case RateClass::kHostCompute: {
       // AdamW on the host: 12 FLOPs a parameter (kernels/cost.cpp).
-      if (k.host_adamw_gparams > 0) return cost.flops / 12.0 / (k.host_adamw_gparams * 1e9);
-      return cost.bytes / host_bytes_per_second_;
+      if (k.host_adamw_gparams > 0) return {cost.flops / 12.0 / (k.host_adamw_gparams * 1e9), {}};
+      return {cost.bytes / host_bytes_per_second_, {}};
     }
   }
-  return 0.0;
+  return {};
 }
 
 }  // namespace ctxplan::sim

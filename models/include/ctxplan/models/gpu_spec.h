@@ -69,8 +69,20 @@ struct KernelProfile {
   double host_adamw_gparams = 0;
   double weights_init_gparams = 0;  // ctxtrain's random weights on the host (no --weights file)
   double device_alloc_gbs = 0;
+  // Power: a training step holds the board at its power limit, and the SM clock sinks until the
+  // draw fits (sim/include/ctxplan/sim/clock_model.h). The compute rates above are at the
+  // maximum SM clock; each kind of kernel draws idle_w plus its own watts at that clock (measured
+  // sustained, scaled to the maximum clock). All 0: no power limit modelled.
+  double max_sm_clock_mhz = 0;
+  double power_limit_w = 0;
+  double idle_w = 0;
+  double gemm_w = 0;           // GEMMs and the fused loss
+  double attention_fwd_w = 0;  // attention forward
+  double attention_bwd_w = 0;  // attention backward
+  double memory_w = 0;         // HBM-bound kernels
 
   bool empty() const { return gemm_tflops <= 0; }
+  bool has_power() const { return power_limit_w > 0 && max_sm_clock_mhz > 0 && gemm_w > 0; }
 };
 
 struct GpuSpec {
@@ -91,6 +103,7 @@ struct GpuSpec {
   SpecValue cuda_context_gib;      // CUDA context + library workspaces, GiB
   int64_t sm_count = 0;
   double boost_clock_mhz = 0;  // SM boost clock (datasheet): scales a sibling's compute rates
+  double tdp_w = 0;            // board power limit (datasheet); 0: not known
   std::string host_link;       // "pcie-gen5-x16", "nvlink-c2c"
   KernelProfile kernels;       // empty: the planner derives one from the spec values
 
@@ -100,7 +113,10 @@ struct GpuSpec {
 // `target`'s kernel profile estimated from a calibrated `sibling`: tensor-core rates scale with
 // the dense bf16 peaks (SMs x clock x architecture), memory-bound work with the device copy
 // bandwidth (already in the spec values), the page top-k (one SM a tile) with the SM clock;
-// launch and host costs stay (same driver, same host). provenance kEstimate, derived_from set.
+// launch and host costs stay (same driver, same host). Power: the target's own limit (tdp_w),
+// idle in proportion to it, and each kernel kind's watts with the work a second (the dense
+// peaks: the same energy an operation); a target without tdp_w has no power model.
+// provenance kEstimate, derived_from set.
 KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target);
 
 // A GPU in a host with some RAM: what `--machine` or `--gpu` + `--host-ram` select.

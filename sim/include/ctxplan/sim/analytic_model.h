@@ -16,6 +16,8 @@
 
 namespace ctxplan::sim {
 
+struct LayerCache;  // analytic_model.cpp
+
 struct MemoryPrediction {
   MemoryPeak gpu;
   MemoryPeak host;
@@ -25,11 +27,19 @@ class AnalyticModel {
  public:
   explicit AnalyticModel(const KernelTimeModel& time_model) : time_model_(time_model) {}
 
+  // Memory and time; the time at the SM clock the step holds under the power limit.
   StepPrediction Predict(const PlanGeometry& geometry) const;
+  // That clock, as a fraction of the maximum (1: the step fits under the limit).
+  double SustainedClock(const PlanGeometry& geometry) const;
   // Memory only: O(chunks) integer arithmetic, for the max-context search.
   static MemoryPrediction PredictMemory(const PlanGeometry& geometry);
 
  private:
+  // The step's time with `time_model` (memory in `result` kept). The first pass builds
+  // `layers` at the maximum clock; a pass with `reuse` slows them to time_model's clock.
+  static void PredictTime(const PlanGeometry& geometry, const KernelTimeModel& time_model,
+                          StepPrediction& result, LayerCache& layers, bool reuse);
+
   const KernelTimeModel& time_model_;
 };
 

@@ -24,6 +24,8 @@ struct CalibrationSample {
   double bytes = 0, flops = 0;
   int64_t copies = 0;
   double seconds = 0;
+  double sm_clock_mhz = 0;  // NVML's SM clock while it was timed (0: not recorded)
+  double watts = 0;         // board power while it was timed (0: not recorded)
 };
 
 struct CalibrationSamples {

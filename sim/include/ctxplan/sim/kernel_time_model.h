@@ -22,6 +22,10 @@
 //                 the selections' read-back to the host (a stream sync)
 //   copies        bytes over the pinned link (both directions share it in the backward)
 //   host compute  AdamW on the host at host_adamw_gparams
+//
+// The compute-bound parts (GEMM, loss and attention compute) are at the model's SM clock: the
+// maximum clock unless AtClock() says otherwise (the clock a step holds under the power limit,
+// clock_model.h).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,7 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/gpu_spec.h"
 #include "ctxplan/runtime/op.h"
+#include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/tick.h"
 
 namespace ctxplan::sim {
@@ -55,7 +60,19 @@ class KernelTimeModel {
   Tick Duration(const OpCost& cost, Phase phase) const {
     return SecondsToTicks(Seconds(cost, phase));
   }
-  double Seconds(const OpCost& cost, Phase phase) const;
+  double Seconds(const OpCost& cost, Phase phase) const { return Time(cost, phase).seconds; }
+
+  // An op's seconds and what it draws: the part of its time that runs at the SM clock and the
+  // energy above idle (clock_model.h).
+  struct OpTime {
+    double seconds = 0;
+    StepEnergy energy;  // at this model's clock
+  };
+  OpTime Time(const OpCost& cost, Phase phase) const;
+
+  // This model with compute-bound work at `fraction` of the maximum SM clock.
+  KernelTimeModel AtClock(double fraction) const;
+  double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
 
@@ -69,6 +86,7 @@ class KernelTimeModel {
 
  private:
   KernelProfile profile_;
+  double clock_fraction_ = 1.0;  // of the maximum SM clock
   int64_t sm_count_ = 1;
   double hbm_bytes_per_second_ = 0;  // memory-bound kernels
   double h2d_bytes_per_second_ = 0;

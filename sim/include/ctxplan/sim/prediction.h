@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ctxplan/runtime/op.h"
+#include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/tick.h"
 
 namespace ctxplan::sim {
@@ -53,6 +54,10 @@ struct StepPrediction {
   double h2d_bytes = 0.0;
   double d2h_bytes = 0.0;
   uint64_t op_count = 0;
+  // The SM clock the step holds under the power limit, as a fraction of the maximum, and what
+  // its ops draw at that clock (clock_model.h).
+  double sm_clock_fraction = 1.0;
+  StepEnergy energy;
 
   double step_seconds() const { return TicksToSeconds(step_ticks); }
 };

@@ -1,0 +1,103 @@
+// The SM clock under the board's power limit (sim/include/ctxplan/sim/clock_model.h) and the
+// time model at a clock: compute-bound work slows as 1 / clock, memory-bound work and copies do
+// not, and a step is timed at the largest clock whose power fits the limit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/clock_model.h"
+#include "ctxplan/sim/kernel_time_model.h"
+
+namespace ctxplan::sim {
+namespace {
+
+KernelProfile PowerProfile() {
+  KernelProfile k;
+  k.gemm_tflops = 800;
+  k.max_sm_clock_mhz = 1980;
+  k.power_limit_w = 700;
+  k.idle_w = 100;
+  k.gemm_w = 900;
+  k.memory_w = 300;
+  return k;
+}
+
+// The power above idle at clock fraction x, as clock_model.h writes it.
+double PowerAbove(double x, double busy, const StepEnergy& e) {
+  const double seconds = busy + e.clock_bound_seconds * (1 / x - 1);
+  return (std::pow(x, kPowerExponent) * e.fixed_joules +
+          std::pow(x, kPowerExponent - 1) * e.clock_joules) /
+         seconds;
+}
+
+TEST(ClockModel, AStepUnderTheLimitKeepsTheMaximumClock) {
+  const StepEnergy light{1.0, 1.0 * 400, 0};  // 400 W above idle: 500 W < 700 W
+  EXPECT_DOUBLE_EQ(SustainedClockFraction(PowerProfile(), 1.0, light), 1.0);
+}
+
+TEST(ClockModel, AHeavyStepSinksToTheClockWhosePowerFitsTheLimit) {
+  const StepEnergy heavy{0.8, 0.8 * 900, 0.2 * 300};  // 780 W above idle at the maximum clock
+  const double x = SustainedClockFraction(PowerProfile(), 1.0, heavy);
+  EXPECT_LT(x, 1.0);
+  EXPECT_GT(x, kMinClockFraction);
+  EXPECT_NEAR(PowerAbove(x, 1.0, heavy), 600.0, 0.5);
+  // More of the same work a second draws more: a lower clock.
+  const StepEnergy heavier{0.95, 0.95 * 900, 0.05 * 300};
+  EXPECT_LT(SustainedClockFraction(PowerProfile(), 1.0, heavier), x);
+}
+
+TEST(ClockModel, NoPowerModelNoThrottle) {
+  KernelProfile k = PowerProfile();
+  k.power_limit_w = 0;
+  EXPECT_DOUBLE_EQ(SustainedClockFraction(k, 1.0, {1.0, 5000, 0}), 1.0);
+}
+
+TEST(ClockModel, ComputeBoundOpsSlowWithTheClockMemoryBoundOpsDoNot) {
+  const MachineSpec machine = LoadMachine("h200-125g");
+  const KernelTimeModel at_max = KernelTimeModel(machine).AtClock(1.0);
+  const KernelTimeModel slower = at_max.AtClock(0.8);
+  const OpCost gemm = LinearForwardCost(4096, 28672, 4096, 0);
+  const double launch = at_max.profile().launch_us * 1e-6;
+  EXPECT_NEAR(
+      (slower.Seconds(gemm, Phase::kFill) - launch) / (at_max.Seconds(gemm, Phase::kFill) - launch),
+      1.25, 1e-9);
+  const OpCost norm = RmsNormForwardCost(4096, 4096);
+  EXPECT_DOUBLE_EQ(slower.Seconds(norm, Phase::kFill), at_max.Seconds(norm, Phase::kFill));
+  const OpCost copy = CopyCost(int64_t{1} << 30, true);
+  EXPECT_DOUBLE_EQ(slower.Seconds(copy, Phase::kFill), at_max.Seconds(copy, Phase::kFill));
+  // A GEMM's energy goes with its FLOPs at the full rate, not with its (longer) time.
+  EXPECT_NEAR(slower.Time(gemm, Phase::kFill).energy.clock_joules,
+              at_max.Time(gemm, Phase::kFill).energy.clock_joules, 1e-12);
+}
+
+TEST(ClockModel, ThePlannerTimesAHeavyStepAtItsSustainedClock) {
+  const MachineSpec machine = LoadMachine("h200-125g");
+  ASSERT_TRUE(machine.gpu.kernels.has_power());
+  RunOptions o;
+  o.context_tokens = 32768;
+  o.chunk_tokens = 4096;
+  const ModelSpec model = LoadModel("qwen2.5-7b");
+  o.Validate(model);
+  const PlanGeometry g(model, o);
+  const KernelTimeModel time_model(machine);
+  const StepPrediction p = AnalyticModel(time_model).Predict(g);
+  EXPECT_LT(p.sm_clock_fraction, 0.95);  // a dense 7B step holds the board at its limit
+  EXPECT_DOUBLE_EQ(p.sm_clock_fraction, AnalyticModel(time_model).SustainedClock(g));
+  // Its power at that clock is the limit.
+  const KernelProfile& k = time_model.profile();
+  const double busy = TicksToSeconds(p.busy_ticks[static_cast<size_t>(Stream::kCompute)]);
+  const double x = p.sm_clock_fraction;
+  // The step's energy is counted at the maximum clock; at clock x each op draws x^g of its
+  // power for 1/x as long (clock-bound) or as long (memory-bound), over the busy time at x.
+  const double at_clock = k.idle_w + (p.energy.fixed_joules * std::pow(x, kPowerExponent) +
+                                      p.energy.clock_joules * std::pow(x, kPowerExponent - 1)) /
+                                         busy;
+  EXPECT_NEAR(at_clock, k.power_limit_w, 0.05 * k.power_limit_w);
+}
+
+}  // namespace
+}  // namespace ctxplan::sim
