@@ -38,16 +38,13 @@ void Observe(MemoryPeak& peak, const MemoryState& state) {
 // other), summed op by op exactly as the event path times them.
 struct Segment {
   Tick ticks = 0;
-  Tick clock_ticks = 0;  // the part of `ticks` that runs at the SM clock
   double flops = 0.0;
-  StepEnergy energy;
+  StepEnergy energy;  // energy.clock_bound_seconds: the part of `ticks` at the SM clock
 
   // This segment with its clock-bound part `slower` times longer (a lower clock).
   void Slow(double slower) {
-    const Tick extra =
-        static_cast<Tick>(std::llround(static_cast<double>(clock_ticks) * (slower - 1)));
-    ticks += extra;
-    clock_ticks += extra;
+    if (slower == 1.0) return;
+    ticks += SecondsToTicks(energy.clock_bound_seconds * (slower - 1));
     energy.clock_bound_seconds *= slower;
   }
 };
@@ -58,7 +55,6 @@ class SegmentBuilder {
   SegmentBuilder& operator()(Segment& segment, const OpCost& cost) {
     const KernelTimeModel::OpTime t = model_.Time(cost, phase_);
     segment.ticks += SecondsToTicks(t.seconds);
-    segment.clock_ticks += SecondsToTicks(t.energy.clock_bound_seconds);
     segment.flops += cost.flops;
     segment.energy += t.energy;
     return *this;
@@ -75,12 +71,9 @@ struct ForwardLayer {
   double h2d_bytes = 0, d2h_bytes = 0;
   bool paged = false, copy_in = false, sparse = false, fill = false;
 
-  ForwardLayer Slowed(double slower) const {
-    ForwardLayer f = *this;
-    for (Segment* s :
-         {&f.pre, &f.kv_write, &f.summary, &f.select, &f.attn_own, &f.attn_paged, &f.post})
+  void Slow(double slower) {
+    for (Segment* s : {&pre, &kv_write, &summary, &select, &attn_own, &attn_paged, &post})
       s->Slow(slower);
-    return f;
   }
 };
 
@@ -90,11 +83,9 @@ struct BackwardLayer {
   double h2d_bytes = 0, d2h_bytes = 0;
   bool paged = false, copy_in = false, own_dkv = false;
 
-  BackwardLayer Slowed(double slower) const {
-    BackwardLayer b = *this;
-    for (Segment* s : {&b.zero, &b.before_attention, &b.attn_paged, &b.dkv_accumulate, &b.after})
+  void Slow(double slower) {
+    for (Segment* s : {&zero, &before_attention, &attn_paged, &dkv_accumulate, &after})
       s->Slow(slower);
-    return b;
   }
 };
 
@@ -132,8 +123,14 @@ class TimeRecurrence {
     f.paged = c.earlier_pages > 0;
     f.copy_in = o_.offload && f.paged;
     f.sparse = c.sparse;
-    add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
-        f.pre, RopeCost(t, q, kv));
+    // The projections, norms and MLP depend on the chunk's tokens alone: timed once per size.
+    const bool same_tokens = t == forward_cache_.tokens;
+    if (same_tokens) {
+      f.pre = forward_cache_.pre;
+    } else {
+      add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
+          f.pre, RopeCost(t, q, kv));
+    }
     if (f.fill) {
       add(f.kv_write, KvWriteCost(t, kv));
       add(f.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
@@ -144,9 +141,14 @@ class TimeRecurrence {
     }
     add(f.attn_own, g_.own_attention_forward_cost(c));
     if (f.paged) add(f.attn_paged, g_.paged_attention_forward_cost(c));
-    add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
-        f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
-        f.post, LinearForwardCost(t, d, inter, r));
+    if (same_tokens) {
+      f.post = forward_cache_.post;
+    } else {
+      add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
+          f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
+          f.post, LinearForwardCost(t, d, inter, r));
+      forward_cache_ = {t, f.pre, f.post};
+    }
     if (f.copy_in) {
       const OpCost copy =
           CopyCost(c.union_pages * g_.kv_page_bytes(), true, g_.union_copy_runs(c, c.union_pages));
@@ -172,24 +174,34 @@ class TimeRecurrence {
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
     Segment& pre = b.before_attention;
-    add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
-        pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(pre, RmsNormForwardCost(t, d))(
-        pre, LinearForwardCost(t, 2 * inter, d, r))(pre, SwigluForwardCost(t, inter));
     auto linear = [&](Segment& s, int64_t out, int64_t in, bool join = false) {
       add(s, LinearBackwardInputCost(t, out, in, r, join))(
           s, LinearBackwardWeightCost(t, out, in, r, gb));
     };
-    linear(pre, d, inter);
-    add(pre, SwigluBackwardCost(t, inter));
-    linear(pre, 2 * inter, d);
-    add(pre, RmsNormBackwardCost(t, d));
-    linear(pre, d, q);
+    // The layer's recomputed forward and its MLP and output projection's backward, and the
+    // input projections' backward after attention, depend on the chunk's tokens alone.
+    const bool same_tokens = t == backward_cache_.tokens;
+    if (same_tokens) {
+      pre = backward_cache_.pre;
+      b.after = backward_cache_.post;
+    } else {
+      add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
+          pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(
+          pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, 2 * inter, d, r))(
+          pre, SwigluForwardCost(t, inter));
+      linear(pre, d, inter);
+      add(pre, SwigluBackwardCost(t, inter));
+      linear(pre, 2 * inter, d);
+      add(pre, RmsNormBackwardCost(t, d));
+      linear(pre, d, q);
+      add(b.after, RopeCost(t, q, kv));
+      linear(b.after, q + 2 * kv, d, /*join=*/true);
+      add(b.after, RmsNormBackwardCost(t, d));
+      backward_cache_ = {t, pre, b.after};
+    }
     add(pre, g_.own_attention_backward_cost(c));
     if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
-    add(b.after, RopeCost(t, q, kv));
-    linear(b.after, q + 2 * kv, d, /*join=*/true);
-    add(b.after, RmsNormBackwardCost(t, d));
     if (b.copy_in) {
       const OpCost copy =
           CopyCost(c.union_pages * g_.kv_page_bytes() +
@@ -219,8 +231,11 @@ class TimeRecurrence {
   }
 
   // Runs the layers of one forward pass over a chunk.
+  // Without `run`, the passes only add up busy time, work and energy (no stream recurrence).
+  void set_run(bool run) { run_ = run; }
+
   void RunForward(const ForwardLayer& f) {
-    RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
+    if (run_) RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
     const int64_t layers = m_.num_hidden_layers;
     const Tick compute = f.pre.ticks + f.kv_write.ticks + f.summary.ticks + f.select.ticks +
                          f.attn_own.ticks + f.attn_paged.ticks + f.post.ticks;
@@ -240,7 +255,7 @@ class TimeRecurrence {
   }
 
   void RunBackward(const BackwardLayer& b) {
-    RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
+    if (run_) RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
     const int64_t layers = m_.num_hidden_layers;
     const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_paged.ticks +
                          b.dkv_accumulate.ticks + b.after.ticks;
@@ -403,6 +418,13 @@ class TimeRecurrence {
   StepPrediction& result_;
   StreamClock clock_;
   Tick host_ = 0;
+  bool run_ = true;
+  // Segments that depend on a chunk's token count alone, for the last count timed.
+  struct TokenSegments {
+    int64_t tokens = -1;
+    Segment pre, post;
+  };
+  mutable TokenSegments forward_cache_, backward_cache_;
 };
 
 }  // namespace
@@ -489,14 +511,14 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   const MemoryPrediction memory = PredictMemory(g);
   result.gpu = memory.gpu;
   result.host = memory.host;
-  // At the maximum clock first; a step that would draw more than the power limit allows is
-  // timed again at the clock that fits (clock_model.h).
+  // The layers' times at the maximum clock, and what the step's work draws; then the streams'
+  // recurrence once, at the clock whose power fits the limit (clock_model.h).
   const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, false);
+  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/false);
   const double clock =
       SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
-  if (clock < 1.0) PredictTime(g, at_max.AtClock(clock), result, layers, true);
+  PredictTime(g, at_max.AtClock(clock), result, layers, /*reuse=*/true, /*run=*/true);
   return result;
 }
 
@@ -504,24 +526,39 @@ double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
   StepPrediction result;
   const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, false);
+  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/false);
   return SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
 }
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,
-                                StepPrediction& result, LayerCache& layers, bool reuse) {
+                                StepPrediction& result, LayerCache& layers, bool reuse, bool run) {
   const double slower = 1.0 / time_model.clock_fraction();
   size_t next_forward = 0, next_backward = 0;
-  auto forward = [&](const ChunkGeometry& c, Phase phase, TimeRecurrence& time) {
-    if (reuse) return layers.forward[next_forward++].Slowed(slower);
+  // The pass at the sustained clock slows the cached layers in place: it is their last use.
+  auto forward = [&](const ChunkGeometry& c, Phase phase,
+                     TimeRecurrence& time) -> const ForwardLayer& {
+    if (reuse) {
+      ForwardLayer& f = layers.forward[next_forward++];
+      f.Slow(slower);
+      return f;
+    }
     layers.forward.push_back(time.Forward(c, phase));
     return layers.forward.back();
   };
-  auto backward = [&](const ChunkGeometry& c, const DkvState& dkv, TimeRecurrence& time) {
-    if (reuse) return layers.backward[next_backward++].Slowed(slower);
+  auto backward = [&](const ChunkGeometry& c, const DkvState& dkv,
+                      TimeRecurrence& time) -> const BackwardLayer& {
+    if (reuse) {
+      BackwardLayer& b = layers.backward[next_backward++];
+      b.Slow(slower);
+      return b;
+    }
     layers.backward.push_back(time.Backward(c, dkv));
     return layers.backward.back();
   };
+  if (!reuse) {
+    layers.forward.reserve(static_cast<size_t>(2 * g.num_chunks()));
+    layers.backward.reserve(static_cast<size_t>(g.num_chunks()));
+  }
   const MemoryPeak gpu = result.gpu, host = result.host;
   result = StepPrediction{};
   result.gpu = gpu;
@@ -531,6 +568,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
   const RunOptions& o = g.options();
   const int32_t chunks = g.num_chunks();
   TimeRecurrence time(g, time_model, result);
+  time.set_run(run);
 
   for (int32_t i = 0; i < g.fill_chunks(); ++i) {
     const ChunkGeometry c = g.Chunk(i);

@@ -35,10 +35,11 @@ class AnalyticModel {
   static MemoryPrediction PredictMemory(const PlanGeometry& geometry);
 
  private:
-  // The step's time with `time_model` (memory in `result` kept). The first pass builds
-  // `layers` at the maximum clock; a pass with `reuse` slows them to time_model's clock.
+  // The step's time with `time_model` (memory in `result` kept). A pass without `reuse` builds
+  // `layers` at the maximum clock; one with `reuse` slows them to time_model's clock. Without
+  // `run`, only busy time, work and energy are added up (the streams' recurrence skipped).
   static void PredictTime(const PlanGeometry& geometry, const KernelTimeModel& time_model,
-                          StepPrediction& result, LayerCache& layers, bool reuse);
+                          StepPrediction& result, LayerCache& layers, bool reuse, bool run);
 
   const KernelTimeModel& time_model_;
 };

@@ -22,13 +22,20 @@ inline constexpr Tick kMaxTick = std::numeric_limits<Tick>::max();
 
 // Rounds to the nearest tick. Durations come from our own models, so a non-finite or
 // unrepresentable value is a bug (InternalError); the CLI validates user-given times itself.
+[[gnu::cold, gnu::noinline]] inline void ThrowUnrepresentableTicks(double seconds) {
+  CTXPLAN_CHECK(false, "SecondsToTicks(" + std::to_string(seconds) + ") is not representable");
+}
+
 inline Tick SecondsToTicks(double seconds) {
   const double ticks = seconds * static_cast<double>(kTicksPerSecond);
-  // 2^63 is exactly representable; every double below it converts without overflow.
+  // 2^63 is exactly representable; every double below it converts without overflow. NaN fails
+  // both comparisons.
   constexpr double kLimit = 9223372036854775808.0;
-  CTXPLAN_CHECK(std::isfinite(ticks) && ticks > -kLimit && ticks < kLimit,
-                "SecondsToTicks(" + std::to_string(seconds) + ") is not representable");
-  return static_cast<Tick>(std::llround(ticks));
+  if (!(ticks > -kLimit && ticks < kLimit)) [[unlikely]]
+    ThrowUnrepresentableTicks(seconds);
+  // Rounded half away from zero, as std::llround, without its library call (the analytic path
+  // converts every op's seconds).
+  return static_cast<Tick>(ticks + (ticks >= 0 ? 0.5 : -0.5));
 }
 
 // For reports, not for arithmetic: a double holds whole picoseconds only up to 2^53 (~2.5 h).
