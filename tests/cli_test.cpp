@@ -456,6 +456,27 @@ TEST(CliTest, PlanOutputEqualsStdout) {
   }
 }
 
+// A dense 7B step holds the H200 at its 700 W power limit: plan says at which SM clock, and a
+// light step (Llama-3.2-1B on an L40S, estimated from the H200) runs at its maximum.
+TEST(CliTest, PlanNamesTheClockUnderThePowerLimit) {
+  ScratchDir dir;
+  const std::vector<std::string> heavy = {"plan", "--context", "128K"};
+  const RunResult h = RunCtxplan(heavy, dir.path());
+  ASSERT_EQ(h.exit_code, 0) << Describe(heavy, h);
+  EXPECT_TRUE(std::regex_search(
+      h.out, std::regex("SM clock [0-9]+% of its maximum \\(1[5-9][0-9][0-9] MHz\\): held at "
+                        "the 700 W power limit")))
+      << h.out;
+  const std::vector<std::string> light = {"plan",         "--gpu",     "l40s",
+                                          "--host-ram",   "256GiB",    "--model",
+                                          "llama-3.2-1b", "--context", "32K"};
+  const RunResult l = RunCtxplan(light, dir.path());
+  ASSERT_EQ(l.exit_code, 0) << Describe(light, l);
+  EXPECT_NE(l.out.find("SM clock 100% of its maximum: under the 350 W power limit"),
+            std::string::npos)
+      << l.out;
+}
+
 TEST(CliTest, SweepCsvHeaderAndOneRowPerConfiguration) {
   ScratchDir dir;
   const std::vector<std::string> args = {"sweep",  "--context", "32K,64K", "--budget",

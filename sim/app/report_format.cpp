@@ -69,6 +69,16 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
        Printf("%.0f%%", 100 * r.d2h_utilisation) + "; moved H2D " +
        FormatGiB(static_cast<int64_t>(r.prediction.h2d_bytes)) + ", D2H " +
        FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
+  const KernelProfile& k = sim::EffectiveKernelProfile(c.machine.gpu);
+  if (k.has_power()) {
+    // In MHz where the maximum is known (a measured profile, or a datasheet boost clock).
+    const double fraction = r.prediction.sm_clock_fraction;
+    const bool known = k.provenance == Provenance::kMeasured || c.machine.gpu.boost_clock_mhz > 0;
+    s += "  SM clock " + Printf("%.0f%% of its maximum", 100 * fraction) +
+         (known ? Printf(" (%.0f MHz)", fraction * k.max_sm_clock_mhz) : std::string()) +
+         (fraction < 1.0 ? ": held at the " : ": under the ") +
+         Printf("%.0f W power limit\n", k.power_limit_w);
+  }
   s += "Bottleneck: " + std::string(sim::BottleneckName(r.bottleneck)) + "\n";
   const sim::StartupPrediction& st = r.startup;
   s += "Start-up " + Printf("%.1f s", st.total()) + " (context " +
@@ -138,6 +148,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("compute_utilisation", r.compute_utilisation)
       .Field("h2d_utilisation", r.h2d_utilisation)
       .Field("d2h_utilisation", r.d2h_utilisation)
+      .Field("sm_clock_fraction", r.prediction.sm_clock_fraction)
       .EndObject();
   j.BeginObject("startup")
       .Field("seconds", r.startup.total())
