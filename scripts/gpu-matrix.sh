@@ -34,6 +34,8 @@ grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload
   device=$(grep -oE "device-level peak [0-9.]+" "$log" | tail -1 | awk '{print $3}')
   host=$(grep -oE "optimizer state and staging\) [0-9.]+" "$log" | tail -1 | awk '{print $5}')
   startup=$(grep -oE "start-up [0-9.]+ s" "$log" | tail -1 | awk '{print $2}')
-  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-}" \
+  clock=$(grep -oE "SM clock [0-9.]+ MHz" "$log" | tail -1 | awk '{print $3}')
+  watts=$(grep -oE "board power [0-9.]+ W" "$log" | tail -1 | awk '{print $3}')
+  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-},${clock:-},${watts:-}" \
        "(rc $rc, wall $wall s)"
 done

@@ -40,6 +40,7 @@ struct MatrixRun {
   std::string machine, model, trace, line;
   RunOptions options;
   double tokens_per_second = 0, arena_gib = 0, device_gib = 0, host_gib = 0, startup_s = 0;
+  double sm_clock_mhz = 0;  // measured (NVML), 0 where not recorded
   bool validation = false;
 };
 
@@ -68,8 +69,8 @@ std::vector<MatrixRun> ReadMatrix() {
     std::stringstream fields(line);
     for (std::string cell; std::getline(fields, cell, ',');) f.push_back(cell);
     if (!line.empty() && line.back() == ',') f.emplace_back();
-    EXPECT_EQ(f.size(), 22u) << line;
-    if (f.size() != 22) continue;
+    EXPECT_EQ(f.size(), 24u) << line;
+    if (f.size() != 24) continue;
     MatrixRun r;
     r.line = line;
     r.machine = f[0];
@@ -92,6 +93,7 @@ std::vector<MatrixRun> ReadMatrix() {
     r.host_gib = std::stod(f[15]);
     r.startup_s = std::stod(f[16]);
     r.trace = f[21];
+    r.sm_clock_mhz = f[22].empty() ? 0 : std::stod(f[22]);
     r.validation = IsValidation(r);
     runs.push_back(r);
   }
@@ -100,6 +102,7 @@ std::vector<MatrixRun> ReadMatrix() {
 
 struct Errors {
   std::vector<double> time, device, host;
+  std::vector<double> clock;  // runs whose SM clock was recorded
   void Print(const char* set) const {
     auto stats = [](std::vector<double> v, double& median, double& max) {
       if (v.empty()) return;
@@ -115,6 +118,13 @@ struct Errors {
         "  %-11s %2zu runs: step time median %5.1f%% max %5.1f%%; device memory median "
         "%4.1f%% max %4.1f%%; pinned host max %4.1f%%\n",
         set, time.size(), 100 * tm, 100 * tx, 100 * dm, 100 * dx, 100 * hx);
+    if (clock.empty()) return;
+    double cm = 0, cx = 0;
+    stats(clock, cm, cx);
+    std::printf(
+        "  %-11s %2zu runs with a recorded SM clock: predicted clock median %4.1f%% max "
+        "%4.1f%%\n",
+        set, clock.size(), 100 * cm, 100 * cx);
   }
 };
 
@@ -145,21 +155,27 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
         static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0) - 1.0;
     const double host_gib = static_cast<double>(report.host_peak) / 1073741824.0;
     const double host = r.host_gib > 0 ? host_gib / r.host_gib - 1.0 : host_gib;
+    const double clock_mhz = prediction.sm_clock_fraction * time_model.profile().max_sm_clock_mhz;
     Errors& set = r.validation ? validation : calibration;
     set.time.push_back(std::abs(time));
     set.device.push_back(std::abs(device));
     set.host.push_back(std::abs(host));
     std::printf(
         "  %s %-10s %-13s %7lld c %5lld p %3lld %-4s %s%s%s  time %+6.1f%%  device %+5.1f%%"
-        "  host %+5.1f%%  clock %4.0f MHz\n",
+        "  host %+5.1f%%  clock %4.0f MHz%s\n",
         r.validation ? "V" : "C", r.machine.c_str(), r.model.c_str(),
         static_cast<long long>(r.options.context_tokens),
         static_cast<long long>(r.options.chunk_tokens),
         static_cast<long long>(r.options.page_tokens),
         r.options.dense() ? "all" : std::to_string(r.options.page_budget).c_str(),
         r.options.offload ? "offload " : "", r.options.keep_layer_inputs ? "keep " : "",
-        r.options.lora_rank ? "lora" : "", 100 * time, 100 * device, 100 * host,
-        prediction.sm_clock_fraction * time_model.profile().max_sm_clock_mhz);
+        r.options.lora_rank ? "lora" : "", 100 * time, 100 * device, 100 * host, clock_mhz,
+        r.sm_clock_mhz > 0
+            ? (" (measured " + std::to_string(std::lround(r.sm_clock_mhz)) + ")").c_str()
+            : "");
+    if (r.sm_clock_mhz > 0)
+      (r.validation ? validation : calibration)
+          .clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
   }
   calibration.Print("calibration");
   validation.Print("validation");

@@ -33,6 +33,7 @@
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/cuda/cupti_tracer.h"
+#include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
 #endif
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
@@ -455,6 +456,18 @@ int Main(int argc, char** argv) {
   // steps after it when there are any.
   double last_loss = 0.0, total_seconds = 0.0, steady_seconds = 0.0, first_seconds = 0.0;
   StepOutputs last;
+  // The SM clock and board power over the steps tokens/s counts (NVML; 0 where not known): a
+  // step held at the power limit runs below the maximum clock (sim/clock_model.h).
+  double sm_clock_mhz = 0, board_watts = 0;
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  std::unique_ptr<gpu::GpuClockSampler> sampler;
+  if (cuda) {
+    int device = 0;
+    CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+    sampler = std::make_unique<gpu::GpuClockSampler>(device);
+    sampler->Begin();
+  }
+#endif
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
     if (!cuda) {  // the CUDA backend zeroes its own (below)
@@ -468,6 +481,9 @@ int Main(int argc, char** argv) {
     if (cuda_backend) cuda_backend->ZeroGrads();
 #endif
     progress.StartStep(s - first_step);
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (sampler && s == first_step + 1) sampler->Begin();  // the steps after the first
+#endif
     const auto start = Clock::now();
     if (s == first_step)
       startup.total = std::chrono::duration<double>(start - kProcessStart).count();
@@ -605,6 +621,13 @@ int Main(int argc, char** argv) {
     SaveCheckpoint(f.save, model, checkpoint);
   }
 
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+  if (sampler) {
+    const gpu::ClockReading clocks = sampler->End();
+    sm_clock_mhz = clocks.sm_clock_mhz;
+    board_watts = clocks.watts;
+  }
+#endif
   const double tokens_per_second =
       f.steps > 1 ? static_cast<double>(options.context_tokens * (f.steps - 1)) / steady_seconds
                   : static_cast<double>(options.context_tokens) / total_seconds;
@@ -639,7 +662,8 @@ int Main(int argc, char** argv) {
         "\"startup_seconds\":%.6f,\"startup_context_seconds\":%.6f,"
         "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
         "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
-        "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s}\n",
+        "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
+        "\"sm_clock_mhz\":%s,\"board_watts\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
         static_cast<long long>(allocated), static_cast<long long>(reserved),
@@ -647,7 +671,9 @@ int Main(int argc, char** argv) {
         static_cast<long long>(pinned), static_cast<long long>(last.peak_arena_bytes),
         static_cast<long long>(last.peak_host_bytes), startup.total, startup.context,
         startup.weights, startup.arena, startup.pinning, startup.other(), total_seconds,
-        first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null");
+        first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
+        sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
+        board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null");
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
@@ -669,6 +695,9 @@ int Main(int argc, char** argv) {
     else
       std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
+    if (sm_clock_mhz > 0)
+      std::printf("  GPU over those steps: SM clock %.0f MHz, board power %.0f W (NVML means)\n",
+                  sm_clock_mhz, board_watts);
     std::printf("  GPU memory: arena allocated peak %s, reserved %s", FormatGiB(allocated).c_str(),
                 FormatGiB(reserved).c_str());
     if (device_used >= 0)

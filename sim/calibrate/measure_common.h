@@ -18,10 +18,12 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
-#include "gpu_clock_sampler.h"
+#include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
 
 namespace ctxplan::calibrate {
 
+using gpu::ClockReading;
+using gpu::GpuClockSampler;
 using bf16 = __nv_bfloat16;
 
 inline constexpr int64_t kKiB = int64_t{1} << 10;

@@ -1,13 +1,11 @@
-#include "gpu_clock_sampler.h"
+#include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <chrono>
 
-#include "ctxplan/kernels/cuda/check.h"
-
-namespace ctxplan::calibrate {
+namespace ctxplan::gpu {
 
 namespace {
 
@@ -56,7 +54,7 @@ GpuClockSampler::GpuClockSampler(int cuda_device) {
   if (!resolved || nvml.init() != kNvmlSuccess) return;
   // The CUDA device's NVML handle by PCI bus id: CUDA and NVML may number devices differently.
   char bus_id[32] = {};
-  CTXPLAN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), cuda_device));
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), cuda_device) != cudaSuccess) return;
   NvmlDevice device = nullptr;
   if (nvml.handle_by_pci(bus_id, &device) != kNvmlSuccess) return;
   unsigned mhz = 0, milliwatts = 0;
@@ -116,4 +114,4 @@ ClockReading GpuClockSampler::Now() const {
   return Read();
 }
 
-}  // namespace ctxplan::calibrate
+}  // namespace ctxplan::gpu

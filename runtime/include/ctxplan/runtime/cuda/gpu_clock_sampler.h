@@ -1,11 +1,12 @@
-// The SM clock and board power while a sample runs. A training step on an H100 or H200 is held
-// at the board's power limit: the SM clock sinks from its maximum (1980 MHz) to ~1740 MHz, while
-// a microbenchmark of a few milliseconds runs at whatever the last load left. So every timed
-// window records the clock it ran at (the fitter scales compute-bound samples to the maximum
-// clock) and the power group measures what each kind of kernel draws when it runs on.
+// The SM clock and board power over a window of GPU work. A training step on an H100 or H200 is
+// held at the board's power limit: the SM clock sinks from its maximum (1980 MHz) to ~1740 MHz,
+// while a microbenchmark of a few milliseconds runs at whatever the last load left. So
+// ctxplan-measure records the clock of every timed window (the fitter scales compute-bound
+// samples to the maximum clock) and what each kind of kernel draws when it runs on, and ctxtrain
+// reports the clock and power its steps held (the planner predicts them: sim/clock_model.h).
 //
 // NVML is opened at run time (dlopen of the driver's libnvidia-ml.so.1): nothing links against
-// it, and a machine without it measures as before, with clock and power left 0.
+// it, and a machine without it measures as before, with clock and power left 0. Never throws.
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-namespace ctxplan::calibrate {
+namespace ctxplan::gpu {
 
 struct ClockReading {
   double sm_clock_mhz = 0;  // mean SM clock over the window; 0: not known
@@ -54,4 +55,4 @@ class GpuClockSampler {
   std::thread thread_;
 };
 
-}  // namespace ctxplan::calibrate
+}  // namespace ctxplan::gpu
