@@ -27,8 +27,8 @@ KernelProfile PowerProfile() {
 }
 
 // The power above idle at clock fraction x, as clock_model.h writes it.
-double PowerAbove(double x, double busy, const StepEnergy& e) {
-  const double seconds = busy + e.clock_bound_seconds * (1 / x - 1);
+double PowerAbove(double x, double step, const StepEnergy& e) {
+  const double seconds = step + e.clock_bound_seconds * (1 / x - 1);
   return (std::pow(x, kPowerExponent) * e.fixed_joules +
           std::pow(x, kPowerExponent - 1) * e.clock_joules) /
          seconds;
@@ -89,13 +89,13 @@ TEST(ClockModel, ThePlannerTimesAHeavyStepAtItsSustainedClock) {
   EXPECT_DOUBLE_EQ(p.sm_clock_fraction, AnalyticModel(time_model).SustainedClock(g));
   // Its power at that clock is the limit.
   const KernelProfile& k = time_model.profile();
-  const double busy = TicksToSeconds(p.busy_ticks[static_cast<size_t>(Stream::kCompute)]);
+  const double step = p.step_seconds();
   const double x = p.sm_clock_fraction;
   // The step's energy is counted at the maximum clock; at clock x each op draws x^g of its
-  // power for 1/x as long (clock-bound) or as long (memory-bound), over the busy time at x.
+  // power for 1/x as long (clock-bound) or as long (memory-bound), over the step at x.
   const double at_clock = k.idle_w + (p.energy.fixed_joules * std::pow(x, kPowerExponent) +
                                       p.energy.clock_joules * std::pow(x, kPowerExponent - 1)) /
-                                         busy;
+                                         step;
   EXPECT_NEAR(at_clock, k.power_limit_w, 0.05 * k.power_limit_w);
 }
 

@@ -500,24 +500,18 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   return p;
 }
 
-namespace {
-double ComputeBusySeconds(const StepPrediction& p) {
-  return TicksToSeconds(p.busy_ticks[static_cast<size_t>(Stream::kCompute)]);
-}
-}  // namespace
-
 StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   StepPrediction result;
   const MemoryPrediction memory = PredictMemory(g);
   result.gpu = memory.gpu;
   result.host = memory.host;
-  // The layers' times at the maximum clock, and what the step's work draws; then the streams'
-  // recurrence once, at the clock whose power fits the limit (clock_model.h).
+  // The step at the maximum clock, and what its work draws; then again at the clock whose
+  // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
   const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/false);
+  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/true);
   const double clock =
-      SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
+      SustainedClockFraction(at_max.profile(), result.step_seconds(), result.energy);
   PredictTime(g, at_max.AtClock(clock), result, layers, /*reuse=*/true, /*run=*/true);
   return result;
 }
@@ -526,8 +520,8 @@ double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
   StepPrediction result;
   const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/false);
-  return SustainedClockFraction(at_max.profile(), ComputeBusySeconds(result), result.energy);
+  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/true);
+  return SustainedClockFraction(at_max.profile(), result.step_seconds(), result.energy);
 }
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,

@@ -7,17 +7,17 @@
 // not move). The model, with the profile's measured powers (KernelProfile, `ctxplan calibrate`'s
 // power group):
 //
-//   power(x) = idle_w + (x^g * fixed_joules + x^(g - 1) * clock_joules) / busy_seconds(x)
-//   busy_seconds(x) = busy_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = kPowerExponent
-//
-// busy_seconds is the compute stream's busy time: the limit holds while kernels run (the board
-// reacts within milliseconds), so a step that waits on PCIe copies is not cooler for it.
+//   power(x) = idle_w + (x^g * fixed_joules + x^(g - 1) * clock_joules) / step_seconds(x)
+//   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = kPowerExponent
 //
 // where x is the clock as a fraction of the maximum, clock_joules what the compute-bound kernels
-// draw above idle at the maximum clock over a step (their seconds x their kind's watts: at
-// clock x they draw x^g of it for 1/x as long), and fixed_joules the same for the memory-bound
-// kernels, whose time does not move with the clock but whose draw does. The step's clock is the
-// largest x whose power fits the limit; the planner then times the step again at that clock.
+// draw above idle at the maximum clock over a step (each op's FLOPs at its kind's full rate x
+// the kind's watts: a kernel on a slow path waits more and draws less; at clock x an op draws
+// x^g of it for 1/x as long), and fixed_joules the same for the memory-bound kernels, whose time
+// does not move with the clock but whose draw does. The power is averaged over the whole step:
+// a step that waits on PCIe copies or on the host is cooler (measured: offloading 7B steps hold
+// 1790-1910 MHz where dense ones hold 1690-1730). The step's clock is the largest x whose power
+// fits the limit; the planner then times the step again at that clock.
 #pragma once
 
 #include "ctxplan/models/gpu_spec.h"
@@ -25,8 +25,9 @@
 namespace ctxplan::sim {
 
 // Dynamic power goes as f V^2, and over the DVFS range the voltage follows the clock: f^3.
-// Checked on the calibration runs of traces/recorded/matrix.csv alone (median step-time error
-// with exponents 1, 2, 3, 4: 9.0%, 5.0%, 3.7%, 4.4%), never on a validation run.
+// Checked against the SM clock NVML measured in the calibration runs of
+// traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with exponents 1, 2,
+// 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;
@@ -48,10 +49,9 @@ struct StepEnergy {
   }
 };
 
-// The clock fraction (kMinClockFraction .. 1) a step whose kernels keep the GPU busy for
-// `busy_seconds` at the maximum clock holds; 1 when the profile has no power model or the step
-// fits under the limit.
-double SustainedClockFraction(const KernelProfile& profile, double busy_seconds,
+// The clock fraction (kMinClockFraction .. 1) a step of `step_seconds` at the maximum clock
+// holds; 1 when the profile has no power model or the step fits under the limit.
+double SustainedClockFraction(const KernelProfile& profile, double step_seconds,
                               const StepEnergy& energy);
 
 }  // namespace ctxplan::sim
