@@ -484,6 +484,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "attention_bwd_item_us",
                    "page_fwd_efficiency",
                    "page_bwd_efficiency",
+                   "page_fwd_efficiency_d64",
+                   "page_bwd_efficiency_d64",
                    "sparse_fwd_efficiency",
                    "sparse_bwd_efficiency",
                    "memory_efficiency",
@@ -538,6 +540,10 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.attention_bwd_item_us = f.Number("attention_bwd_item_us", kFixedCostLimit);
   k.page_fwd_efficiency = ReadPageTable(f, "page_fwd_efficiency");
   k.page_bwd_efficiency = ReadPageTable(f, "page_bwd_efficiency");
+  if (f.Has("page_fwd_efficiency_d64"))
+    k.page_fwd_efficiency_d64 = ReadPageTable(f, "page_fwd_efficiency_d64");
+  if (f.Has("page_bwd_efficiency_d64"))
+    k.page_bwd_efficiency_d64 = ReadPageTable(f, "page_bwd_efficiency_d64");
   k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
   k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});

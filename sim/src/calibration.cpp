@@ -608,6 +608,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   // their own part included as the kernel runs it); then the sparse fraction.
   k.page_fwd_efficiency.clear();
   k.page_bwd_efficiency.clear();
+  k.page_fwd_efficiency_d64.clear();
+  k.page_bwd_efficiency_d64.clear();
   k.sparse_fwd_efficiency = k.sparse_bwd_efficiency = 1.0;
   for (const bool backward : {false, true}) {
     const std::string op = backward ? "attention_bwd" : "attention_fwd";
@@ -635,23 +637,26 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     }
     k = best.profile;
 
-    std::map<int64_t, double>& table = backward ? k.page_bwd_efficiency : k.page_fwd_efficiency;
-    std::map<int64_t, std::vector<const CalibrationSample*>> by_page;
-    for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
-           return s.op == op && s.pages > 0 && s.pages_per_tile == 0;
-         }))
-      by_page[s->page_tokens].push_back(s);
-    if (by_page.empty())
-      throw InputError("calibration samples have no dense paged " + op + " rows");
-    for (const auto& [p, rows] : by_page) table[p] = 1.0;
-    for (const auto& [p, rows] : by_page) {
-      const int64_t page = p;
-      table[p] = ImpliedMedian(
-          gpu, k,
-          [backward, page](KernelProfile& q, double x) {
-            (backward ? q.page_bwd_efficiency : q.page_fwd_efficiency)[page] = x;
-          },
-          rows, 0.02, 2.0);
+    // Head dim 64 runs its own kernel path over pages: its own table where it has samples.
+    for (const bool d64 : {false, true}) {
+      auto table_of = [backward, d64](KernelProfile& q) -> std::map<int64_t, double>& {
+        return backward ? (d64 ? q.page_bwd_efficiency_d64 : q.page_bwd_efficiency)
+                        : (d64 ? q.page_fwd_efficiency_d64 : q.page_fwd_efficiency);
+      };
+      std::map<int64_t, std::vector<const CalibrationSample*>> by_page;
+      for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
+             return s.op == op && s.pages > 0 && s.pages_per_tile == 0 && (s.head_dim <= 64) == d64;
+           }))
+        by_page[s->page_tokens].push_back(s);
+      if (by_page.empty() && !d64)
+        throw InputError("calibration samples have no dense paged " + op + " rows");
+      for (const auto& [p, rows] : by_page) table_of(k)[p] = 1.0;
+      for (const auto& [p, rows] : by_page) {
+        const int64_t page = p;
+        table_of(k)[p] = ImpliedMedian(
+            gpu, k, [&table_of, page](KernelProfile& q, double x) { table_of(q)[page] = x; }, rows,
+            0.02, 2.0);
+      }
     }
     const auto sparse = Select(samples, [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
@@ -788,6 +793,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  attention_bwd_item_us: " << k.attention_bwd_item_us << "\n";
   o << "  page_fwd_efficiency: " << table(k.page_fwd_efficiency) << "\n";
   o << "  page_bwd_efficiency: " << table(k.page_bwd_efficiency) << "\n";
+  if (!k.page_fwd_efficiency_d64.empty())
+    o << "  page_fwd_efficiency_d64: " << table(k.page_fwd_efficiency_d64) << "\n";
+  if (!k.page_bwd_efficiency_d64.empty())
+    o << "  page_bwd_efficiency_d64: " << table(k.page_bwd_efficiency_d64) << "\n";
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";

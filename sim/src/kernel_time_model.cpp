@@ -130,8 +130,12 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     return LaunchSeconds(work, longest, sms);
   }
   const double p = static_cast<double>(s.page_tokens);
-  double efficiency =
-      PageEfficiency(backward ? k.page_bwd_efficiency : k.page_fwd_efficiency, s.page_tokens);
+  double efficiency = PageEfficiency(
+      backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
+                                                            : k.page_bwd_efficiency)
+               : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
+                                                            : k.page_fwd_efficiency),
+      s.page_tokens);
   if (sparse) efficiency *= backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
   const double paged_block = block / efficiency;
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.

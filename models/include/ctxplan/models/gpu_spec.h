@@ -51,6 +51,8 @@ struct KernelProfile {
   double attention_bwd_tflops_d128 = 0, attention_bwd_tflops_d64 = 0;
   double attention_fwd_item_us = 0, attention_bwd_item_us = 0;
   std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
+  // The same at head dim 64 (its own kernel path; empty: the head dim 128 tables).
+  std::map<int64_t, double> page_fwd_efficiency_d64, page_bwd_efficiency_d64;
   double sparse_fwd_efficiency = 1, sparse_bwd_efficiency = 1;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
