@@ -272,6 +272,9 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.sparse_bwd_efficiency, b.sparse_bwd_efficiency));
     EXPECT_TRUE(near(a.page_topk_fixed_us, b.page_topk_fixed_us));
     EXPECT_TRUE(near(a.host_adamw_gparams, b.host_adamw_gparams));
+    EXPECT_TRUE(near(a.gemm_w, b.gemm_w)) << a.gemm_w << " " << b.gemm_w;
+    EXPECT_TRUE(near(a.power_limit_w, b.power_limit_w));
+    EXPECT_TRUE(near(a.page_fwd_efficiency_d64.at(96), b.page_fwd_efficiency_d64.at(96)));
     EXPECT_TRUE(near(committed.host_h2d_gbs.value, fit.gpu.host_h2d_gbs.value));
   }
 }

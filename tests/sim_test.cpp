@@ -123,7 +123,7 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     // segments built at the maximum clock, the event path times each op at the lower clock (an
     // op bound by memory at the maximum clock may be bound by compute at the lower one).
     for (int s = 0; s < kStreamCount; ++s)
-      EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1), 0.005)
+      EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1), 0.01)
           << where << " stream " << s;
     ++compared;
   }

@@ -15,6 +15,7 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/paged_kv.h"
+#include "ctxplan/runtime/cuda/pinned_write.h"
 #include "measure_common.h"
 #include "measure_groups.h"
 
@@ -313,8 +314,8 @@ Sample PageScoreRow(Session& session, int64_t t, Heads h, int64_t pages) {
 }
 
 // The sink and the `budget` best-scoring pages of each tile, from fresh random scores, then the
-// selections read back to the host with a stream sync, as the runtime's page_topk op does (the
-// union's page copies are issued from the host).
+// selections written into pinned host memory and a stream sync, as the runtime's page_topk op
+// does (the union's page copies are issued from the host).
 Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budget) {
   Rotating<float> scores(tiles * pages, -1, 1, static_cast<uint32_t>(131 + pages + tiles));
   Rotating<int32_t> selected(tiles * (budget + kSinkPages), 0, 1, 132);  // [tiles][per tile]
@@ -331,9 +332,7 @@ Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budge
   s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     per_tile =
         cu::PageTopK(scores[i], tiles, pages, budget, kSinkPages, selected[i], session.stream);
-    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host, selected[i],
-                                       static_cast<size_t>(tiles * per_tile) * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, session.stream));
+    gpu::WriteToPinnedHost(selected[i], host, tiles * per_tile, session.stream);
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(session.stream));
   });
   s.pages_per_tile = per_tile;  // min(pages, sinks + budget)

@@ -22,6 +22,7 @@
 #include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
+#include "ctxplan/runtime/cuda/pinned_write.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/runtime/host_adamw.h"
 #include "ctxplan/runtime/lora.h"
@@ -1257,9 +1258,10 @@ class TypedImpl final : public CudaBackend::Impl {
     pages_per_tile_ = k::PageTopK(scores_.get(), c_.tiles, c_.earlier_pages, o_.page_budget,
                                   o_.sink_pages, selected_.get(), compute_);
     const size_t n = static_cast<size_t>(c_.tiles * pages_per_tile_);
-    // The union's copies are issued from the host: read the selections back (a short sync).
-    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(selected_host_.get(), selected_.get(), n * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, compute_));
+    // The union's copies are issued from the host: the selections, written straight into
+    // pinned memory (not queued on the copy engine behind the offload copies), and a short sync.
+    gpu::WriteToPinnedHost(selected_.get(), selected_host_.get(), static_cast<int64_t>(n),
+                           compute_);
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
     selection_host_.assign(selected_host_.get(), selected_host_.get() + n);
     if (Saves(op)) {
