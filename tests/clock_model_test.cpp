@@ -74,6 +74,22 @@ TEST(ClockModel, ComputeBoundOpsSlowWithTheClockMemoryBoundOpsDoNot) {
               at_max.Time(gemm, Phase::kFill).energy.clock_joules, 1e-12);
 }
 
+// A GPU known only by its datasheet takes a calibrated sibling's powers scaled to its own limit
+// and work rate; without a datasheet limit it has no power model (its clock stays at maximum).
+TEST(ClockModel, AnEstimateScalesItsSiblingsPowers) {
+  const GpuSpec h200 = LoadGpu("h200");
+  ASSERT_TRUE(h200.kernels.has_power());
+  GpuSpec target = LoadGpu("l40s");
+  ASSERT_GT(target.tdp_w, 0);
+  const KernelProfile k = ScaleKernelProfile(h200, target);
+  EXPECT_DOUBLE_EQ(k.power_limit_w, target.tdp_w);
+  EXPECT_NEAR(k.idle_w, h200.kernels.idle_w * target.tdp_w / h200.tdp_w, 1e-9);
+  EXPECT_NEAR(k.gemm_w / h200.kernels.gemm_w,
+              target.bf16_dense_tflops.value / h200.bf16_dense_tflops.value, 1e-9);
+  target.tdp_w = 0;
+  EXPECT_FALSE(ScaleKernelProfile(h200, target).has_power());
+}
+
 TEST(ClockModel, ThePlannerTimesAHeavyStepAtItsSustainedClock) {
   const MachineSpec machine = LoadMachine("h200-125g");
   ASSERT_TRUE(machine.gpu.kernels.has_power());

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -328,6 +329,28 @@ TEST(Catalog, MissingFile) {
   EXPECT_EQ(InputErrorOf([&] { LoadModel(json); }).rfind(json + ": cannot read file", 0), 0u);
   const std::string folder = dir.Path("");
   EXPECT_NE(InputErrorOf([&] { LoadModel(folder); }).find("cannot read file"), std::string::npos);
+}
+
+// The power model's values in a GPU profile are checked like the rest: a wrong one names its key
+// and what is accepted.
+TEST(Catalog, PowerValuesAreChecked) {
+  std::ifstream in(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(good.find("  power_limit_w: 700"), std::string::npos);
+  ASSERT_NE(good.find("tdp_w: 700"), std::string::npos);
+  TempDir dir;
+  const GpuSpec loaded = LoadGpu(dir.Write("good.yaml", good));
+  EXPECT_DOUBLE_EQ(loaded.tdp_w, 700);
+  EXPECT_TRUE(loaded.kernels.has_power());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    text.replace(text.find(from), from.size(), to);
+    return dir.Write("bad.yaml", text);
+  };
+  const std::string negative = with("  power_limit_w: 700", "  power_limit_w: -700");
+  EXPECT_NE(InputErrorOf([&] { LoadGpu(negative); }).find("power_limit_w"), std::string::npos);
+  const std::string word = with("tdp_w: 700", "tdp_w: lots");
+  EXPECT_NE(InputErrorOf([&] { LoadGpu(word); }).find("tdp_w"), std::string::npos);
 }
 
 // --- Hugging Face config.json -------------------------------------------------------------------
