@@ -23,12 +23,9 @@
 //     two pages share a slot). Only dQ, summed over key blocks, uses fp32 atomics
 //     (red.global.add.v2.f32) into an fp32 workspace.
 //  3. postprocess: dQ = bf16(scale * accumulator).
-// Tried and slower (H200, 64K): the forward's structure for the wgmma kernel, a third warpgroup
-// loading the key block and every item's operands on mbarriers (cheap running-pointer addresses),
-// the compute warpgroups meeting once an item on a named barrier for dQ (dS double-buffered):
-// last chunk dense 346 vs 364 TFLOP/s, 64K causal 346 vs 350. An item is bound by its serial
-// chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its loads; what is left is
-// decoupling the two warpgroups' dQ so they can take turns on the tensor cores.
+// An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
+// loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). What is
+// left is decoupling the two warpgroups' dQ so they can take turns on the tensor cores.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -96,12 +93,8 @@ struct BwdParams {
 // key blocks first (own block 0 sees every query: the heaviest), then the earlier ones, over
 // every earlier position or over the union's pages only (then p % BN == 0 and each page has
 // p / BN blocks). KV heads outermost keep the blocks resident at one time on one head's queries
-// (Q, dO and the dQ accumulator of one head group: 29 MB at t = 4096, within the L2): with the
-// KV head varying fastest instead, the dense backward ran 2% slower on the H200 (the sparse one
-// at p 128 alike). Launching the own and selected key blocks heaviest first (weighed by the query
-// tiles each serves) measured no better: at 64K's last chunk, p 128, 64 random pages a tile,
-// 5.78 ms with KV heads outermost and 5.17 ms with them fastest, against 4.83 ms in this order; in
-// a 512K step 6.2-6.5 ms a call (heads fastest) against 6.6-6.8, the step time unchanged.
+// (Q, dO and the dQ accumulator of one head group: 29 MB at t = 4096, within the L2). Other
+// orders (KV head fastest, heaviest blocks first) measured no better (kernels/PERF.md).
 struct KeyBlock {
   int hkv;
   bool earlier;
@@ -109,7 +102,7 @@ struct KeyBlock {
 };
 // Over the union (kOverUnion) is a template parameter: reading the union's page list at the
 // block's start, even behind a branch never taken, made the dense backward's main loop compile
-// 9% slower (H200, 64K causal: 316 vs 349 TFLOP/s).
+// slower (kernels/PERF.md).
 template <int BN, bool kOverUnion>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int hkv = static_cast<int>(blockIdx.y);
@@ -450,8 +443,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 
   // --- iteration over (query head of the group, 64-query tile) ---
   // Items: every query head of the group, and per head the block's query tiles in ascending order
-  // (measured: descending, which makes blocks running side by side add into the same dQ rows at
-  // the same moment, ran 14% slower on the H200). Item (hl, i) is tile tile_at(i) of head hl.
+  // (descending makes blocks running side by side add into the same dQ rows at the same moment:
+  // slower, kernels/PERF.md). Item (hl, i) is tile tile_at(i) of head hl.
   auto tile_at = [&](int i) { return sparse ? s_tiles[i] : qt_begin + i; };
   auto advance = [&](int& hl, int& i) {
     if (++i >= n_tiles) {
@@ -701,10 +694,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 // All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async.
 // NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves page-sparse selection over
 // pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
-// independently, half of its work masked (measured on the H200, 64K last chunk, p 64, 64 random
-// pages a tile: 5.07 ms on 128-key blocks against 4.00 ms; 5.31 against 4.23 ms when every tile
-// selects the same pages). Per attended pair it runs ~1.7x the 128-key kernel's time: a 64-query
-// item's Q / dO loads and dQ atomics serve 64 keys instead of 128.
+// independently, half of its work masked (kernels/PERF.md). Per attended pair it runs ~1.7x the
+// 128-key kernel's time: a 64-query item's Q / dO loads and dQ atomics serve 64 keys instead of
+// 128.
 template <int NWG>
 struct WbSmem {  // head_dim 128, 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
@@ -781,8 +773,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
                                      [](int row, int c) { return Sw128<BN>(row, c); });
 
   // Items: every query head of the group, and per head the block's query tiles in ascending order
-  // (measured: descending, which makes blocks running side by side add into the same dQ rows at
-  // the same moment, ran 14% slower on the H200). Item (hl, i) is tile tile_at(i) of head hl.
+  // (descending makes blocks running side by side add into the same dQ rows at the same moment:
+  // slower, kernels/PERF.md). Item (hl, i) is tile tile_at(i) of head hl.
   auto tile_at = [&](int i) { return sparse ? s_tiles[i] : qt_begin + i; };
   auto advance = [&](int& hl, int& i) {
     if (++i >= n_tiles) {
@@ -861,7 +853,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
     // Two copies of the loop, the unmasked one (most items) without the mask arithmetic. Written
     // out: left to the compiler, the all-blocks variant was unswitched and the over-the-union one
-    // was not, which ran 10-19% slower (H200, 64K last chunk, k 64: 5.70 vs 4.83 ms at p 128).
+    // was not, which ran slower (kernels/PERF.md).
     auto exponentiate = [&](auto masked) {
 #pragma unroll
       for (int i = 0; i < BM / 8; ++i) {
@@ -948,11 +940,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceAcc(dv);
       FenceAcc(dk);
       FenceAcc(dq);
-      // Rejected after measuring: staging each dQ half in shared memory and adding it with one
-      // 256-byte cp.reduce.async.bulk per query row (FlashAttention-3's TMA reduce; 64 bulk
-      // reduces an item instead of 2,048 float2 atomics) ran 10% slower on the H200 (64K,
-      // chunked 16 x 4096: 240.4 vs 218.9 ms; 64K causal 228.2 vs 217.2 ms): the stage adds a
-      // barrier per item to a loop the atomics never stall.
+      // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a
+      // barrier per item to a loop the atomics never stall (kernels/PERF.md).
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int qi = q0 + wwarp * 16 + g + hf * 8;

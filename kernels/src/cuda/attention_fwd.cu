@@ -391,12 +391,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
 // while the other's GEMMs use the tensor cores. The loader gives registers to the consumers
 // (setmaxnreg). Earlier pages: a 128-key tile is two 64-row halves, each within one page when p
 // is a power of two >= 64 (else the page is resolved per row).
-// Measured on the H200 (attention_bench, d_h 128, 28/4 heads): 64K causal 546 TFLOP/s, the last
-// chunk over 60K in pages of 128 585, sparse k 64 548. The kernel it replaced (the same two
-// compute warpgroups also loading the tiles, one block barrier a tile, in lockstep) ran 429 / 378 /
-// 359; without the ping-pong 539 / 575 / 534. The loader's copies must stay cheap: with the row
-// address recomputed per copy (21 instructions, 64-bit multiplies) the four loader warps were the
-// bound (213 TFLOP/s on pages); a running pointer makes it ~5.
+// The loader's copies must stay cheap (a running pointer, not the row address recomputed per
+// copy): the four loader warps were the bound otherwise. Numbers in kernels/PERF.md.
 constexpr int kWsBM = 128, kWsBN = 128;
 constexpr int kWsThreads = 384;
 constexpr int kWsLoaderThreads = 128;

@@ -96,14 +96,11 @@ __global__ void __launch_bounds__(kThreads)
 // The same sums with 16-byte loads, eight in flight a thread: a row (one query, one head of the
 // group) is chunks = d_h / 8 chunks, a thread takes chunk c of every kThreads / chunks-th row.
 // The loop above issues one 4-byte load at a time and waits for it before the next (its add
-// comes first in program order): ~0.09 ms a call at t = 4096, 28/4 heads, ten times the bytes'
-// time. Needs d_h / 8 a power of two (d_h 64 ... 512) and q 16-byte aligned. H200, 64K last
-// chunk (attention_bench SELECT): the whole page score 0.063 -> 0.028 ms at p 128, 0.066 ->
-// 0.031 ms at p 64.
+// comes first in program order): ten times the bytes' time. Needs d_h / 8 a power of two (d_h 64
+// ... 512) and q 16-byte aligned. Numbers in kernels/PERF.md.
 // grid (tiles, H_kv, kSumSplits): split z sums its share of the tile's rows into partial z of
 // qg ([kSumSplits][tiles][H_kv][d]); the score kernel adds the partials in order. One block per
-// tile and KV head (128 blocks at t = 4096) waited out seven rounds of loads: H200, 64K last
-// chunk, the page score 0.028 -> 0.023 ms at p 128 (0.030 -> 0.026 at p 64) with eight splits.
+// tile and KV head (128 blocks at t = 4096) waited out seven rounds of loads (kernels/PERF.md).
 __global__ void __launch_bounds__(kThreads)
     QueryTileSumVecKernel(const bf16* __restrict__ q, int t, int hq, int hkv, int hd,
                           int query_tile, float* __restrict__ qg) {
