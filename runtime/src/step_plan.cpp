@@ -63,7 +63,10 @@ Op Kernel(const Where& w, OpKind kind, OpCost cost, int64_t m, int64_t n = 0, in
   return op;
 }
 
-Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes, int64_t copies = 1) {
+// `pages` and `bytes` bound the copy (the slots hold them); it is timed at `expected_bytes` in
+// `expected_copies` runs (the page union's expected size, PlanGeometry), or at its bound.
+Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes, int64_t copies = 1,
+        int64_t expected_bytes = -1, int64_t expected_copies = -1) {
   Op op;
   op.kind = host_to_device ? OpKind::kCopyH2D : OpKind::kCopyD2H;
   op.stream = host_to_device ? Stream::kH2D : Stream::kD2H;
@@ -72,7 +75,8 @@ Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes, int64
   op.layer = w.layer;
   op.pages = pages;
   op.bytes = bytes;
-  op.cost = CopyCost(bytes, host_to_device, copies);
+  op.cost = CopyCost(expected_bytes >= 0 ? expected_bytes : bytes, host_to_device,
+                     expected_copies >= 0 ? expected_copies : copies);
   return op;
 }
 
@@ -184,9 +188,11 @@ class PlanWriter {
       topk.pages = c.earlier_pages;
       OpId selected = batch_.Push(topk);
       if (copy_in)
-        h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
-                               g_.union_copy_runs(c, c.union_pages)),
-                          {selected, slot_release_[parity], KvHome(layer)});
+        h2d = batch_.Push(
+            Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
+                 g_.union_copy_runs(c, c.union_pages), c.expected_union_pages * g_.kv_page_bytes(),
+                 g_.union_copy_runs(c, c.expected_union_pages)),
+            {selected, slot_release_[parity], KvHome(layer)});
     }
     batch_.Push(Kernel(w, OpKind::kAttentionForward, g_.own_attention_forward_cost(c), t, t, 0,
                        OpPart::kOwn));
@@ -267,7 +273,11 @@ class PlanWriter {
       const int64_t copies = g_.union_copy_runs(c, c.union_pages) +
                              g_.union_copy_runs(c, dkv.pretouched_union) +
                              (dkv.own_touched > 0 ? 1 : 0);
-      h2d = batch_.Push(Copy(w, true, pages, bytes, copies),
+      const int64_t expected_bytes =
+          bytes - (c.union_pages - c.expected_union_pages) * g_.kv_page_bytes();
+      const int64_t expected_copies = copies - g_.union_copy_runs(c, c.union_pages) +
+                                      g_.union_copy_runs(c, c.expected_union_pages);
+      h2d = batch_.Push(Copy(w, true, pages, bytes, copies, expected_bytes, expected_copies),
                         {slot_release_[parity], KvHome(layer), DkvHome(layer)});
     }
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
@@ -323,8 +333,10 @@ class PlanWriter {
     batch_.Push(
         Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     if (o_.offload && paged) {
-      Op d2h = Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes(),
-                    g_.union_copy_runs(c, c.union_pages));
+      Op d2h =
+          Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes(),
+               g_.union_copy_runs(c, c.union_pages), c.expected_union_pages * g_.dkv_page_bytes(),
+               g_.union_copy_runs(c, c.expected_union_pages));
       release = batch_.Push(d2h, {release});
       dkv_home_[static_cast<size_t>(layer)] = release;
     }

@@ -150,8 +150,8 @@ class TimeRecurrence {
       forward_cache_ = {t, f.pre, f.post};
     }
     if (f.copy_in) {
-      const OpCost copy =
-          CopyCost(c.union_pages * g_.kv_page_bytes(), true, g_.union_copy_runs(c, c.union_pages));
+      const OpCost copy = CopyCost(c.expected_union_pages * g_.kv_page_bytes(), true,
+                                   g_.union_copy_runs(c, c.expected_union_pages));
       f.h2d = model_.Duration(copy, phase);
       f.h2d_bytes = copy.bytes;
     }
@@ -204,17 +204,17 @@ class TimeRecurrence {
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     if (b.copy_in) {
       const OpCost copy =
-          CopyCost(c.union_pages * g_.kv_page_bytes() +
+          CopyCost(c.expected_union_pages * g_.kv_page_bytes() +
                        (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes(),
                    true,
-                   g_.union_copy_runs(c, c.union_pages) +
+                   g_.union_copy_runs(c, c.expected_union_pages) +
                        g_.union_copy_runs(c, dkv.pretouched_union) + (dkv.own_touched > 0 ? 1 : 0));
       b.h2d = model_.Duration(copy, Phase::kBackward);
       b.h2d_bytes = copy.bytes;
     }
     if (o_.offload && b.paged) {
-      const OpCost copy = CopyCost(c.union_pages * g_.dkv_page_bytes(), false,
-                                   g_.union_copy_runs(c, c.union_pages));
+      const OpCost copy = CopyCost(c.expected_union_pages * g_.dkv_page_bytes(), false,
+                                   g_.union_copy_runs(c, c.expected_union_pages));
       b.d2h = model_.Duration(copy, Phase::kBackward);
       b.d2h_bytes = copy.bytes;
     }
