@@ -231,11 +231,8 @@ class TimeRecurrence {
   }
 
   // Runs the layers of one forward pass over a chunk.
-  // Without `run`, the passes only add up busy time, work and energy (no stream recurrence).
-  void set_run(bool run) { run_ = run; }
-
   void RunForward(const ForwardLayer& f) {
-    if (run_) RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
+    RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
     const int64_t layers = m_.num_hidden_layers;
     const Tick compute = f.pre.ticks + f.kv_write.ticks + f.summary.ticks + f.select.ticks +
                          f.attn_own.ticks + f.attn_paged.ticks + f.post.ticks;
@@ -255,7 +252,7 @@ class TimeRecurrence {
   }
 
   void RunBackward(const BackwardLayer& b) {
-    if (run_) RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
+    RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
     const int64_t layers = m_.num_hidden_layers;
     const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_paged.ticks +
                          b.dkv_accumulate.ticks + b.after.ticks;
@@ -418,7 +415,6 @@ class TimeRecurrence {
   StepPrediction& result_;
   StreamClock clock_;
   Tick host_ = 0;
-  bool run_ = true;
   // Segments that depend on a chunk's token count alone, for the last count timed.
   struct TokenSegments {
     int64_t tokens = -1;
@@ -507,25 +503,27 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   result.host = memory.host;
   // The step at the maximum clock, and what its work draws; then again at the clock whose
   // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
-  const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/true);
-  const double clock =
-      SustainedClockFraction(at_max.profile(), result.step_seconds(), result.energy);
-  PredictTime(g, at_max.AtClock(clock), result, layers, /*reuse=*/true, /*run=*/true);
+  const double clock = TimeAtMaxClock(g, result, layers);
+  if (clock < 1.0) PredictTime(g, time_model_.AtClock(clock), result, layers, /*reuse=*/true);
   return result;
 }
 
 double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
   StepPrediction result;
-  const KernelTimeModel at_max = time_model_.AtClock(1.0);
   LayerCache layers;
-  PredictTime(g, at_max, result, layers, /*reuse=*/false, /*run=*/true);
+  return TimeAtMaxClock(g, result, layers);
+}
+
+double AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& result,
+                                     LayerCache& layers) const {
+  const KernelTimeModel at_max = time_model_.AtClock(1.0);
+  PredictTime(g, at_max, result, layers, /*reuse=*/false);
   return SustainedClockFraction(at_max.profile(), result.step_seconds(), result.energy);
 }
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,
-                                StepPrediction& result, LayerCache& layers, bool reuse, bool run) {
+                                StepPrediction& result, LayerCache& layers, bool reuse) {
   const double slower = 1.0 / time_model.clock_fraction();
   size_t next_forward = 0, next_backward = 0;
   // The pass at the sustained clock slows the cached layers in place: it is their last use.
@@ -562,7 +560,6 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
   const RunOptions& o = g.options();
   const int32_t chunks = g.num_chunks();
   TimeRecurrence time(g, time_model, result);
-  time.set_run(run);
 
   for (int32_t i = 0; i < g.fill_chunks(); ++i) {
     const ChunkGeometry c = g.Chunk(i);

@@ -425,10 +425,10 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   k.idle_w = idle;
   k.gemm_w = kind("power_gemm_fwd", [&](const CalibrationSample&) { return k.gemm_tflops; });
   k.attention_fwd_w = kind("power_attention_fwd", [&](const CalibrationSample& s) {
-    return d64(s) ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128;
+    return k.attention_tflops(false, d64(s));
   });
   k.attention_bwd_w = kind("power_attention_bwd", [&](const CalibrationSample& s) {
-    return d64(s) ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128;
+    return k.attention_tflops(true, d64(s));
   });
   k.memory_w = kind("power_swiglu_fwd", nullptr);
 }

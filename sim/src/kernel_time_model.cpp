@@ -110,8 +110,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
                       cost.rate == RateClass::kSparseAttentionBackward;
   const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
   const double head_dim = s.head_dim > 0 ? s.head_dim : 128.0;
-  const double tflops = backward ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
-                                 : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
+  const double tflops = k.attention_tflops(backward, d64);
   const double sms = static_cast<double>(sm_count_);
   // One 128 x 128 block of (query, key) pairs for one head, and an item's fixed cost.
   const double block = (backward ? 10.0 : 4.0) * kAttentionBlock * kAttentionBlock * head_dim /
@@ -240,10 +239,7 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       const bool backward = cost.rate == RateClass::kAttentionBackward ||
                             cost.rate == RateClass::kSparseAttentionBackward;
       // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
-      const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
-      const double tflops = backward
-                                ? (d64 ? k.attention_bwd_tflops_d64 : k.attention_bwd_tflops_d128)
-                                : (d64 ? k.attention_fwd_tflops_d64 : k.attention_fwd_tflops_d128);
+      const double tflops = k.attention_tflops(backward, s.head_dim > 0 && s.head_dim <= 64);
       return bounded(launches, AttentionComputeSeconds(cost), cost.flops / (tflops * 1e12),
                      backward ? k.attention_bwd_w : k.attention_fwd_w);
     }

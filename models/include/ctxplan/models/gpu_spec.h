@@ -84,6 +84,11 @@ struct KernelProfile {
   double memory_w = 0;         // HBM-bound kernels
 
   bool empty() const { return gemm_tflops <= 0; }
+  // The attention rate of a direction at head dim 64 (d64) or 128.
+  double attention_tflops(bool backward, bool d64) const {
+    return backward ? (d64 ? attention_bwd_tflops_d64 : attention_bwd_tflops_d128)
+                    : (d64 ? attention_fwd_tflops_d64 : attention_fwd_tflops_d128);
+  }
   bool has_power() const { return power_limit_w > 0 && max_sm_clock_mhz > 0 && gemm_w > 0; }
 };
 

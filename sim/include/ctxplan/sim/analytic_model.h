@@ -35,11 +35,14 @@ class AnalyticModel {
   static MemoryPrediction PredictMemory(const PlanGeometry& geometry);
 
  private:
+  // The step's time at the maximum clock into `result` (memory kept), building `layers`; returns
+  // the clock fraction whose power fits the limit.
+  double TimeAtMaxClock(const PlanGeometry& geometry, StepPrediction& result,
+                        LayerCache& layers) const;
   // The step's time with `time_model` (memory in `result` kept). A pass without `reuse` builds
-  // `layers` at the maximum clock; one with `reuse` slows them to time_model's clock. Without
-  // `run`, only busy time, work and energy are added up (the streams' recurrence skipped).
+  // `layers` at the maximum clock; one with `reuse` slows them to time_model's clock.
   static void PredictTime(const PlanGeometry& geometry, const KernelTimeModel& time_model,
-                          StepPrediction& result, LayerCache& layers, bool reuse, bool run);
+                          StepPrediction& result, LayerCache& layers, bool reuse);
 
   const KernelTimeModel& time_model_;
 };
