@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -343,6 +344,75 @@ TEST(CuptiAttribution, WorkOutsideOpsIsUnattributedAndNamed) {
     ASSERT_EQ(s.ops.size(), 1u);
     EXPECT_GT(s.ops[0].end_ns - s.ops[0].start_ns, 0);
   }
+  CTXPLAN_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The step's copy statistics: pinned copies of known sizes inside a copy_h2d op (and a memset
+// with them) and outside any op land in their size buckets, with their bytes and busy time, and
+// the op's span holds its copies' busy time.
+TEST(CuptiAttribution, CopiesAreCountedBySizeAndOp) {
+  SKIP_WITHOUT_CUPTI();
+  cudaStream_t stream;
+  CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<size_t> h2d_sizes = {size_t{16} << 10, size_t{200} << 10, size_t{3} << 20,
+                                         size_t{8} << 20};
+  const size_t d2h_bytes = size_t{128} << 10;
+  const size_t largest = size_t{8} << 20;
+  void* host = nullptr;
+  void* device = nullptr;
+  CTXPLAN_CUDA_CHECK(cudaHostAlloc(&host, largest, cudaHostAllocDefault));
+  CTXPLAN_CUDA_CHECK(cudaMalloc(&device, largest));
+  {
+    CuptiTracerOptions options;
+    options.enabled = true;
+    CuptiTracer tracer(options);
+    Op copy_in{};
+    copy_in.id = 7;
+    copy_in.kind = OpKind::kCopyH2D;
+    copy_in.stream = Stream::kH2D;
+    copy_in.phase = Phase::kBackward;
+    CuptiOpObserver observer(tracer);
+    tracer.BeginStep();
+    observer.BeforeOp(copy_in);
+    CTXPLAN_CUDA_CHECK(cudaMemsetAsync(device, 0, 4096, stream));
+    for (const size_t bytes : h2d_sizes)
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
+    observer.AfterOp(copy_in);
+    for (int i = 0; i < 2; ++i)  // outside any op: counted by direction, not by op
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(host, device, d2h_bytes, cudaMemcpyDeviceToHost, stream));
+    const TraceStepSummary s = tracer.EndStep();
+
+    EXPECT_EQ(s.h2d.all.calls, h2d_sizes.size());
+    size_t h2d_total = 0;
+    for (const size_t bytes : h2d_sizes) h2d_total += bytes;
+    EXPECT_EQ(s.h2d.all.bytes, h2d_total);
+    // 16 KiB, 200 KiB, 3 MiB and 8 MiB: buckets <= 64 KiB, <= 256 KiB, <= 4 MiB, larger.
+    const std::array<uint64_t, 5> h2d_calls = {1, 1, 0, 1, 1};
+    for (size_t b = 0; b < h2d_calls.size(); ++b)
+      EXPECT_EQ(s.h2d.by_size[b].calls, h2d_calls[b]) << "bucket " << b;
+    EXPECT_EQ(s.h2d.by_size[4].bytes, size_t{8} << 20);
+    EXPECT_EQ(s.d2h.all.calls, 2u);
+    EXPECT_EQ(s.d2h.by_size[1].calls, 2u);
+    EXPECT_EQ(s.d2h.all.bytes, 2 * d2h_bytes);
+    // One stream: nothing ran at once, and the active time is the busy time.
+    EXPECT_GT(s.h2d.all.busy_ns, 0);
+    EXPECT_EQ(s.h2d.active_ns, s.h2d.all.busy_ns);
+    EXPECT_EQ(s.duplex_ns, 0);
+    // 8 MiB over PCIe takes at least 100 us (no link here moves 84 GB/s one way).
+    EXPECT_GT(s.h2d.by_size[4].busy_ns, 100000);
+
+    const TracedCopyOps& op = s.copy_ops[0][static_cast<size_t>(Phase::kBackward)];
+    EXPECT_EQ(op.ops, 1u);
+    EXPECT_EQ(op.memsets, 1u);
+    EXPECT_EQ(op.memcpy_ns, s.h2d.all.busy_ns);
+    EXPECT_GE(op.span_ns, op.memcpy_ns + op.memset_ns);
+    EXPECT_EQ(s.copy_ops[1][static_cast<size_t>(Phase::kBackward)].ops, 0u);
+    std::printf("H2D %llu copies busy %.1f us, op span %.1f us; D2H busy %.1f us\n",
+                (unsigned long long)s.h2d.all.calls, s.h2d.all.busy_ns * 1e-3, op.span_ns * 1e-3,
+                s.d2h.all.busy_ns * 1e-3);
+  }
+  CTXPLAN_CUDA_CHECK(cudaFree(device));
+  CTXPLAN_CUDA_CHECK(cudaFreeHost(host));
   CTXPLAN_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

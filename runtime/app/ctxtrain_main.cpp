@@ -18,7 +18,6 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <regex>
 
 #include <CLI/CLI.hpp>
 
@@ -34,6 +33,7 @@
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/cuda/cupti_tracer.h"
 #include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
+#include "ctxplan/runtime/cuda/machine_identity.h"
 #endif
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
@@ -91,23 +91,6 @@ std::string JoinFlags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) flags += (i > 1 ? " " : "") + std::string(argv[i]);
   return flags;
 }
-
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-// The NVIDIA kernel driver's version ("580.95.05"). cudaDriverGetVersion gives the CUDA version the
-// driver supports, not this; Linux's NVIDIA module prints it in /proc. Empty when unreadable.
-std::string NvidiaDriverVersion() {
-  std::ifstream in("/proc/driver/nvidia/version");
-  std::string line;
-  if (!std::getline(in, line)) return "";
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Release Build ...": the version is
-  // the first dotted number after "Module" (x86_64 comes before it).
-  const size_t module = line.find("Module");
-  const std::string tail = module == std::string::npos ? line : line.substr(module);
-  static const std::regex kVersion(R"(\d+\.\d+(\.\d+)?)");
-  std::smatch match;
-  return std::regex_search(tail, match, kVersion) ? match.str(0) : "";
-}
-#endif
 
 struct Flags {
   RunFlags run;  // model, machine and run options, shared with ctxplan
@@ -223,6 +206,52 @@ class CuptiStepObserver final : public StepObserver {
   gpu::CuptiTracer& tracer_;
   PlanMemoryTally memory_;
 };
+
+// The traced step's pinned copies, by direction and size: calls, bytes and the copy engine's
+// busy time, so a copy op slower than planned shows whether a per-copy cost or a bandwidth lost.
+void PrintCopies(const gpu::TraceStepSummary& summary) {
+  auto gbs = [](const gpu::TracedCopies::Bucket& b) {
+    return b.busy_ns > 0 ? static_cast<double>(b.bytes) / static_cast<double>(b.busy_ns) : 0.0;
+  };
+  auto direction = [&](const char* name, const gpu::TracedCopies& c) {
+    if (c.all.calls == 0) return;
+    std::printf(
+        "  traced step, %s copies: %llu, %.2f GiB, busy %.3f s (%.1f GB/s), active %.3f s\n", name,
+        static_cast<unsigned long long>(c.all.calls),
+        static_cast<double>(c.all.bytes) / double(1ull << 30), c.all.busy_ns * 1e-9, gbs(c.all),
+        c.active_ns * 1e-9);
+    uint64_t lower = 0;
+    for (size_t i = 0; i < c.by_size.size(); ++i) {
+      const gpu::TracedCopies::Bucket& b = c.by_size[i];
+      const uint64_t upper = gpu::TracedCopies::kBucketMaxBytes[i];
+      if (b.calls > 0) {
+        const std::string range = upper == UINT64_MAX
+                                      ? "> " + std::to_string(lower >> 10) + " KiB"
+                                      : "<= " + std::to_string(upper >> 10) + " KiB";
+        std::printf("    %-14s %9llu copies, mean %8.1f KiB, %7.2f us each, %5.1f GB/s\n",
+                    range.c_str(), static_cast<unsigned long long>(b.calls),
+                    static_cast<double>(b.bytes) / static_cast<double>(b.calls) / 1024.0,
+                    static_cast<double>(b.busy_ns) / static_cast<double>(b.calls) * 1e-3, gbs(b));
+      }
+      lower = upper;
+    }
+  };
+  direction("H2D", summary.h2d);
+  direction("D2H", summary.d2h);
+  if (summary.duplex_ns > 0)
+    std::printf("  traced step, both directions at once %.3f s\n", summary.duplex_ns * 1e-9);
+  for (size_t d = 0; d < 2; ++d)
+    for (size_t p = 0; p < summary.copy_ops[d].size(); ++p) {
+      const gpu::TracedCopyOps& t = summary.copy_ops[d][p];
+      if (t.ops == 0) continue;
+      std::printf(
+          "  traced step, %s ops of %s: %llu, spans %.3f s; copies busy %.3f s, %llu memsets "
+          "%.3f s\n",
+          d == 0 ? "copy_h2d" : "copy_d2h", std::string(PhaseName(static_cast<Phase>(p))).c_str(),
+          static_cast<unsigned long long>(t.ops), t.span_ns * 1e-9, t.memcpy_ns * 1e-9,
+          static_cast<unsigned long long>(t.memsets), t.memset_ns * 1e-9);
+    }
+}
 #endif
 
 class BothObservers final : public StepObserver {
@@ -517,6 +546,7 @@ int Main(int argc, char** argv) {
             tracer.BeginStep();
             last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
             const gpu::TraceStepSummary summary = tracer.EndStep();
+            if (!f.json) PrintCopies(summary);
             // GPU work no plan op claims would be missing from the trace's op times: say so.
             // (The step's input uploads before its first op are copies of no op: not counted.)
             if (!summary.unattributed_kernels.empty() || summary.dropped_records > 0) {
@@ -545,8 +575,11 @@ int Main(int argc, char** argv) {
           CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
           CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
           metadata["gpu_sm_count"] = std::to_string(sms);
-          if (const std::string driver = NvidiaDriverVersion(); !driver.empty())
+          if (const std::string driver = gpu::NvidiaDriverVersion(); !driver.empty())
             metadata["nvidia_driver_version"] = driver;
+          if (const std::string uuid = gpu::GpuUuid(device); !uuid.empty())
+            metadata["gpu_uuid"] = uuid;
+          if (const std::string cpu = gpu::HostCpuModel(); !cpu.empty()) metadata["host_cpu"] = cpu;
           // What the allocators hold: all reserved before the first step, so known here.
           const CudaMemoryReport memory = cuda_backend->Memory();
           metadata["gpu_arena_allocated_bytes"] = std::to_string(memory.arena_allocated_peak_bytes);
@@ -698,6 +731,15 @@ int Main(int argc, char** argv) {
     if (sm_clock_mhz > 0)
       std::printf("  GPU over those steps: SM clock %.0f MHz, board power %.0f W (NVML means)\n",
                   sm_clock_mhz, board_watts);
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    // Lent machines of one kind differ: name the very GPU and host CPU.
+    if (cuda) {
+      int device = 0;
+      CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+      std::printf("  machine: %s, host CPU %s\n", gpu::GpuUuid(device).c_str(),
+                  gpu::HostCpuModel().c_str());
+    }
+#endif
     std::printf("  GPU memory: arena allocated peak %s, reserved %s", FormatGiB(allocated).c_str(),
                 FormatGiB(reserved).c_str());
     if (device_used >= 0)

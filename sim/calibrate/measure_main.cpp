@@ -12,8 +12,8 @@
 //
 // Output (published atomically when the run completes): header comments `# key: value`
 //   gpu_name, sm_count, memory_bytes, clock_mhz, memory_clock_mhz, memory_bus_bits, driver,
-//   cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, quick (0/1), and from NVML (0
-//   without it) max_sm_clock_mhz, power_limit_w
+//   cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, host_cpu, gpu_uuid, quick (0/1),
+//   and from NVML (0 without it) max_sm_clock_mhz, power_limit_w
 // then the header line and one row per sample:
 //   op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,
 //   copies,seconds,sm_clock_mhz,watts
@@ -53,6 +53,7 @@
 
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/cuda/machine_identity.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "measure_common.h"
 #include "measure_groups.h"
@@ -92,22 +93,6 @@ std::string CudaVersion(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
 
-// The NVIDIA kernel module's version ("550.54.15") from /proc/driver/nvidia/version's first line,
-// without NVML; empty when the file is absent or unreadable.
-std::string NvidiaDriverVersion() {
-  std::ifstream file("/proc/driver/nvidia/version");
-  std::string line, token;
-  if (!std::getline(file, line)) return {};
-  std::istringstream words(line);
-  while (words >> token) {
-    const bool version = std::isdigit(static_cast<unsigned char>(token[0])) &&
-                         token.find('.') != std::string::npos &&
-                         token.find_first_not_of("0123456789.") == std::string::npos;
-    if (version) return token;
-  }
-  return {};
-}
-
 std::string UtcDate() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -126,7 +111,7 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
   CTXPLAN_CUDA_CHECK(cudaDriverGetVersion(&driver));
   CTXPLAN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-  std::string nvidia = NvidiaDriverVersion();
+  std::string nvidia = ctxplan::gpu::NvidiaDriverVersion();
   if (nvidia.empty()) nvidia = CudaVersion(driver);
   out << "# gpu_name: " << prop.name << "\n"
       << "# sm_count: " << prop.multiProcessorCount << "\n"
@@ -140,6 +125,8 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# commit: " << CTXPLAN_GIT_COMMIT << "\n"
       << "# date: " << UtcDate() << "\n"
       << "# host_cpus: " << std::thread::hardware_concurrency() << "\n"
+      << "# host_cpu: " << ctxplan::gpu::HostCpuModel() << "\n"
+      << "# gpu_uuid: " << ctxplan::gpu::GpuUuid(device) << "\n"
       << "# quick: " << (quick ? 1 : 0) << "\n"
       << "# max_sm_clock_mhz: " << clocks.max_sm_clock_mhz() << "\n"
       << "# power_limit_w: " << clocks.power_limit_watts() << "\n";

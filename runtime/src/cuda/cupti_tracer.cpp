@@ -210,6 +210,7 @@ class CuptiTracer::Impl {
     uint64_t cpu_start = 0, cpu_end = 0;
     uint64_t gpu_start = std::numeric_limits<uint64_t>::max(), gpu_end = 0;
     uint64_t activities = 0;
+    uint64_t memcpy_ns = 0, memset_ns = 0, memsets = 0;  // its copies' and memsets' busy time
     uint8_t kind = 0, stream = 0, phase = 0, part = 0;
     int32_t chunk = -1, layer = -1;
     bool has_op = false;  // pushed with its Op (else by id alone: no kind, stream, ...)
@@ -548,6 +549,68 @@ void CuptiTracer::MemoryEventImpl(MemSpace space, MemCategory category, int64_t 
   impl_->memory.push_back({Timestamp(), space, category, total});
 }
 
+namespace {
+
+using Interval = std::pair<uint64_t, uint64_t>;
+
+// Sorts and merges overlapping intervals in place.
+void MergeIntervals(std::vector<Interval>& v) {
+  std::sort(v.begin(), v.end());
+  size_t n = 0;
+  for (const Interval& i : v) {
+    if (n > 0 && i.first <= v[n - 1].second)
+      v[n - 1].second = std::max(v[n - 1].second, i.second);
+    else
+      v[n++] = i;
+  }
+  v.resize(n);
+}
+
+int64_t Length(const std::vector<Interval>& merged) {
+  int64_t total = 0;
+  for (const Interval& i : merged) total += static_cast<int64_t>(i.second - i.first);
+  return total;
+}
+
+// Time covered by both of two merged interval lists.
+int64_t Overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  int64_t total = 0;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const uint64_t lo = std::max(a[i].first, b[j].first);
+    const uint64_t hi = std::min(a[i].second, b[j].second);
+    if (lo < hi) total += static_cast<int64_t>(hi - lo);
+    (a[i].second < b[j].second ? i : j)++;
+  }
+  return total;
+}
+
+void AddCopies(const std::vector<GpuActivity>& gpu, TraceStepSummary& summary) {
+  std::vector<Interval> h2d, d2h;
+  for (const GpuActivity& a : gpu) {
+    if (a.kind != GpuKind::kMemcpy || a.end <= a.start) continue;
+    const bool to_device = a.detail == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+    if (!to_device && a.detail != CUPTI_ACTIVITY_MEMCPY_KIND_DTOH) continue;
+    TracedCopies& stats = to_device ? summary.h2d : summary.d2h;
+    size_t b = 0;
+    while (a.bytes > TracedCopies::kBucketMaxBytes[b]) ++b;
+    const auto ns = static_cast<int64_t>(a.end - a.start);
+    for (TracedCopies::Bucket* bucket : {&stats.all, &stats.by_size[b]}) {
+      ++bucket->calls;
+      bucket->bytes += a.bytes;
+      bucket->busy_ns += ns;
+    }
+    (to_device ? h2d : d2h).push_back({a.start, a.end});
+  }
+  MergeIntervals(h2d);
+  MergeIntervals(d2h);
+  summary.h2d.active_ns = Length(h2d);
+  summary.d2h.active_ns = Length(d2h);
+  summary.duplex_ns = Overlap(h2d, d2h);
+}
+
+}  // namespace
+
 TraceStepSummary CuptiTracer::EndStep() {
   TraceStepSummary summary;
   if (!enabled_) return summary;
@@ -633,6 +696,22 @@ TraceStepSummary CuptiTracer::EndStep() {
     op->gpu_start = std::min(op->gpu_start, a.start);
     op->gpu_end = std::max(op->gpu_end, a.end);
     ++op->activities;
+    if (a.kind == GpuKind::kMemcpy) op->memcpy_ns += a.end - a.start;
+    if (a.kind == GpuKind::kMemset) {
+      op->memset_ns += a.end - a.start;
+      ++op->memsets;
+    }
+  }
+  for (const Impl::OpSlot& op : ops) {
+    if (op.activities == 0 || !op.has_op) continue;
+    const auto kind = static_cast<OpKind>(op.kind);
+    if (kind != OpKind::kCopyH2D && kind != OpKind::kCopyD2H) continue;
+    TracedCopyOps& t = summary.copy_ops[kind == OpKind::kCopyH2D ? 0 : 1][op.phase];
+    ++t.ops;
+    t.span_ns += static_cast<int64_t>(op.gpu_end - op.gpu_start);
+    t.memcpy_ns += static_cast<int64_t>(op.memcpy_ns);
+    t.memset_ns += static_cast<int64_t>(op.memset_ns);
+    t.memsets += op.memsets;
   }
 
   auto rel = [&](uint64_t t) { return static_cast<int64_t>(t - s.origin); };
@@ -666,6 +745,7 @@ TraceStepSummary CuptiTracer::EndStep() {
   summary.driver_memory_traced = s.driver_memory_unavailable.empty();
   summary.step_start_ns = rel(s.step_start);
   summary.step_end_ns = rel(step_end);
+  AddCopies(c.gpu, summary);
 
   std::stable_sort(
       s.memory.begin(), s.memory.end(),

@@ -39,6 +39,7 @@
 // PushOp/PopOp/BeginStep/EndStep are for the runtime's one host thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -63,6 +64,30 @@ struct CuptiTracerOptions {
   bool correlate_driver_api = true;
 };
 
+// The step's copies between pinned host and device memory in one direction: what the copy
+// engine did, apart from the ops' spans, to tell a per-copy cost from a bandwidth (a copy op's
+// span also holds the gaps between its copies).
+struct TracedCopies {
+  static constexpr std::array<uint64_t, 5> kBucketMaxBytes = {
+      uint64_t{64} << 10, uint64_t{256} << 10, uint64_t{1} << 20, uint64_t{4} << 20, UINT64_MAX};
+  struct Bucket {
+    uint64_t calls = 0, bytes = 0;
+    int64_t busy_ns = 0;  // sum of the copies' durations
+  };
+  Bucket all;
+  std::array<Bucket, kBucketMaxBytes.size()>
+      by_size;            // by_size[i]: kBucketMaxBytes[i-1] < bytes <= kBucketMaxBytes[i]
+  int64_t active_ns = 0;  // time at least one copy of this direction runs
+};
+
+// The copy ops of one direction and phase: their spans against the busy time of the copies and
+// memsets in them (the rest of a span is the copy engine waiting: for the host to issue the next
+// copy, or behind a memset that waits for SMs).
+struct TracedCopyOps {
+  uint64_t ops = 0, memsets = 0;
+  int64_t span_ns = 0, memcpy_ns = 0, memset_ns = 0;
+};
+
 struct TraceStepSummary {
   std::vector<OpRecord> ops;                       // one per op pushed in the step, sorted by op id
   uint64_t kernels = 0, memcpys = 0, memsets = 0;  // GPU activities received
@@ -80,6 +105,10 @@ struct TraceStepSummary {
   uint64_t dropped_records = 0;
   bool driver_memory_traced = false;  // MEMORY2 could be enabled (not on every virtualised GPU)
   int64_t step_start_ns = 0, step_end_ns = 0;  // from the trace origin
+  TracedCopies h2d, d2h;                       // memcpy HtoD / DtoH of the step
+  int64_t duplex_ns = 0;                       // time copies of both directions run at once
+  // [0]: copy_h2d ops, [1]: copy_d2h ops; by Phase.
+  std::array<std::array<TracedCopyOps, static_cast<size_t>(Phase::kCount_)>, 2> copy_ops{};
 };
 
 class CuptiTracer final : public MemoryEventListener {
