@@ -9,7 +9,6 @@
 #include <functional>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -186,22 +185,8 @@ void MeasureHost(Session& session) {
      // row host_adamw_pageable, all pageable, is not fitted: it tells whether pinning matters.
     const auto n = static_cast<size_t>(kHostAdamWParams);
     const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-    for (const bool pinned : {true, false}) {
-      const char* op = pinned ? "host_adamw" : "host_adamw_pageable";
+    auto measure = [&](const char* op, uint16_t* weights, uint16_t* grads) {  // [n] bf16 each
       progress.Step(Describe(op, {{"params", kHostAdamWParams}}));
-      std::optional<PinnedHost> pinned_weights, pinned_grads;
-      std::vector<uint16_t> pageable_weights, pageable_grads;
-      if (pinned) {
-        pinned_weights.emplace(n * sizeof(uint16_t));
-        pinned_grads.emplace(n * sizeof(uint16_t));
-      } else {
-        pageable_weights.resize(n);
-        pageable_grads.resize(n);
-      }
-      auto* weights = pinned ? reinterpret_cast<uint16_t*>(pinned_weights->get())  // [n] bf16
-                             : pageable_weights.data();
-      auto* grads = pinned ? reinterpret_cast<uint16_t*>(pinned_grads->get())  // [n] bf16
-                           : pageable_grads.data();
       for (size_t i = 0; i < n; ++i) {  // magnitudes near 1 and 0.001, the mantissas varied
         weights[i] = static_cast<uint16_t>(0x3f80 | (i * 2654435761u >> 25));
         grads[i] = static_cast<uint16_t>(0x3a83 ^ (i * 40503u & 0x807f));
@@ -221,7 +206,14 @@ void MeasureHost(Session& session) {
         return SecondsSince(start);
       });
       session.Add(s);
+    };
+    {
+      PinnedHost weights(n * sizeof(uint16_t)), grads(n * sizeof(uint16_t));
+      measure("host_adamw", reinterpret_cast<uint16_t*>(weights.get()),
+              reinterpret_cast<uint16_t*>(grads.get()));
     }
+    std::vector<uint16_t> weights(n), grads(n);
+    measure("host_adamw_pageable", weights.data(), grads.data());
   }
 
   {  // One thread's std::memcpy between two touched host buffers.
