@@ -5,6 +5,8 @@
 # e.g. "llama-3.1-8b 32768 3072 96 48 off off bf16 none 0 2 l8-32k.ctxtrace" ('#' starts a comment).
 # Run on the GPU machine: `scripts/gpu-matrix.sh BIN_DIR MACHINE ROWS_FILE` (MACHINE: the preset
 # the runs are planned with and recorded under, e.g. h200-125g); logs and traces go under $OUT.
+# HOST_ADAMW_GPARAMS, when set: this host's AdamW rate as `ctxplan-measure --only host` measured
+# it in the same session (recorded with each row: the lent hosts differ by 25% there).
 set -uo pipefail
 bin=${1:?bin dir holding ctxtrain}
 machine=${2:?machine preset, e.g. h200-125g}
@@ -36,6 +38,6 @@ grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload
   startup=$(grep -oE "start-up [0-9.]+ s" "$log" | tail -1 | awk '{print $2}')
   clock=$(grep -oE "SM clock [0-9.]+ MHz" "$log" | tail -1 | awk '{print $3}')
   watts=$(grep -oE "board power [0-9.]+ W" "$log" | tail -1 | awk '{print $3}')
-  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-},${clock:-},${watts:-}" \
+  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-},${clock:-},${watts:-},${HOST_ADAMW_GPARAMS:-}" \
        "(rc $rc, wall $wall s)"
 done

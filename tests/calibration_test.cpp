@@ -49,6 +49,7 @@ KernelProfile TruthProfile() {
   k.page_topk_fixed_us = 9.0;
   k.page_topk_ns_per_page = 20;
   k.copy_call_us = 1.5;
+  k.lora_efficiency = 0.7;
   return k;
 }
 
@@ -115,13 +116,13 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
                                {3584, 3584}}) {
       CalibrationSample s = Row("gemm_fwd");
       s.m = m, s.n = n, s.k = k;
-      add(s, LinearForwardCost(m, n, k, 0));
+      add(s, LinearForwardCost(m, n, k));
       s.op = "gemm_bwd_input";
-      add(s, LinearBackwardInputCost(m, n, k, 0));
+      add(s, LinearBackwardInputCost(m, n, k));
       s.op = "gemm_bwd_weight";
       for (const int64_t grad_bytes : {2, 4}) {
         s.grad_bytes = grad_bytes;
-        add(s, LinearBackwardWeightCost(m, n, k, 0, grad_bytes));
+        add(s, LinearBackwardWeightCost(m, n, k, {}, grad_bytes));
       }
     }
     CalibrationSample loss = Row("loss");
@@ -185,6 +186,60 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
       out.rows.push_back(s);
     }
   }
+  // LoRA adapters of a fused linear: rows m tokens, n outputs, k input, heads projections,
+  // head_dim rank.
+  for (const int64_t t : {1024, 4096}) {
+    for (const int64_t r : {16, 64}) {
+      const LoraAdapters lora{r, 3};
+      CalibrationSample s = Row("lora_fwd");
+      s.m = t, s.n = 6144, s.k = 4096, s.heads = 3, s.head_dim = r, s.grad_bytes = 2;
+      add(s, LoraForwardCost(t, 6144, 4096, lora));
+      s.op = "lora_bwd_input";
+      add(s, LoraBackwardInputCost(t, 6144, 4096, lora));
+      s.op = "lora_bwd_weight";
+      add(s, LoraBackwardWeightCost(t, 6144, 4096, lora, 2));
+    }
+  }
+  // Power: a GEMM sustained under the limit at 0.7 of the maximum clock, and with idle gaps at
+  // higher clocks, drawing idle + (fraction of time busy) x 1500 W x clock^2.2.
+  out.header["max_sm_clock_mhz"] = "1980";
+  out.header["power_limit_w"] = "700";
+  CalibrationSample idle = Row("power_idle");
+  idle.sm_clock_mhz = 1980;
+  idle.watts = 100;
+  out.rows.push_back(idle);
+  const OpCost gemm = LinearForwardCost(4096, 28672, 4096);
+  const double gemm_seconds = truth.Seconds(gemm, Phase::kFill);
+  for (const auto& [x, gap_us] :
+       {std::pair<double, int64_t>{0.7, 0}, {0.8, 500}, {0.9, 1500}, {1.0, 4000}}) {
+    CalibrationSample s = Row(gap_us == 0 ? "power_gemm_fwd" : "power_duty_gemm_fwd");
+    s.m = 4096, s.n = 28672, s.k = 4096, s.copies = gap_us;
+    s.bytes = gemm.bytes, s.flops = gemm.flops;
+    const double busy = gemm_seconds / x;
+    s.seconds = busy + static_cast<double>(gap_us) * 1e-6;
+    s.sm_clock_mhz = 1980 * x;
+    s.watts = 100 + busy / s.seconds * 1500 * std::pow(x, 2.2);
+    out.rows.push_back(s);
+  }
+  for (const bool backward : {false, true}) {  // attention sustained at 0.85 of the clock
+    CalibrationSample s = Row(backward ? "power_attention_bwd" : "power_attention_fwd");
+    s.m = 4096, s.heads = 32, s.kv_heads = 8, s.head_dim = 128, s.grad_bytes = 2;
+    const double pairs = 4096 * 4097 / 2.0;
+    const OpCost cost = backward ? AttentionBackwardCost(pairs, 4096, 4096, 32, 1024, 128, 2)
+                                 : AttentionForwardCost(pairs, 4096, 4096, 32, 1024, 128);
+    s.bytes = cost.bytes, s.flops = cost.flops;
+    s.seconds = truth.Seconds(cost, Phase::kFill) / 0.85;
+    s.sm_clock_mhz = 1980 * 0.85;
+    s.watts = 690;
+    out.rows.push_back(s);
+  }
+  CalibrationSample swiglu = Row("power_swiglu_fwd");
+  swiglu.m = 16384, swiglu.n = 14336;
+  swiglu.bytes = SwigluForwardCost(16384, 14336).bytes;
+  swiglu.seconds = truth.Seconds(SwigluForwardCost(16384, 14336), Phase::kFill);
+  swiglu.sm_clock_mhz = 1980;
+  swiglu.watts = 600;
+  out.rows.push_back(swiglu);
   for (const int64_t pages : {512, 2048, 8192}) {
     CalibrationSample score = Row("page_score");
     score.m = 4096, score.heads = 28, score.kv_heads = 4, score.head_dim = 128, score.pages = pages;
@@ -228,6 +283,9 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
   EXPECT_NEAR(k.weights_init_gparams, 0.25, 1e-9);
   EXPECT_NEAR(k.page_topk_ns_per_page / truth.page_topk_ns_per_page, 1.0, 0.02);
+  EXPECT_NEAR(k.lora_efficiency / truth.lora_efficiency, 1.0, 0.02);
+  EXPECT_NEAR(k.power_exponent, 2.2, 0.01);
+  EXPECT_NEAR(k.idle_w, 100, 1e-9);
   for (const FitResidual& r : fit.residuals)
     EXPECT_LT(r.max_error, 0.05) << r.group << " " << r.worst;
   // The profile written is one the catalogue loader reads back as it was.
@@ -242,6 +300,8 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_EQ(loaded.kernels.provenance, Provenance::kMeasured);
   EXPECT_NEAR(loaded.kernels.gemm_tflops / k.gemm_tflops, 1.0, 1e-5);
   EXPECT_NEAR(loaded.kernels.page_bwd_efficiency.at(96) / k.page_bwd_efficiency.at(96), 1.0, 1e-3);
+  EXPECT_NEAR(loaded.kernels.lora_efficiency / k.lora_efficiency, 1.0, 1e-3);
+  EXPECT_NEAR(loaded.kernels.power_exponent / k.power_exponent, 1.0, 1e-3);
   EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
 }
 
@@ -274,6 +334,8 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.host_adamw_gparams, b.host_adamw_gparams));
     EXPECT_TRUE(near(a.gemm_w, b.gemm_w)) << a.gemm_w << " " << b.gemm_w;
     EXPECT_TRUE(near(a.power_limit_w, b.power_limit_w));
+    EXPECT_TRUE(near(a.power_exponent, b.power_exponent));
+    EXPECT_TRUE(near(a.lora_efficiency, b.lora_efficiency));
     EXPECT_TRUE(near(a.page_fwd_efficiency_d64.at(96), b.page_fwd_efficiency_d64.at(96)));
     EXPECT_TRUE(near(committed.host_h2d_gbs.value, fit.gpu.host_h2d_gbs.value));
   }

@@ -60,7 +60,7 @@ TEST(ClockModel, ComputeBoundOpsSlowWithTheClockMemoryBoundOpsDoNot) {
   const MachineSpec machine = LoadMachine("h200-125g");
   const KernelTimeModel at_max = KernelTimeModel(machine).AtClock(1.0);
   const KernelTimeModel slower = at_max.AtClock(0.8);
-  const OpCost gemm = LinearForwardCost(4096, 28672, 4096, 0);
+  const OpCost gemm = LinearForwardCost(4096, 28672, 4096);
   const double launch = at_max.profile().launch_us * 1e-6;
   EXPECT_NEAR(
       (slower.Seconds(gemm, Phase::kFill) - launch) / (at_max.Seconds(gemm, Phase::kFill) - launch),

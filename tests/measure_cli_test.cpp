@@ -38,7 +38,8 @@ TEST(MeasureCli, BadFlagsAreOneLineErrors) {
   ScratchDir dir;
   const std::string csv = (dir.path() / "samples.csv").string();
   ExpectOneLineError(RunMeasure({"--output", csv, "--only", "gemm,attn"}, dir), "ctxplan-measure",
-                     2, {"--only", "attn", "launch,gemm,loss,attention,select,memory,copy,host"});
+                     2,
+                     {"--only", "attn", "launch,gemm,lora,loss,attention,select,memory,copy,host"});
   ExpectOneLineError(RunMeasure({"--output", csv, "--reps", "0"}, dir), "ctxplan-measure", 2,
                      {"--reps", "1 to 1000"});
   ExpectOneLineError(RunMeasure({"--output", csv, "--device", "-1"}, dir), "ctxplan-measure", 2,
@@ -79,7 +80,8 @@ TEST(MeasureCli, HelpListsTheGroups) {
   const test::RunResult r = RunMeasure({"--help"}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("--output"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("launch,gemm,loss,attention,select,memory,copy,host"), std::string::npos)
+  EXPECT_NE(r.out.find("launch,gemm,lora,loss,attention,select,memory,copy,host"),
+            std::string::npos)
       << r.out;
 #endif
 }

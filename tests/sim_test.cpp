@@ -292,12 +292,12 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
     return 2.0 * tile_rows * tile_cols * depth / split / (k.gemm_tflops * 1e12 / sms) +
            k.gemm_wave_us * 1e-6;
   };
-  const OpCost gemm = LinearForwardCost(4096, 18944, 3584, 0);
+  const OpCost gemm = LinearForwardCost(4096, 18944, 3584);
   const double tiles = std::ceil(4096.0 / tile_rows) * std::ceil(18944.0 / tile_cols);
   EXPECT_NEAR(TicksToSeconds(model.Duration(gemm, Phase::kFill)),
               launch + std::ceil(tiles / sms) * wave_seconds(3584, 1), 1e-8);
   // Fewer tiles than SMs take one wave, the depth split over up to gemm_split_max tiles.
-  const OpCost small = LinearForwardCost(256, 3584, 3584, 0);
+  const OpCost small = LinearForwardCost(256, 3584, 3584);
   const double small_tiles = std::ceil(256.0 / tile_rows) * std::ceil(3584.0 / tile_cols);
   ASSERT_LT(small_tiles, sms);
   const double split =

@@ -11,60 +11,92 @@ double D(int64_t v) {
 }
 }  // namespace
 
-// LoRA adapters: each of an op's projections (Q, K, V; gate, up; O; down: two on average) runs
-// a down GEMM to rank r and an up GEMM back, launches of their own.
-static constexpr int32_t kLoraLaunchesPerLinear = 4;
-
-static KernelShape GemmShape(int64_t rows, int64_t cols, int64_t depth, int64_t lora_rank) {
+static KernelShape GemmShape(int64_t rows, int64_t cols, int64_t depth) {
   KernelShape s;
   s.rows = rows;
   s.cols = cols;
   s.depth = depth;
-  s.launches = 1 + (lora_rank > 0 ? kLoraLaunchesPerLinear : 0);
   return s;
 }
 
-OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank, bool split_outputs) {
-  double flops = 2.0 * D(m) * D(n) * D(k);
-  double bytes = D(m * k + k * n + m * n) * kBf16Bytes;
-  if (lora_rank > 0) {
-    flops += 2.0 * D(m) * D(lora_rank) * D(n + k);
-    bytes += D(lora_rank * (n + k) + 2 * m * lora_rank) * kBf16Bytes;
-  }
-  OpCost cost{flops, bytes, RateClass::kGemm, GemmShape(m, n, k, lora_rank)};
+// Per projection u = x A^T reads x [m x k]; y += u B^T reads and writes its output columns.
+OpCost LoraForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora) {
+  if (lora.rank <= 0) return {};
+  const double p = lora.projections, r = D(lora.rank);
+  OpCost cost{2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes, RateClass::kGemm, {}};
+  cost.shape.lora_bytes = (p * D(m) * D(k) + 2.0 * D(m) * D(n) + 2.0 * p * D(m) * r) * kBf16Bytes;
+  cost.shape.launches = 2 * lora.projections;
+  return cost;
+}
+
+// dX [m x k] of dY [m x n]: per projection du = dY B reads its dY columns, dX += du A reads and
+// writes all of dX.
+OpCost LoraBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora) {
+  if (lora.rank <= 0) return {};
+  const double p = lora.projections, r = D(lora.rank);
+  OpCost cost{2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes, RateClass::kGemm, {}};
+  cost.shape.lora_bytes = (D(m) * D(n) + 2.0 * p * D(m) * D(k) + 2.0 * p * D(m) * r) * kBf16Bytes;
+  cost.shape.launches = 2 * lora.projections;
+  return cost;
+}
+
+// Per projection du = dY B and u = x A^T again, then dA += du^T x and dB += dY^T u: x [m x k]
+// read twice, its dY columns twice; thin outputs summed over the m tokens (split-K).
+OpCost LoraBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
+                              int64_t grad_bytes) {
+  if (lora.rank <= 0) return {};
+  const double p = lora.projections, r = D(lora.rank);
+  OpCost cost{4.0 * D(m) * r * D(n + k), 2.0 * r * D(n + k) * D(grad_bytes), RateClass::kGemm, {}};
+  cost.shape.lora_bytes =
+      (2.0 * p * D(m) * D(k) + 2.0 * D(m) * D(n) + 4.0 * p * D(m) * r) * kBf16Bytes;
+  cost.shape.launches = 4 * lora.projections;
+  cost.shape.accumulates = true;
+  return cost;
+}
+
+namespace {
+// The base GEMM's cost with its adapters' run after it.
+OpCost WithAdapters(OpCost base, const OpCost& adapters) {
+  if (adapters.rate == RateClass::kNone) return base;
+  base.flops += adapters.flops;
+  base.bytes += adapters.bytes;
+  base.shape.lora_bytes += adapters.shape.lora_bytes;
+  base.shape.launches += adapters.shape.launches;
+  return base;
+}
+}  // namespace
+
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora, bool split_outputs) {
+  OpCost cost = WithAdapters(OpCost{2.0 * D(m) * D(n) * D(k), D(m * k + k * n + m * n) * kBf16Bytes,
+                                    RateClass::kGemm, GemmShape(m, n, k)},
+                             LoraForwardCost(m, n, k, lora));
   if (split_outputs) {
-    cost.shape.side_bytes = 2.0 * D(m * n) * kBf16Bytes;
+    cost.shape.side_bytes += 2.0 * D(m * n) * kBf16Bytes;
     cost.shape.launches += 3;
   }
   return cost;
 }
 
-OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
                                bool join_inputs) {
   // The same GEMM as the forward with the roles of n and k swapped.
-  OpCost cost = LinearForwardCost(m, k, n, lora_rank);
+  OpCost cost = WithAdapters(OpCost{2.0 * D(m) * D(n) * D(k), D(m * k + k * n + m * n) * kBf16Bytes,
+                                    RateClass::kGemm, GemmShape(m, k, n)},
+                             LoraBackwardInputCost(m, n, k, lora));
   if (join_inputs) {
-    cost.shape.side_bytes = 2.0 * D(m * n) * kBf16Bytes;
+    cost.shape.side_bytes += 2.0 * D(m * n) * kBf16Bytes;
     cost.shape.launches += 3;
   }
   return cost;
 }
 
-OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
                                 int64_t grad_bytes) {
-  if (lora_rank > 0) {
-    // X*A again, then dA = X^T (dY B^T) and dB = (X A)^T dY: small GEMMs, latency-bound.
-    double flops = 2.0 * D(m) * D(lora_rank) * (D(k) + D(n) + D(n) + D(k));
-    double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(lora_rank * (n + k)) * D(grad_bytes);
-    // Thin outputs summed over many tokens (split-K): no tile grid to quantise, FLOPs alone.
-    KernelShape shape;
-    shape.launches = kLoraLaunchesPerLinear + 2;
-    shape.accumulates = true;
-    return {flops, bytes, RateClass::kGemm, shape};
-  }
+  // Under LoRA the base is frozen: the adapters' gradients alone.
+  if (lora.rank > 0) return LoraBackwardWeightCost(m, n, k, lora, grad_bytes);
   double flops = 2.0 * D(m) * D(n) * D(k);
   double bytes = D(m * k + m * n) * kBf16Bytes + 2.0 * D(k * n) * D(grad_bytes);
-  KernelShape shape = GemmShape(n, k, m, 0);  // dW [n x k], summed over the m tokens
+  KernelShape shape = GemmShape(n, k, m);  // dW [n x k], summed over the m tokens
   shape.accumulates = true;
   shape.out_bytes = static_cast<int32_t>(grad_bytes);
   return {flops, bytes, RateClass::kGemm, shape};
@@ -169,7 +201,7 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
   double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
   double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
                  (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
-  return {flops, bytes, RateClass::kFusedLoss, GemmShape(tokens, vocab, hidden, 0)};
+  return {flops, bytes, RateClass::kFusedLoss, GemmShape(tokens, vocab, hidden)};
 }
 OpCost ZeroFillCost(int64_t bytes) {
   return Memory(D(bytes));

@@ -489,6 +489,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_fwd_efficiency",
                    "sparse_bwd_efficiency",
                    "memory_efficiency",
+                   "lora_efficiency",
                    "page_score_fixed_us",
                    "page_score_ns_per_tile_page",
                    "page_topk_fixed_us",
@@ -505,7 +506,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "gemm_w",
                    "attention_fwd_w",
                    "attention_bwd_w",
-                   "memory_w"});
+                   "memory_w",
+                   "power_exponent"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
   k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
@@ -547,6 +549,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
   k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
+  k.lora_efficiency = f.OptionalNumber("lora_efficiency", NumberLimit{2.0}).value_or(1.0);
   k.page_score_fixed_us = f.Number("page_score_fixed_us", kFixedCostLimit);
   k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kFixedCostLimit);
   k.page_topk_fixed_us = f.Number("page_topk_fixed_us", kFixedCostLimit);
@@ -565,6 +568,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
   k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
   k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
+  k.power_exponent = f.OptionalNumber("power_exponent", NumberLimit{6.0}).value_or(3.0);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
         {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},
@@ -578,6 +582,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
         {"attention_bwd_tflops_d128", k.attention_bwd_tflops_d128},
         {"attention_bwd_tflops_d64", k.attention_bwd_tflops_d64},
         {"memory_efficiency", k.memory_efficiency},
+        {"lora_efficiency", k.lora_efficiency},
         {"pin_gbs", k.pin_gbs},
         {"host_memcpy_gbs", k.host_memcpy_gbs},
         {"host_adamw_gparams", k.host_adamw_gparams},

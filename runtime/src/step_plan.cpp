@@ -5,6 +5,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/lora.h"
 
 namespace ctxplan {
 
@@ -166,8 +167,9 @@ class PlanWriter {
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     batch_.Push(Kernel(w, OpKind::kLinearForward,
-                       LinearForwardCost(t, q + 2 * kv, d, o_.lora_rank, /*split_outputs=*/true), t,
-                       q + 2 * kv, d, OpPart::kQkv));
+                       LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, o_.lora_rank),
+                                         /*split_outputs=*/true),
+                       t, q + 2 * kv, d, OpPart::kQkv));
     batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
     OpId kv_write = kNoOp;
     const int own_parity = fill ? NextOwnParity() : 0;
@@ -203,17 +205,20 @@ class PlanWriter {
       const OpId id = batch_.Push(attention, {h2d});
       if (copy_in) slot_release_[parity] = id;
     }
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, o_.lora_rank), t, d, q,
+    batch_.Push(Kernel(w, OpKind::kLinearForward,
+                       LinearForwardCost(t, d, q, LoraOn(OpPart::kO, o_.lora_rank)), t, d, q,
                        OpPart::kO));
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
-    batch_.Push(Kernel(w, OpKind::kLinearForward,
-                       LinearForwardCost(t, 2 * m_.intermediate_size, d, o_.lora_rank), t,
-                       2 * m_.intermediate_size, d, OpPart::kGateUp));
+    batch_.Push(Kernel(
+        w, OpKind::kLinearForward,
+        LinearForwardCost(t, 2 * m_.intermediate_size, d, LoraOn(OpPart::kGateUp, o_.lora_rank)), t,
+        2 * m_.intermediate_size, d, OpPart::kGateUp));
     batch_.Push(Kernel(w, OpKind::kSwigluForward, SwigluForwardCost(t, m_.intermediate_size), t));
-    batch_.Push(Kernel(w, OpKind::kLinearForward,
-                       LinearForwardCost(t, d, m_.intermediate_size, o_.lora_rank), t, d,
-                       m_.intermediate_size, OpPart::kDown));
+    batch_.Push(
+        Kernel(w, OpKind::kLinearForward,
+               LinearForwardCost(t, d, m_.intermediate_size, LoraOn(OpPart::kDown, o_.lora_rank)),
+               t, d, m_.intermediate_size, OpPart::kDown));
     if (fill && o_.offload) {
       Op d2h = Copy(w, false, c.own_pages, c.own_pages * g_.kv_page_bytes());
       own_release_[own_parity] = batch_.Push(d2h, {kv_write});
@@ -289,16 +294,18 @@ class PlanWriter {
     // Recompute the layer's internals from its saved input (attention output and LSE are kept).
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
-    batch_.Push(Kernel(w, OpKind::kLinearForward,
-                       LinearForwardCost(t, q + 2 * kv, d, r, /*split_outputs=*/true), t,
-                       q + 2 * kv, d, OpPart::kQkv));
-    batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
     batch_.Push(
-        Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, r), t, d, q, OpPart::kO));
+        Kernel(w, OpKind::kLinearForward,
+               LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), /*split_outputs=*/true),
+               t, q + 2 * kv, d, OpPart::kQkv));
+    batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
+    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)),
+                       t, d, q, OpPart::kO));
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
-    batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, 2 * inter, d, r), t,
-                       2 * inter, d, OpPart::kGateUp));
+    batch_.Push(Kernel(w, OpKind::kLinearForward,
+                       LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)), t, 2 * inter,
+                       d, OpPart::kGateUp));
     batch_.Push(Kernel(w, OpKind::kSwigluForward, SwigluForwardCost(t, inter), t));
     // Backward, top of the layer first.
     Linear(w, t, d, inter, OpPart::kDown);
@@ -393,12 +400,14 @@ class PlanWriter {
 
  private:
   void Linear(const Where& w, int64_t t, int64_t out, int64_t in, OpPart part) {
-    batch_.Push(Kernel(w, OpKind::kLinearBackwardInput,
-                       LinearBackwardInputCost(t, out, in, o_.lora_rank, part == OpPart::kQkv), t,
-                       out, in, part));
-    batch_.Push(Kernel(w, OpKind::kLinearBackwardWeight,
-                       LinearBackwardWeightCost(t, out, in, o_.lora_rank, o_.grad_bytes()), t, out,
-                       in, part));
+    batch_.Push(Kernel(
+        w, OpKind::kLinearBackwardInput,
+        LinearBackwardInputCost(t, out, in, LoraOn(part, o_.lora_rank), part == OpPart::kQkv), t,
+        out, in, part));
+    batch_.Push(
+        Kernel(w, OpKind::kLinearBackwardWeight,
+               LinearBackwardWeightCost(t, out, in, LoraOn(part, o_.lora_rank), o_.grad_bytes()), t,
+               out, in, part));
   }
   int64_t PagedTokensRead(const ChunkGeometry& c) const { return g_.paged_tokens_read(c); }
   int64_t LayerDkvBytes() const { return m_.num_hidden_layers * g_.dkv_page_bytes(); }

@@ -12,6 +12,7 @@ namespace ctxplan::calibrate {
 void MeasureLaunch(Session& session);     // measure_kernels.cpp
 void MeasureGemm(Session& session);       // measure_kernels.cpp
 void MeasureLoss(Session& session);       // measure_kernels.cpp
+void MeasureLora(Session& session);       // measure_kernels.cpp
 void MeasureMemory(Session& session);     // measure_kernels.cpp
 void MeasureAttention(Session& session);  // measure_attention.cpp
 void MeasureSelect(Session& session);     // measure_attention.cpp
@@ -20,9 +21,12 @@ void MeasureHost(Session& session);       // measure_transfers.cpp
 void MeasurePower(Session& session);      // measure_power.cpp
 // The power group's pieces: a few kernels timed under session.sustain_seconds.
 void MeasurePowerKernels(Session& session);    // measure_kernels.cpp
+void MeasurePowerDuty(Session& session);       // measure_kernels.cpp
 void MeasurePowerAttention(Session& session);  // measure_attention.cpp
 
 // An empty kernel <<<1, 1>>> on `stream`, launch checked (measure_launch.cu).
 void LaunchEmptyKernel(cudaStream_t stream);
+// A kernel <<<1, 1>>> that sleeps `seconds` of wall time on `stream` (measure_launch.cu).
+void LaunchIdleKernel(double seconds, cudaStream_t stream);
 
 }  // namespace ctxplan::calibrate

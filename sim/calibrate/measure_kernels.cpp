@@ -11,6 +11,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/gemm.h"
+#include "ctxplan/kernels/cuda/lora_gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/kernels/paged_kv.h"
 #include "measure_common.h"
@@ -36,6 +37,21 @@ const std::vector<std::pair<int64_t, int64_t>> kGemmOutIn = {
 const std::vector<std::pair<int64_t, int64_t>> kGemmOutInQuick = {
     {4096, 4096}, {28672, 4096}, {4096, 14336}};
 
+// --- lora: each fused linear's adapters (its projections' outputs and input) of Llama-3-8B and
+// Llama-3.2-1B, over chunk tokens, at ranks 16 and 64
+struct LoraPart {
+  std::vector<int64_t> outs;  // each projection's outputs
+  int64_t in = 0;
+};
+const std::vector<LoraPart> kLoraParts = {
+    {{4096, 1024, 1024}, 4096}, {{4096}, 4096}, {{14336, 14336}, 4096}, {{4096}, 14336},
+    {{2048, 512, 512}, 2048},   {{2048}, 2048}, {{8192, 8192}, 2048},   {{2048}, 8192}};
+const std::vector<LoraPart> kLoraPartsQuick = {{{4096, 1024, 1024}, 4096}, {{14336, 14336}, 4096}};
+const std::vector<int64_t> kLoraTokens = {1024, 4096, 8192};
+const std::vector<int64_t> kLoraTokensQuick = {4096};
+const std::vector<int64_t> kLoraRanks = {16, 64};
+const std::vector<int64_t> kLoraRanksQuick = {16};
+
 // --- loss: tokens x vocabulary at hidden 4096 ----------------------------------------------------
 const std::vector<int64_t> kLossTokens = {1024, 2048, 4096, 8192};
 const std::vector<int64_t> kLossTokensQuick = {4096};
@@ -60,6 +76,9 @@ constexpr float kEps = 1e-5f;
 constexpr double kRopeTheta = 5e5;
 constexpr int64_t kRopeFirstPosition = 65536;  // a chunk deep in the context
 const std::vector<int64_t> kZeroFillBytes = {1 * kMiB, 16 * kMiB, 256 * kMiB};
+// Idle gaps after each sustained GEMM (1.3-1.5 ms under the power limit): duty cycles of about
+// 3/4, 1/2 and 1/4.
+const std::vector<int64_t> kPowerDutyGapsUs = {500, 1500, 4000};
 const std::vector<int64_t> kAdamWParams = {16 * kMiB, 256 * kMiB};  // 16M and 256M parameters
 
 int64_t CeilDiv(int64_t a, int64_t b) {
@@ -103,26 +122,26 @@ void MeasureGemmShape(Session& session, cu::CublasLtGemm& gemm, int64_t m, int64
     s.grad_bytes = grad_bytes;
     return s.Cost(cost);
   };
-  Sample fwd = row("gemm_fwd", 0, LinearForwardCost(m, n, k, 0));
+  Sample fwd = row("gemm_fwd", 0, LinearForwardCost(m, n, k));
   fwd.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     cu::LinearForward(gemm, x[i], w[i], nullptr, m, n, k, y[i], stream);
   });
   session.Add(fwd);
   if (forward_only) return;
-  Sample bwd_input = row("gemm_bwd_input", 0, LinearBackwardInputCost(m, n, k, 0));
+  Sample bwd_input = row("gemm_bwd_input", 0, LinearBackwardInputCost(m, n, k));
   bwd_input.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     cu::LinearBackwardInput(gemm, y[i], w[i], m, n, k, dx[i], stream);
   });
   session.Add(bwd_input);
   Sample bwd_w16 =
-      row("gemm_bwd_weight", kBf16Bytes, LinearBackwardWeightCost(m, n, k, 0, kBf16Bytes));
+      row("gemm_bwd_weight", kBf16Bytes, LinearBackwardWeightCost(m, n, k, {}, kBf16Bytes));
   bwd_w16.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw16[i], static_cast<bf16*>(nullptr),
                              stream);
   });
   session.Add(bwd_w16);
   Sample bwd_w32 =
-      row("gemm_bwd_weight", kFp32Bytes, LinearBackwardWeightCost(m, n, k, 0, kFp32Bytes));
+      row("gemm_bwd_weight", kFp32Bytes, LinearBackwardWeightCost(m, n, k, {}, kFp32Bytes));
   bwd_w32.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     cu::LinearBackwardWeight(gemm, x[i], y[i], m, n, k, dw32[i], static_cast<float*>(nullptr),
                              stream);
@@ -141,6 +160,90 @@ void MeasureGemm(Session& session) {
     for (const int64_t m : tokens) {
       progress.Step(Describe("gemm", {{"m", m}, {"n", n}, {"k", k}}));
       MeasureGemmShape(session, gemm, m, n, k, false);
+    }
+  }
+}
+
+// =================================================================================================
+// A fused linear's LoRA adapters as the CUDA backend runs them after its GEMM (lora_gemm.h), all
+// its projections per call: the forward, the input gradient, the weight gradients (bf16, the
+// default gradient type). Rows: m tokens, n the projections' outputs summed, k their input,
+// heads the projections, head_dim the rank; bytes the traffic (the cost's lora_bytes).
+void MeasureLora(Session& session) {
+  const auto& parts = session.quick ? kLoraPartsQuick : kLoraParts;
+  const auto& tokens_list = session.quick ? kLoraTokensQuick : kLoraTokens;
+  const auto& ranks = session.quick ? kLoraRanksQuick : kLoraRanks;
+  cudaStream_t stream = session.stream;
+  cu::CublasLtGemm gemm;
+  Progress progress("lora", parts.size() * tokens_list.size() * ranks.size());
+  for (const LoraPart& part : parts) {
+    int64_t n = 0;
+    for (const int64_t out : part.outs) n += out;
+    const int64_t k = part.in;
+    const auto projections = static_cast<int32_t>(part.outs.size());
+    for (const int64_t r : ranks) {
+      // Each projection's A [r][in], B [out][r] and bf16 gradients, at their offsets in [n].
+      std::vector<DeviceArray<bf16>> a, b, grad_a, grad_b;
+      for (const int64_t out : part.outs) {
+        a.push_back(RandomArray<bf16>(r * k, -0.05, 0.05, 31));
+        b.push_back(RandomArray<bf16>(out * r, -0.05, 0.05, 32));
+        grad_a.push_back(RandomArray<bf16>(r * k, -1e-3, 1e-3, 33));
+        grad_b.push_back(RandomArray<bf16>(out * r, -1e-3, 1e-3, 34));
+      }
+      for (const int64_t t : tokens_list) {
+        progress.Step(Describe("lora", {{"m", t}, {"n", n}, {"k", k}, {"r", r}}));
+        Rotating<bf16> x(t * k, -1, 1, 35);     // x, and dx: [t][k]
+        Rotating<bf16> y(t * n, -1, 1, 36);     // y, and dy: [t][n]
+        Rotating<bf16> dx(t * k, -1, 1, 37);    // dx: [t][k], accumulated
+        DeviceArray<bf16> u(t * r), du(t * r);  // [t][r] scratch, as the backend's
+        auto projection = [&](size_t j, int64_t offset) {
+          return cu::LoraProjectionGemm{t,      r,        k,          part.outs[j],
+                                        offset, 1.0f / r, a[j].get(), b[j].get()};
+        };
+        auto each = [&](const std::function<void(const cu::LoraProjectionGemm&, size_t)>& run) {
+          int64_t offset = 0;
+          for (size_t j = 0; j < part.outs.size(); ++j) {
+            run(projection(j, offset), j);
+            offset += part.outs[j];
+          }
+        };
+        const LoraAdapters lora{r, projections};
+        auto row = [&](const char* op, const OpCost& cost) {
+          Sample s;
+          s.op = op;
+          s.m = t;
+          s.n = n;
+          s.k = k;
+          s.heads = projections;
+          s.head_dim = r;
+          s.grad_bytes = kBf16Bytes;
+          s.bytes = cost.shape.lora_bytes;
+          s.flops = cost.flops;
+          return s;
+        };
+        Sample fwd = row("lora_fwd", LoraForwardCost(t, n, k, lora));
+        fwd.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+          each([&](const cu::LoraProjectionGemm& p, size_t) {
+            cu::LoraForward(gemm, p, x[i], u.get(), y[i], n, stream);
+          });
+        });
+        session.Add(fwd);
+        Sample input = row("lora_bwd_input", LoraBackwardInputCost(t, n, k, lora));
+        input.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+          each([&](const cu::LoraProjectionGemm& p, size_t) {
+            cu::LoraBackwardInput(gemm, p, y[i], n, du.get(), dx[i], stream);
+          });
+        });
+        session.Add(input);
+        Sample weight = row("lora_bwd_weight", LoraBackwardWeightCost(t, n, k, lora, kBf16Bytes));
+        weight.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+          each([&](const cu::LoraProjectionGemm& p, size_t j) {
+            cu::LoraBackwardWeight(gemm, p, x[i], y[i], n, u.get(), du.get(), grad_a[j].get(),
+                                   grad_b[j].get(), CUDA_R_16BF, stream);
+          });
+        });
+        session.Add(weight);
+      }
     }
   }
 }
@@ -410,6 +513,32 @@ void MeasurePowerKernels(Session& session) {
   MeasureGemmShape(session, gemm, 4096, 28672, 4096, true);
   MeasureGemmShape(session, gemm, 4096, 16384, 2048, true);
   session.Add(Swiglu(session, 16384, false));
+}
+
+// Sustained, the Llama-3-8B MLP projection of MeasurePowerKernels with an idle gap after each
+// call: the GEMM runs a fraction of the time, the board's limit allows a higher clock, and its
+// draw at that clock gives the exponent of power against clock (clock_model.h). Rows
+// "duty_gemm_fwd": seconds of one GEMM and its gap, `copies` the gap in microseconds.
+void MeasurePowerDuty(Session& session) {
+  constexpr int64_t m = 4096, n = 28672, k = 4096;
+  cu::CublasLtGemm gemm;
+  Rotating<bf16> x(m * k, -1, 1, 1);        // X: [m][k]
+  Rotating<bf16> w(n * k, -0.05, 0.05, 2);  // W: [n][k]
+  Rotating<bf16> y(m * n, -1, 1, 3);        // Y: [m][n]
+  for (const int64_t gap_us : kPowerDutyGapsUs) {
+    Sample s;
+    s.op = "duty_gemm_fwd";
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.copies = gap_us;
+    s.Cost(LinearForwardCost(m, n, k));
+    s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+      cu::LinearForward(gemm, x[i], w[i], nullptr, m, n, k, y[i], session.stream);
+      LaunchIdleKernel(static_cast<double>(gap_us) * 1e-6, session.stream);
+    });
+    session.Add(s);
+  }
 }
 
 }  // namespace ctxplan::calibrate

@@ -3,7 +3,9 @@
 // GPU idles. A training step runs such kernels back to back for seconds; at the board's power
 // limit the clock sinks until the draw fits, and every compute-bound kernel slows with it
 // (sim/src/clock_model.cpp). The rows are the kernels' usual rows with the op prefixed "power_",
-// their clock and watts from the sustained window; "power_idle" has watts and clock alone.
+// their clock and watts from the sustained window; "power_idle" has watts and clock alone. The
+// "power_duty_gemm_fwd" rows run a GEMM with idle gaps: its draw at the higher clocks the limit
+// then allows gives the exponent of power against clock.
 #include <chrono>
 #include <thread>
 
@@ -23,7 +25,7 @@ void MeasurePower(Session& session) {
     Progress("power", 0).Note("skipped: NVML (libnvidia-ml.so.1) is not available");
     return;
   }
-  Progress progress("power", 3);
+  Progress progress("power", 4);
   progress.Step("idle");
   CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(session.stream));
   std::this_thread::sleep_for(std::chrono::duration<double>(kIdleSettleSeconds));
@@ -38,6 +40,8 @@ void MeasurePower(Session& session) {
   MeasurePowerKernels(session);
   progress.Step("attention, sustained");
   MeasurePowerAttention(session);
+  progress.Step("gemm with idle gaps, sustained");
+  MeasurePowerDuty(session);
   session.sustain_seconds = 0;
   for (size_t i = first; i < session.samples.size(); ++i)
     session.samples[i].op = "power_" + session.samples[i].op;

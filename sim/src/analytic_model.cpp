@@ -7,6 +7,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/lora.h"
 
 namespace ctxplan::sim {
 
@@ -128,7 +129,8 @@ class TimeRecurrence {
     if (same_tokens) {
       f.pre = forward_cache_.pre;
     } else {
-      add(f.pre, RmsNormForwardCost(t, d))(f.pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
+      add(f.pre, RmsNormForwardCost(t, d))(
+          f.pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
           f.pre, RopeCost(t, q, kv));
     }
     if (f.fill) {
@@ -144,9 +146,11 @@ class TimeRecurrence {
     if (same_tokens) {
       f.post = forward_cache_.post;
     } else {
-      add(f.post, LinearForwardCost(t, d, q, r))(f.post, RmsNormForwardCost(t, d))(
-          f.post, LinearForwardCost(t, 2 * inter, d, r))(f.post, SwigluForwardCost(t, inter))(
-          f.post, LinearForwardCost(t, d, inter, r));
+      add(f.post, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(f.post,
+                                                                     RmsNormForwardCost(t, d))(
+          f.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
+          f.post, SwigluForwardCost(t, inter))(
+          f.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
       forward_cache_ = {t, f.pre, f.post};
     }
     if (f.copy_in) {
@@ -174,9 +178,9 @@ class TimeRecurrence {
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
     Segment& pre = b.before_attention;
-    auto linear = [&](Segment& s, int64_t out, int64_t in, bool join = false) {
-      add(s, LinearBackwardInputCost(t, out, in, r, join))(
-          s, LinearBackwardWeightCost(t, out, in, r, gb));
+    auto linear = [&](Segment& s, int64_t out, int64_t in, OpPart part) {
+      add(s, LinearBackwardInputCost(t, out, in, LoraOn(part, r), part == OpPart::kQkv))(
+          s, LinearBackwardWeightCost(t, out, in, LoraOn(part, r), gb));
     };
     // The layer's recomputed forward and its MLP and output projection's backward, and the
     // input projections' backward after attention, depend on the chunk's tokens alone.
@@ -185,17 +189,19 @@ class TimeRecurrence {
       pre = backward_cache_.pre;
       b.after = backward_cache_.post;
     } else {
-      add(pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, q + 2 * kv, d, r, true))(
-          pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, r))(
-          pre, RmsNormForwardCost(t, d))(pre, LinearForwardCost(t, 2 * inter, d, r))(
+      add(pre, RmsNormForwardCost(t, d))(
+          pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
+          pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(
+          pre, RmsNormForwardCost(t, d))(
+          pre, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
           pre, SwigluForwardCost(t, inter));
-      linear(pre, d, inter);
+      linear(pre, d, inter, OpPart::kDown);
       add(pre, SwigluBackwardCost(t, inter));
-      linear(pre, 2 * inter, d);
+      linear(pre, 2 * inter, d, OpPart::kGateUp);
       add(pre, RmsNormBackwardCost(t, d));
-      linear(pre, d, q);
+      linear(pre, d, q, OpPart::kO);
       add(b.after, RopeCost(t, q, kv));
-      linear(b.after, q + 2 * kv, d, /*join=*/true);
+      linear(b.after, q + 2 * kv, d, OpPart::kQkv);
       add(b.after, RmsNormBackwardCost(t, d));
       backward_cache_ = {t, pre, b.after};
     }
@@ -506,6 +512,16 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   LayerCache layers;
   const double clock = TimeAtMaxClock(g, result, layers);
   if (clock < 1.0) PredictTime(g, time_model_.AtClock(clock), result, layers, /*reuse=*/true);
+  return result;
+}
+
+StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock_fraction) const {
+  StepPrediction result;
+  const MemoryPrediction memory = PredictMemory(g);
+  result.gpu = memory.gpu;
+  result.host = memory.host;
+  LayerCache layers;
+  PredictTime(g, time_model_.AtClock(clock_fraction), result, layers, /*reuse=*/false);
   return result;
 }
 

@@ -35,6 +35,8 @@ constexpr double kGemmWaveUsMax = 3.0, kGemmWaveUsStep = 0.25;
 constexpr double kAccumulateWaveUsMax = 6.0, kAccumulateWaveUsStep = 0.25;  // per output byte
 constexpr double kAttentionItemUsMax = 12.0, kAttentionItemUsStep = 0.5;
 constexpr double kLaunchUsStep = 0.1;
+// A fitted power exponent outside this range is a failed measurement, not physics.
+constexpr double kPowerExponentMin = 1.0, kPowerExponentMax = 4.0;
 constexpr double kPageScoreFixedUsMax = 40.0, kPageScoreFixedUsStep = 0.5;
 constexpr double kPageTopKFixedUsMax = 40.0, kPageTopKFixedUsStep = 0.5;
 constexpr int kBisections = 40;
@@ -79,11 +81,18 @@ SampleCosts CostsOf(const CalibrationSample& s) {
   const int64_t kv_dim = s.kv_heads * s.head_dim;
   const int64_t grad_bytes = s.grad_bytes > 0 ? s.grad_bytes : kBf16Bytes;
   if (s.op == "gemm_fwd") {
-    out.costs.push_back(LinearForwardCost(s.m, s.n, s.k, 0));
+    out.costs.push_back(LinearForwardCost(s.m, s.n, s.k));
   } else if (s.op == "gemm_bwd_input") {
-    out.costs.push_back(LinearBackwardInputCost(s.m, s.n, s.k, 0));
+    out.costs.push_back(LinearBackwardInputCost(s.m, s.n, s.k));
   } else if (s.op == "gemm_bwd_weight") {
-    out.costs.push_back(LinearBackwardWeightCost(s.m, s.n, s.k, 0, grad_bytes));
+    out.costs.push_back(LinearBackwardWeightCost(s.m, s.n, s.k, {}, grad_bytes));
+  } else if (s.op == "lora_fwd" || s.op == "lora_bwd_input" || s.op == "lora_bwd_weight") {
+    // heads: the projections, head_dim: the rank (measure_kernels.cpp MeasureLora).
+    const LoraAdapters lora{s.head_dim, static_cast<int32_t>(s.heads)};
+    out.costs.push_back(s.op == "lora_fwd" ? LoraForwardCost(s.m, s.n, s.k, lora)
+                        : s.op == "lora_bwd_input"
+                            ? LoraBackwardInputCost(s.m, s.n, s.k, lora)
+                            : LoraBackwardWeightCost(s.m, s.n, s.k, lora, grad_bytes));
   } else if (s.op == "loss") {
     out.costs.push_back(LossForwardBackwardCost(s.m, s.k, s.n, true, grad_bytes));
   } else if (s.op == "attention_fwd" || s.op == "attention_bwd") {
@@ -396,8 +405,46 @@ CalibrationSamples AtMaxClock(const CalibrationSamples& measured) {
   return out;
 }
 
-// The power group: idle watts, the power limit, and each kind's watts above idle at the maximum
-// clock, from its sustained draw at the clock it held (P - idle) / x^kPowerExponent.
+// The exponent of power against clock, from the GEMM run sustained alone and with idle gaps
+// ("power_duty_gemm_fwd": seconds of a GEMM and its gap, `copies` the gap in us). With the gaps
+// the board's limit allows a higher clock x; the GEMM runs a fraction f of the time and draws
+// P - idle = f * G * x^g above idle. A least-squares line through log((P - idle) / f) against
+// log x gives g. 0 where the rows do not span enough clocks to tell.
+double FitPowerExponent(const CalibrationSamples& samples, double idle, double max_mhz) {
+  std::vector<std::pair<double, double>> points;  // (log x, log((P - idle) / f))
+  auto add = [&](const CalibrationSample& s, double gemm_seconds) {
+    if (s.watts <= idle || s.sm_clock_mhz <= 0 || s.seconds <= 0 || gemm_seconds <= 0) return;
+    const double fraction = std::min(1.0, gemm_seconds / s.seconds);
+    points.emplace_back(std::log(std::min(1.0, s.sm_clock_mhz / max_mhz)),
+                        std::log((s.watts - idle) / fraction));
+  };
+  const auto duty = Op(samples, "power_duty_gemm_fwd");
+  if (duty.empty()) return 0;
+  for (const CalibrationSample* s : duty)
+    add(*s, s->seconds - static_cast<double>(s->copies) * 1e-6);
+  for (const CalibrationSample* s : Op(samples, "power_gemm_fwd"))
+    if (s->m == duty.front()->m && s->n == duty.front()->n && s->k == duty.front()->k)
+      add(*s, s->seconds);
+  if (points.size() < 2) return 0;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : points) {
+    mx += x;
+    my += y;
+  }
+  mx /= static_cast<double>(points.size());
+  my /= static_cast<double>(points.size());
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    sxx += (x - mx) * (x - mx);
+    sxy += (x - mx) * (y - my);
+  }
+  // Clocks within ~5% of each other: the slope is noise.
+  if (sxx < static_cast<double>(points.size()) * 0.0005) return 0;
+  return std::clamp(sxy / sxx, kPowerExponentMin, kPowerExponentMax);
+}
+
+// The power group: idle watts, the power limit, the exponent, and each kind's watts above idle at
+// the maximum clock, from its sustained draw at the clock it held (P - idle) / x^exponent.
 void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz");
   const double limit = HeaderNumber(samples, "power_limit_w");
@@ -405,6 +452,7 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   for (const CalibrationSample& s : samples.rows)
     if (s.op == "power_idle") idle = s.watts;
   if (max_mhz <= 0 || limit <= 0 || idle <= 0) return;
+  if (const double g = FitPowerExponent(samples, idle, max_mhz); g > 0) k.power_exponent = g;
   // Watts above idle at the maximum clock, per second of the kind's work at its full rate
   // (`tflops`, the head dim's for attention): what an op draws goes with its FLOPs
   // (kernel_time_model.cpp). The sustained rows' seconds are already at the maximum clock.
@@ -413,7 +461,7 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
     for (const CalibrationSample* s : Op(samples, op)) {
       if (s->watts <= 0 || s->sm_clock_mhz <= 0) continue;
       const double x = std::min(1.0, s->sm_clock_mhz / max_mhz);
-      const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, kPowerExponent);
+      const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, k.power_exponent);
       const double full_seconds = tflops ? s->flops / (tflops(*s) * 1e12) : s->seconds;
       watts.push_back(drawn * std::min(1.0, s->seconds / full_seconds));
     }
@@ -599,6 +647,14 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     k.loss_efficiency = ImpliedMedian(
         gpu, k, [](KernelProfile& p, double x) { p.loss_efficiency = x; }, loss_rows, 0.02, 2.0);
   }
+  // --- LoRA adapters: their traffic's fraction of the memory-bound rate (optional group) -----
+  if (const auto lora_rows = Select(
+          samples,
+          [](const CalibrationSample& s) { return s.op.rfind("lora_", 0) == 0 && s.head_dim > 0; });
+      !lora_rows.empty()) {
+    k.lora_efficiency = ImpliedMedian(
+        gpu, k, [](KernelProfile& p, double x) { p.lora_efficiency = x; }, lora_rows, 0.02, 2.0);
+  }
   measured(gpu.bf16_gemm_tflops, k.gemm_tflops,
            "cuBLASLt bf16 GEMMs of the calibration grid, rate of a full wave of tiles");
 
@@ -698,6 +754,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   };
   group("gemm", [](const CalibrationSample& s) { return s.op.rfind("gemm_", 0) == 0; });
   group("loss", [](const CalibrationSample& s) { return s.op == "loss"; });
+  group("lora", [](const CalibrationSample& s) { return s.op.rfind("lora_", 0) == 0; });
   group("attention_fwd", [](const CalibrationSample& s) { return s.op == "attention_fwd"; });
   group("attention_bwd", [](const CalibrationSample& s) { return s.op == "attention_bwd"; });
   group("memory", [](const CalibrationSample& s) { return IsMemoryOp(s.op); });
@@ -710,7 +767,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   {
     CalibrationSamples sustained;
     for (const CalibrationSample& s : samples.rows) {
-      if (s.op.rfind("power_", 0) != 0 || s.op == "power_idle") continue;
+      if (s.op.rfind("power_", 0) != 0 || s.op == "power_idle" || s.op == "power_duty_gemm_fwd")
+        continue;
       sustained.rows.push_back(s);
       sustained.rows.back().op = s.op.substr(6);
     }
@@ -800,6 +858,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";
+  if (k.lora_efficiency != 1.0)  // 1: the samples had no lora group
+    o << "  lora_efficiency: " << k.lora_efficiency << "\n";
   o << "  page_score_fixed_us: " << k.page_score_fixed_us << "\n";
   o << "  page_score_ns_per_tile_page: " << k.page_score_ns_per_tile_page << "\n";
   o << "  page_topk_fixed_us: " << k.page_topk_fixed_us << "\n";
@@ -818,6 +878,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  attention_fwd_w: " << k.attention_fwd_w << "\n";
     o << "  attention_bwd_w: " << k.attention_bwd_w << "\n";
     o << "  memory_w: " << k.memory_w << "\n";
+    o << "  power_exponent: " << k.power_exponent << "\n";
   }
   return o.str();
 }

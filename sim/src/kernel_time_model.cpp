@@ -216,7 +216,7 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
                                  ? GemmComputeSeconds(s)
                                  : cost.flops / (k.gemm_tflops * 1e12);
       OpTime t = bounded(launches, compute, cost.flops / (k.gemm_tflops * 1e12), k.gemm_w);
-      t.seconds += side;
+      t.seconds += side + s.lora_bytes / (hbm_bytes_per_second_ * k.lora_efficiency);
       return t;
     }
     case RateClass::kFusedLoss: {

@@ -17,6 +17,7 @@
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/kernels/cuda/gemm.h"
+#include "ctxplan/kernels/cuda/lora_gemm.h"
 #include "ctxplan/kernels/cuda/ops.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/bf16.h"
@@ -582,109 +583,28 @@ class TypedImpl final : public CudaBackend::Impl {
     return out;
   }
 
+  k::LoraProjectionGemm LoraGemm(const DeviceLoraProjection<G>& p) const {
+    return {T(), o_.lora_rank, p.in, p.out, p.out_offset, lora_scale_, p.a.get(), p.b.get()};
+  }
+
   // y [t][y_stride] += scale * (x A^T) B^T on each projection's columns.
   void LoraForward(const Op& op, const bf16* x, bf16* y, int64_t y_stride) {
     if (!Lora()) return;
-    const int64_t t = T(), r = o_.lora_rank;
-    for (DeviceLoraProjection<G>& p : LoraPart(static_cast<size_t>(op.layer), op.part)) {
-      LoraDown(p, x);
-      k::CublasLtGemm::Problem up;  // y_seg [t][out] += scale * u [t][r] B^T
-      up.trans_b = true;
-      up.m = t;
-      up.n = p.out;
-      up.k = r;
-      up.a = lora_u_.get();
-      up.lda = r;
-      up.b = p.b.get();
-      up.ldb = r;
-      up.d = y + p.out_offset;
-      up.ldd = y_stride;
-      up.alpha = lora_scale_;
-      up.beta = 1.0f;
-      gemm_.Run(up, compute_);
-    }
-  }
-
-  // u [t][r] = x [t][in] A^T
-  void LoraDown(DeviceLoraProjection<G>& p, const bf16* x) {
-    k::CublasLtGemm::Problem down;
-    down.trans_b = true;
-    down.m = T();
-    down.n = o_.lora_rank;
-    down.k = p.in;
-    down.a = x;
-    down.lda = p.in;
-    down.b = p.a.get();
-    down.ldb = p.in;
-    down.d = lora_u_.get();
-    down.ldd = o_.lora_rank;
-    gemm_.Run(down, compute_);
+    for (DeviceLoraProjection<G>& p : LoraPart(static_cast<size_t>(op.layer), op.part))
+      k::LoraForward(gemm_, LoraGemm(p), x, lora_u_.get(), y, y_stride, compute_);
   }
 
   // The input op: dx [t][in] += du A with du = scale * dy_seg B. The weight op: dA += du^T x and
   // dB += scale * dy_seg^T (x A^T).
   void LoraBackward(const Op& op, bool input, const bf16* x, const bf16* dy, int64_t dy_stride,
                     bf16* dx) {
-    const int64_t t = T(), r = o_.lora_rank;
     constexpr cudaDataType_t kGradType = std::is_same_v<G, float> ? CUDA_R_32F : CUDA_R_16BF;
     for (DeviceLoraProjection<G>& p : LoraPart(static_cast<size_t>(op.layer), op.part)) {
-      k::CublasLtGemm::Problem du;  // du [t][r] = scale * dy_seg [t][out] B [out][r]
-      du.m = t;
-      du.n = r;
-      du.k = p.out;
-      du.a = dy + p.out_offset;
-      du.lda = dy_stride;
-      du.b = p.b.get();
-      du.ldb = r;
-      du.d = lora_du_.get();
-      du.ldd = r;
-      du.alpha = lora_scale_;
-      gemm_.Run(du, compute_);
-      if (input) {
-        k::CublasLtGemm::Problem back;  // dx [t][in] += du [t][r] A [r][in]
-        back.m = t;
-        back.n = p.in;
-        back.k = r;
-        back.a = lora_du_.get();
-        back.lda = r;
-        back.b = p.a.get();
-        back.ldb = p.in;
-        back.d = dx;
-        back.ldd = p.in;
-        back.beta = 1.0f;
-        gemm_.Run(back, compute_);
-        continue;
-      }
-      k::CublasLtGemm::Problem ga;  // dA [r][in] += du^T [r][t] x [t][in]
-      ga.trans_a = true;
-      ga.m = r;
-      ga.n = p.in;
-      ga.k = t;
-      ga.a = lora_du_.get();
-      ga.lda = r;
-      ga.b = x;
-      ga.ldb = p.in;
-      ga.d = p.grad_a.get();
-      ga.d_type = kGradType;
-      ga.ldd = p.in;
-      ga.beta = 1.0f;
-      gemm_.Run(ga, compute_);
-      LoraDown(p, x);
-      k::CublasLtGemm::Problem gb;  // dB [out][r] += scale * dy_seg^T [out][t] u [t][r]
-      gb.trans_a = true;
-      gb.m = p.out;
-      gb.n = r;
-      gb.k = t;
-      gb.a = dy + p.out_offset;
-      gb.lda = dy_stride;
-      gb.b = lora_u_.get();
-      gb.ldb = r;
-      gb.d = p.grad_b.get();
-      gb.d_type = kGradType;
-      gb.ldd = r;
-      gb.alpha = lora_scale_;
-      gb.beta = 1.0f;
-      gemm_.Run(gb, compute_);
+      if (input)
+        k::LoraBackwardInput(gemm_, LoraGemm(p), dy, dy_stride, lora_du_.get(), dx, compute_);
+      else
+        k::LoraBackwardWeight(gemm_, LoraGemm(p), x, dy, dy_stride, lora_u_.get(), lora_du_.get(),
+                              p.grad_a.get(), p.grad_b.get(), kGradType, compute_);
     }
   }
 

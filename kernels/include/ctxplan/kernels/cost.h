@@ -53,6 +53,9 @@ struct KernelShape {
   // Memory traffic of helper copies inside the op (the QKV projection splits its fused output
   // rows into Q, K and V), timed at the memory-bound rate on top of the GEMM.
   double side_bytes = 0.0;
+  // HBM traffic of the LoRA adapters' thin GEMMs after the op's own (LoraAdapters), timed at
+  // the profile's lora_efficiency of the memory-bound rate.
+  double lora_bytes = 0.0;
   // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
   bool accumulates = false;
   int32_t out_bytes = 2;
@@ -71,17 +74,35 @@ inline constexpr int64_t kFp32Bytes = 4;
 // many (kernels/src/cuda/rmsnorm.cu); the planner counts them in the workspace.
 inline constexpr int64_t kRmsNormMaxPartialRows = 1024;
 
-// [m x k] * [k x n] -> [m x n]; `lora_rank` > 0 adds the two low-rank adapter GEMMs.
+// The LoRA adapters on a fused linear (runtime/lora.h): rank `rank` (0: none) on each of its
+// `projections` (Q, K, V: 3; gate, up: 2; O, down: 1). Each projection runs thin GEMMs to rank r
+// and back (kernels/cuda/lora_gemm.h); they read the op's [tokens x in] input or [tokens x out]
+// gradient again and add into its output, so they are HBM-bound launches after the base GEMM:
+// the cost's lora_bytes and launches.
+struct LoraAdapters {
+  int64_t rank = 0;
+  int32_t projections = 1;
+};
+
+// The adapters alone, as each of the three linear ops runs them after its own GEMM (all their
+// projections; ctxplan-measure times them so): kGemm costs with an empty shape, their traffic in
+// lora_bytes.
+OpCost LoraForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora);
+OpCost LoraBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora);
+OpCost LoraBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
+                              int64_t grad_bytes);
+
+// [m x k] * [k x n] -> [m x n], plus the adapters' down and up GEMMs.
 // `split_outputs`: the fused QKV projection's output rows are split into Q, K and V afterwards
 // (three strided device copies, read and written once: the shape's side_bytes).
-OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora = {},
                          bool split_outputs = false);
-// dX [m x k] = dY [m x n] * W^T, plus the adapters' share when lora_rank > 0. `join_inputs`: the
-// QKV projection's dQ, dK, dV are first joined into one [m x n] gradient (three strided copies).
-OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+// dX [m x k] = dY [m x n] * W^T, plus the adapters' dX. `join_inputs`: the QKV projection's dQ,
+// dK, dV are first joined into one [m x n] gradient (three strided copies).
+OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora = {},
                                bool join_inputs = false);
-// dW [k x n] += X^T dY in `grad_bytes`; with lora_rank > 0 only the adapters' gradients.
-OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, int64_t lora_rank,
+// dW [k x n] += X^T dY in `grad_bytes`; with adapters only their gradients (the base is frozen).
+OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
                                 int64_t grad_bytes);
 
 OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden);

@@ -56,6 +56,9 @@ struct KernelProfile {
   double sparse_fwd_efficiency = 1, sparse_bwd_efficiency = 1;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
+  // LoRA adapters' thin GEMMs (cuBLASLt, rank-wide): fraction of the memory-bound rate their
+  // traffic reaches (kernels/cost.h LoraAdapters). 1 where a profile has not measured them.
+  double lora_efficiency = 1;
   // Page selection: scoring reads the queries (memory-bound), pays a fixed cost and a cost per
   // candidate page and query tile; top-k per candidate page (one block a tile: tiles beyond the
   // SMs take another wave).
@@ -82,6 +85,8 @@ struct KernelProfile {
   double attention_fwd_w = 0;  // attention forward
   double attention_bwd_w = 0;  // attention backward
   double memory_w = 0;         // HBM-bound kernels
+  // Power above idle goes as clock^power_exponent (a GEMM run at several duty cycles).
+  double power_exponent = 3;
 
   bool empty() const { return gemm_tflops <= 0; }
   // The attention rate of a direction at head dim 64 (d64) or 128.

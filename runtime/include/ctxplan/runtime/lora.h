@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/op.h"
@@ -33,6 +34,12 @@ struct LoraProjection {
 // The fused linears that carry adapters, in the order every visit goes through them.
 inline constexpr std::array<OpPart, 4> kLoraParts = {OpPart::kQkv, OpPart::kO, OpPart::kGateUp,
                                                      OpPart::kDown};
+
+// The adapters of rank `rank` (0: none) on fused linear `part`, as the cost model counts them:
+// Q, K, V on qkv, gate and up on gate_up, one projection on o and down.
+inline LoraAdapters LoraOn(OpPart part, int64_t rank) {
+  return {rank, part == OpPart::kQkv ? 3 : part == OpPart::kGateUp ? 2 : 1};
+}
 
 // One layer's adapters, by fused linear: the host's (LoraProjection) or a backend's own.
 template <typename Projection>

@@ -29,6 +29,9 @@ class AnalyticModel {
 
   // Memory and time; the time at the SM clock the step holds under the power limit.
   StepPrediction Predict(const PlanGeometry& geometry) const;
+  // Memory and time at a given SM clock (a fraction of the maximum) instead of the one the
+  // power model predicts: to tell a run's clock error from its kernel-time error (matrix_test).
+  StepPrediction PredictAtClock(const PlanGeometry& geometry, double clock_fraction) const;
   // That clock, as a fraction of the maximum (1: the step fits under the limit).
   double SustainedClock(const PlanGeometry& geometry) const;
   // Memory only: O(chunks) integer arithmetic, for the max-context search.

@@ -8,7 +8,7 @@
 // power group):
 //
 //   power(x) = idle_w + (x^g * fixed_joules + x^(g - 1) * clock_joules) / step_seconds(x)
-//   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = kPowerExponent
+//   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = power_exponent
 //
 // where x is the clock as a fraction of the maximum, clock_joules what the compute-bound kernels
 // draw above idle at the maximum clock over a step (each op's FLOPs at its kind's full rate x
@@ -24,10 +24,11 @@
 
 namespace ctxplan::sim {
 
-// Dynamic power goes as f V^2, and over the DVFS range the voltage follows the clock: f^3.
-// Checked against the SM clock NVML measured in the calibration runs of
-// traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with exponents 1, 2,
-// 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
+// Dynamic power goes as f V^2, and over the DVFS range the voltage follows the clock: f^3. The
+// default where a profile has not measured its own (KernelProfile::power_exponent, from the
+// power group's duty-cycled GEMM). Checked against the SM clock NVML measured in the calibration
+// runs of traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with
+// exponents 1, 2, 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;

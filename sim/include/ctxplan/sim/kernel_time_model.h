@@ -9,6 +9,8 @@
 //   GEMM          output tiles in whole waves over the SMs (a launch of fewer tiles than SMs
 //                 splits its depth), each wave its FLOPs at the rate plus a fixed wave cost;
 //                 weight gradients (adding into fp32 or bf16) with their own tiles and costs
+//   LoRA          the adapters' thin GEMMs after the base GEMM: their launches and their
+//                 traffic at lora_efficiency of the memory-bound rate
 //   fused loss    the GEMM model over tokens x vocab, at loss_efficiency of the rate
 //   attention     items (128 queries x one head forward, 128 keys x one KV head backward) one
 //                 per SM: each item's fixed cost and its 128 x 128 blocks (causal ones whole) at
