@@ -171,7 +171,14 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
         static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0) - 1.0;
     const double host_gib = static_cast<double>(report.host_peak) / 1073741824.0;
     const double host = r.host_gib > 0 ? host_gib / r.host_gib - 1.0 : host_gib;
-    const double clock_mhz = prediction.sm_clock_fraction * time_model.profile().max_sm_clock_mhz;
+    // NVML's mean over the step, as the runs record it: the GPU idles at the maximum clock through
+    // a tail of host work (AdamW on the host).
+    const double tail = prediction.step_ticks > 0
+                            ? static_cast<double>(prediction.gpu_idle_tail_ticks) /
+                                  static_cast<double>(prediction.step_ticks)
+                            : 0.0;
+    const double clock_mhz = (prediction.sm_clock_fraction * (1.0 - tail) + tail) *
+                             time_model.profile().max_sm_clock_mhz;
     Errors& set = r.validation ? validation : calibration;
     set.time.push_back(std::abs(time));
     set.device.push_back(std::abs(device));
@@ -194,8 +201,9 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
           .clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
       // A diagnostic, never fitted: the same step at the clock NVML measured, which tells the
       // power model's error from the kernel times'.
-      const double measured_fraction =
-          std::min(1.0, r.sm_clock_mhz / time_model.profile().max_sm_clock_mhz);
+      // The kernels' clock: NVML's step mean with the idle tail at the maximum taken out.
+      const double measured_fraction = std::clamp(
+          (r.sm_clock_mhz / time_model.profile().max_sm_clock_mhz - tail) / (1.0 - tail), 0.5, 1.0);
       const sim::StepPrediction at_measured =
           sim::AnalyticModel(time_model).PredictAtClock(geometry, measured_fraction);
       const double at_measured_time =
@@ -218,12 +226,13 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   const bool met = time_median <= 0.03 && time_max <= 0.08 && device_median <= 0.01 &&
                    device_max <= 0.02 && host_max <= 0.01;
   std::printf("  issue 11 acceptance on the validation set: %s\n", met ? "met" : "NOT MET");
-  // Today's accuracy (2026-11-24, with the power limit's clock): time median 4.9%, max 16.6%
-  // (the worst: Llama-3.1-8B with AdamW on the host, Llama-3.2-1B at 256K with offload on the
-  // H100); device median 0.7%, max 2.3%. The predicted SM clock against NVML's: validation
-  // median 3.8%, max 9.8%.
-  EXPECT_LE(time_median, 0.05);
-  EXPECT_LE(time_max, 0.17);
+  // Today's accuracy (2026-11-25: LoRA adapters timed by their traffic, the host-AdamW rows
+  // re-recorded with their host's measured AdamW rate, the host tail out of the power average):
+  // time median 4.2%, max 11.5% (the worst: Llama-3.1-8B 128K, k 64 with offload, on the H200);
+  // device median 0.7%, max 2.3%. The predicted SM clock against NVML's: validation median
+  // 3.1%, max 9.8%.
+  EXPECT_LE(time_median, 0.045);
+  EXPECT_LE(time_max, 0.12);
   EXPECT_LE(device_median, 0.01);
   EXPECT_LE(device_max, 0.025);
   ASSERT_GE(validation.clock.size(), 10u);

@@ -506,8 +506,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "gemm_w",
                    "attention_fwd_w",
                    "attention_bwd_w",
-                   "memory_w",
-                   "power_exponent"});
+                   "memory_w"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
   k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
@@ -568,7 +567,6 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
   k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
   k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
-  k.power_exponent = f.OptionalNumber("power_exponent", NumberLimit{6.0}).value_or(3.0);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
         {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},

@@ -12,6 +12,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/sim/calibration.h"
+#include "ctxplan/sim/clock_model.h"
 #include "ctxplan/traces/atomic_file.h"
 
 namespace ctxplan::cli {
@@ -109,6 +110,11 @@ int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
     std::printf("  %-14s %4d samples  median %6s  max %6s  (%s)\n", r.group.c_str(), r.samples,
                 Percent(r.median_error).c_str(), Percent(r.max_error).c_str(), r.worst.c_str());
   }
+  if (fit.duty_cycle_power_exponent > 0)
+    std::printf(
+        "power: the duty-cycled GEMM's draw goes as clock^%.2f (the clock model uses %.1f, chosen "
+        "on the matrix's calibration runs: clock_model.h)\n",
+        fit.duty_cycle_power_exponent, sim::kPowerExponent);
   return 0;
 }
 

@@ -294,6 +294,7 @@ class TimeRecurrence {
         clock_.d2h() = std::max(clock_.d2h(), clock_.compute()) + d2h_ticks;
         host_ = std::max(host_, clock_.d2h()) + update_ticks;
         clock_.h2d() = std::max(clock_.h2d(), host_) + h2d_ticks;
+        result_.gpu_idle_tail_ticks = End() - clock_.compute();
         result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += d2h_ticks;
         result_.busy_ticks[static_cast<size_t>(Stream::kHost)] += update_ticks;
         result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += h2d_ticks;
@@ -535,7 +536,9 @@ double AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& resu
                                      LayerCache& layers) const {
   const KernelTimeModel at_max = time_model_.AtClock(1.0);
   PredictTime(g, at_max, result, layers, /*reuse=*/false);
-  return SustainedClockFraction(at_max.profile(), result.step_seconds(), result.energy);
+  return SustainedClockFraction(at_max.profile(),
+                                TicksToSeconds(result.step_ticks - result.gpu_idle_tail_ticks),
+                                result.energy);
 }
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,

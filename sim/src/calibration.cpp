@@ -409,8 +409,9 @@ CalibrationSamples AtMaxClock(const CalibrationSamples& measured) {
 // ("power_duty_gemm_fwd": seconds of a GEMM and its gap, `copies` the gap in us). With the gaps
 // the board's limit allows a higher clock x; the GEMM runs a fraction f of the time and draws
 // P - idle = f * G * x^g above idle. A least-squares line through log((P - idle) / f) against
-// log x gives g. 0 where the rows do not span enough clocks to tell.
-double FitPowerExponent(const CalibrationSamples& samples, double idle, double max_mhz) {
+// log x gives g. 0 where the rows do not span enough clocks to tell. Reported, not used: see
+// clock_model.h.
+double DutyCyclePowerExponent(const CalibrationSamples& samples, double idle, double max_mhz) {
   std::vector<std::pair<double, double>> points;  // (log x, log((P - idle) / f))
   auto add = [&](const CalibrationSample& s, double gemm_seconds) {
     if (s.watts <= idle || s.sm_clock_mhz <= 0 || s.seconds <= 0 || gemm_seconds <= 0) return;
@@ -443,8 +444,8 @@ double FitPowerExponent(const CalibrationSamples& samples, double idle, double m
   return std::clamp(sxy / sxx, kPowerExponentMin, kPowerExponentMax);
 }
 
-// The power group: idle watts, the power limit, the exponent, and each kind's watts above idle at
-// the maximum clock, from its sustained draw at the clock it held (P - idle) / x^exponent.
+// The power group: idle watts, the power limit, and each kind's watts above idle at the maximum
+// clock, from its sustained draw at the clock it held (P - idle) / x^kPowerExponent.
 void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz");
   const double limit = HeaderNumber(samples, "power_limit_w");
@@ -452,7 +453,6 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   for (const CalibrationSample& s : samples.rows)
     if (s.op == "power_idle") idle = s.watts;
   if (max_mhz <= 0 || limit <= 0 || idle <= 0) return;
-  if (const double g = FitPowerExponent(samples, idle, max_mhz); g > 0) k.power_exponent = g;
   // Watts above idle at the maximum clock, per second of the kind's work at its full rate
   // (`tflops`, the head dim's for attention): what an op draws goes with its FLOPs
   // (kernel_time_model.cpp). The sustained rows' seconds are already at the maximum clock.
@@ -461,7 +461,7 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
     for (const CalibrationSample* s : Op(samples, op)) {
       if (s->watts <= 0 || s->sm_clock_mhz <= 0) continue;
       const double x = std::min(1.0, s->sm_clock_mhz / max_mhz);
-      const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, k.power_exponent);
+      const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, kPowerExponent);
       const double full_seconds = tflops ? s->flops / (tflops(*s) * 1e12) : s->seconds;
       watts.push_back(drawn * std::min(1.0, s->seconds / full_seconds));
     }
@@ -776,6 +776,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     if (!rows.empty()) fit.residuals.push_back(Residual(model, "sustained", rows));
   }
   FitPower(samples, k);
+  if (const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz"); max_mhz > 0)
+    fit.duty_cycle_power_exponent = DutyCyclePowerExponent(samples, k.idle_w, max_mhz);
   return fit;
 }
 
@@ -878,7 +880,6 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  attention_fwd_w: " << k.attention_fwd_w << "\n";
     o << "  attention_bwd_w: " << k.attention_bwd_w << "\n";
     o << "  memory_w: " << k.memory_w << "\n";
-    o << "  power_exponent: " << k.power_exponent << "\n";
   }
   return o.str();
 }

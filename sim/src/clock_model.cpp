@@ -9,7 +9,7 @@ double SustainedClockFraction(const KernelProfile& k, double step_seconds,
   if (!k.has_power() || step_seconds <= 0 || energy.clock_joules <= 0) return 1.0;
   const double budget = k.power_limit_w - k.idle_w;  // watts above idle the limit allows
   // Power above idle at clock fraction x; it rises with x (more energy a second, shorter step).
-  const double g = k.power_exponent;
+  constexpr double g = kPowerExponent;
   auto power = [&](double x) {
     const double seconds = step_seconds + energy.clock_bound_seconds * (1.0 / x - 1.0);
     return (std::pow(x, g) * energy.fixed_joules + std::pow(x, g - 1.0) * energy.clock_joules) /

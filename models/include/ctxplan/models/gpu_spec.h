@@ -85,8 +85,6 @@ struct KernelProfile {
   double attention_fwd_w = 0;  // attention forward
   double attention_bwd_w = 0;  // attention backward
   double memory_w = 0;         // HBM-bound kernels
-  // Power above idle goes as clock^power_exponent (a GEMM run at several duty cycles).
-  double power_exponent = 3;
 
   bool empty() const { return gemm_tflops <= 0; }
   // The attention rate of a direction at head dim 64 (d64) or 128.

@@ -48,6 +48,9 @@ struct FitResidual {
 struct CalibrationFit {
   GpuSpec gpu;  // `base` with the measured spec values and the measured kernel profile
   std::vector<FitResidual> residuals;
+  // The exponent of a GEMM's power against clock its duty-cycled power rows imply (0: none);
+  // reported beside the model's kPowerExponent (clock_model.h), not used by it.
+  double duty_cycle_power_exponent = 0;
 };
 
 // Fits `base` (the catalogue entry of the same GPU, for its datasheet values) to the samples.

@@ -15,20 +15,29 @@
 // the kind's watts: a kernel on a slow path waits more and draws less; at clock x an op draws
 // x^g of it for 1/x as long), and fixed_joules the same for the memory-bound kernels, whose time
 // does not move with the clock but whose draw does. The power is averaged over the whole step:
-// a step that waits on PCIe copies or on the host is cooler (measured: offloading 7B steps hold
-// 1790-1910 MHz where dense ones hold 1690-1730). The step's clock is the largest x whose power
-// fits the limit; the planner then times the step again at that clock.
+// a step that waits on PCIe copies between kernels is cooler (measured: offloading 7B steps hold
+// 1790-1910 MHz where dense ones hold 1690-1730). Not so a step's tail of host work (AdamW on the
+// host, seconds with the GPU idle): the limit acts over about a second, so the kernels before it
+// run as hot as in a step without it (Llama-3.1-8B 32K, AdamW on the host, H200 calibration
+// row: 1817 MHz measured at 437 W mean board power), and the tail is left out of the average.
+// The step's clock is the largest x whose power fits the limit; the planner then times the step
+// again at that clock.
 #pragma once
 
 #include "ctxplan/models/gpu_spec.h"
 
 namespace ctxplan::sim {
 
-// Dynamic power goes as f V^2, and over the DVFS range the voltage follows the clock: f^3. The
-// default where a profile has not measured its own (KernelProfile::power_exponent, from the
-// power group's duty-cycled GEMM). Checked against the SM clock NVML measured in the calibration
-// runs of traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with
-// exponents 1, 2, 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
+// Dynamic power goes as f V^2, and over the DVFS range the voltage follows the clock: f^3.
+// Checked against the SM clock NVML measured in the calibration runs of
+// traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with exponents 1, 2,
+// 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
+// Measured and not adopted (2026-11-25, H200): a GEMM run with idle gaps (power group,
+// "power_duty_gemm_fwd") draws as clock^1.38 between 1437 and 1980 MHz; with that exponent the
+// model holds the calibration runs' clock at 1980 MHz where NVML read 1716-1920 (clock median /
+// max error 2.4/6.4% -> 3.1/15.4%, step time median 2.3% -> 5.8%). The step-averaged power
+// this model assumes is not how the board's limit acts on a mix of kernels; `ctxplan calibrate`
+// prints the duty-cycle exponent for the record.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;

@@ -58,6 +58,10 @@ struct StepPrediction {
   // its ops draw at that clock (clock_model.h).
   double sm_clock_fraction = 1.0;
   StepEnergy energy;
+  // The step's tail after the GPU's last kernel (AdamW on the host and its copies): seconds of an
+  // idle GPU that the board's power limit, acting over about a second, does not average into the
+  // kernels' draw (clock_model.h).
+  Tick gpu_idle_tail_ticks = 0;
 
   double step_seconds() const { return TicksToSeconds(step_ticks); }
 };
