@@ -19,14 +19,28 @@ static KernelShape GemmShape(int64_t rows, int64_t cols, int64_t depth) {
   return s;
 }
 
+// [rows x depth] * [depth x cols] -> [rows x cols], bf16 in and out.
+static OpCost GemmCost(int64_t rows, int64_t cols, int64_t depth) {
+  return {2.0 * D(rows) * D(cols) * D(depth),
+          D(rows * depth + depth * cols + rows * cols) * kBf16Bytes, RateClass::kGemm,
+          GemmShape(rows, cols, depth)};
+}
+
+// The adapters of an op, all projections: thin GEMMs timed by their traffic (lora_bytes).
+static OpCost AdapterCost(double flops, double bytes, double lora_bytes, int32_t launches) {
+  OpCost cost{flops, bytes, RateClass::kGemm, {}};
+  cost.shape.lora_bytes = lora_bytes;
+  cost.shape.launches = launches;
+  return cost;
+}
+
 // Per projection u = x A^T reads x [m x k]; y += u B^T reads and writes its output columns.
 OpCost LoraForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora) {
   if (lora.rank <= 0) return {};
   const double p = lora.projections, r = D(lora.rank);
-  OpCost cost{2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes, RateClass::kGemm, {}};
-  cost.shape.lora_bytes = (p * D(m) * D(k) + 2.0 * D(m) * D(n) + 2.0 * p * D(m) * r) * kBf16Bytes;
-  cost.shape.launches = 2 * lora.projections;
-  return cost;
+  return AdapterCost(2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes,
+                     (p * D(m) * D(k) + 2.0 * D(m) * D(n) + 2.0 * p * D(m) * r) * kBf16Bytes,
+                     2 * lora.projections);
 }
 
 // dX [m x k] of dY [m x n]: per projection du = dY B reads its dY columns, dX += du A reads and
@@ -34,10 +48,9 @@ OpCost LoraForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora) {
 OpCost LoraBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora) {
   if (lora.rank <= 0) return {};
   const double p = lora.projections, r = D(lora.rank);
-  OpCost cost{2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes, RateClass::kGemm, {}};
-  cost.shape.lora_bytes = (D(m) * D(n) + 2.0 * p * D(m) * D(k) + 2.0 * p * D(m) * r) * kBf16Bytes;
-  cost.shape.launches = 2 * lora.projections;
-  return cost;
+  return AdapterCost(2.0 * D(m) * r * D(n + k), D(lora.rank * (n + k)) * kBf16Bytes,
+                     (D(m) * D(n) + 2.0 * p * D(m) * D(k) + 2.0 * p * D(m) * r) * kBf16Bytes,
+                     2 * lora.projections);
 }
 
 // Per projection du = dY B and u = x A^T again, then dA += du^T x and dB += dY^T u: x [m x k]
@@ -46,10 +59,10 @@ OpCost LoraBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora
                               int64_t grad_bytes) {
   if (lora.rank <= 0) return {};
   const double p = lora.projections, r = D(lora.rank);
-  OpCost cost{4.0 * D(m) * r * D(n + k), 2.0 * r * D(n + k) * D(grad_bytes), RateClass::kGemm, {}};
-  cost.shape.lora_bytes =
-      (2.0 * p * D(m) * D(k) + 2.0 * D(m) * D(n) + 4.0 * p * D(m) * r) * kBf16Bytes;
-  cost.shape.launches = 4 * lora.projections;
+  OpCost cost =
+      AdapterCost(4.0 * D(m) * r * D(n + k), 2.0 * r * D(n + k) * D(grad_bytes),
+                  (2.0 * p * D(m) * D(k) + 2.0 * D(m) * D(n) + 4.0 * p * D(m) * r) * kBf16Bytes,
+                  4 * lora.projections);
   cost.shape.accumulates = true;
   return cost;
 }
@@ -67,9 +80,7 @@ OpCost WithAdapters(OpCost base, const OpCost& adapters) {
 }  // namespace
 
 OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora, bool split_outputs) {
-  OpCost cost = WithAdapters(OpCost{2.0 * D(m) * D(n) * D(k), D(m * k + k * n + m * n) * kBf16Bytes,
-                                    RateClass::kGemm, GemmShape(m, n, k)},
-                             LoraForwardCost(m, n, k, lora));
+  OpCost cost = WithAdapters(GemmCost(m, n, k), LoraForwardCost(m, n, k, lora));
   if (split_outputs) {
     cost.shape.side_bytes += 2.0 * D(m * n) * kBf16Bytes;
     cost.shape.launches += 3;
@@ -80,9 +91,7 @@ OpCost LinearForwardCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora, boo
 OpCost LinearBackwardInputCost(int64_t m, int64_t n, int64_t k, LoraAdapters lora,
                                bool join_inputs) {
   // The same GEMM as the forward with the roles of n and k swapped.
-  OpCost cost = WithAdapters(OpCost{2.0 * D(m) * D(n) * D(k), D(m * k + k * n + m * n) * kBf16Bytes,
-                                    RateClass::kGemm, GemmShape(m, k, n)},
-                             LoraBackwardInputCost(m, n, k, lora));
+  OpCost cost = WithAdapters(GemmCost(m, k, n), LoraBackwardInputCost(m, n, k, lora));
   if (join_inputs) {
     cost.shape.side_bytes += 2.0 * D(m * n) * kBf16Bytes;
     cost.shape.launches += 3;

@@ -503,11 +503,18 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   return p;
 }
 
-StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
+namespace {
+// A prediction holding the plan's memory peaks, its time still to come.
+StepPrediction WithMemory(const MemoryPrediction& memory) {
   StepPrediction result;
-  const MemoryPrediction memory = PredictMemory(g);
   result.gpu = memory.gpu;
   result.host = memory.host;
+  return result;
+}
+}  // namespace
+
+StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
+  StepPrediction result = WithMemory(PredictMemory(g));
   // The step at the maximum clock, and what its work draws; then again at the clock whose
   // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
   LayerCache layers;
@@ -517,10 +524,7 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
 }
 
 StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock_fraction) const {
-  StepPrediction result;
-  const MemoryPrediction memory = PredictMemory(g);
-  result.gpu = memory.gpu;
-  result.host = memory.host;
+  StepPrediction result = WithMemory(PredictMemory(g));
   LayerCache layers;
   PredictTime(g, time_model_.AtClock(clock_fraction), result, layers, /*reuse=*/false);
   return result;

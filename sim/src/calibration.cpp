@@ -776,8 +776,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     if (!rows.empty()) fit.residuals.push_back(Residual(model, "sustained", rows));
   }
   FitPower(samples, k);
-  if (const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz"); max_mhz > 0)
-    fit.duty_cycle_power_exponent = DutyCyclePowerExponent(samples, k.idle_w, max_mhz);
+  if (k.max_sm_clock_mhz > 0)  // FitPower found the power group
+    fit.duty_cycle_power_exponent = DutyCyclePowerExponent(samples, k.idle_w, k.max_sm_clock_mhz);
   return fit;
 }
 

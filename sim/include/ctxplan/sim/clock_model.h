@@ -8,7 +8,7 @@
 // power group):
 //
 //   power(x) = idle_w + (x^g * fixed_joules + x^(g - 1) * clock_joules) / step_seconds(x)
-//   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = power_exponent
+//   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = kPowerExponent
 //
 // where x is the clock as a fraction of the maximum, clock_joules what the compute-bound kernels
 // draw above idle at the maximum clock over a step (each op's FLOPs at its kind's full rate x
