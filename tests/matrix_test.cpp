@@ -229,12 +229,13 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   // Today's accuracy (2026-11-25: LoRA adapters timed by their traffic, the host-AdamW rows
   // re-recorded, the host tail out of the power average): time median 3.9%, max 13.4% (the
   // worst: Llama-3.1-8B 128K, k 64 with offload, on the H200, re-recorded with its trace at
-  // 3,652.6 tok/s where another host ran 3,732.1); device median 0.7%, max 2.3%.
+  // 3,652.6 tok/s where another host ran 3,732.1). Device memory median 0.2%, max 1.2% since
+  // the plan counts the CUDA backend's activation buffers one by one (was 0.7% / 2.3%).
   // The predicted SM clock against NVML's: validation median 2.6%, max 9.9%.
   EXPECT_LE(time_median, 0.045);
   EXPECT_LE(time_max, 0.14);
   EXPECT_LE(device_median, 0.01);
-  EXPECT_LE(device_max, 0.025);
+  EXPECT_LE(device_max, 0.02);
   ASSERT_GE(validation.clock.size(), 10u);
   EXPECT_LE(MedianOf(validation.clock), 0.05);
   EXPECT_LE(*std::max_element(validation.clock.begin(), validation.clock.end()), 0.11);

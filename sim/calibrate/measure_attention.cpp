@@ -15,7 +15,7 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/paged_kv.h"
-#include "ctxplan/runtime/cuda/pinned_write.h"
+#include "ctxplan/runtime/cuda/sm_copy.h"
 #include "measure_common.h"
 #include "measure_groups.h"
 
@@ -334,7 +334,7 @@ Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budge
   s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     per_tile =
         cu::PageTopK(scores[i], tiles, pages, budget, kSinkPages, selected[i], session.stream);
-    gpu::WriteToPinnedHost(selected[i], host, tiles * per_tile, session.stream);
+    gpu::CopyBySms(selected[i], host, tiles * per_tile, session.stream);
   });
   s.pages_per_tile = per_tile;  // min(pages, sinks + budget)
   return s;

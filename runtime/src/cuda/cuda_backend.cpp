@@ -23,8 +23,8 @@
 #include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
-#include "ctxplan/runtime/cuda/pinned_write.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
+#include "ctxplan/runtime/cuda/sm_copy.h"
 #include "ctxplan/runtime/host_adamw.h"
 #include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/op_dispatch.h"
@@ -324,7 +324,8 @@ class TypedImpl final : public CudaBackend::Impl {
                 "frozen norm gradient [d]");
     }
 
-    // One layer's activations and their gradients, for c tokens.
+    // One layer's activations and their gradients, for c tokens: PlanGeometry::activation_bytes
+    // counts these buffers one by one, so a buffer added here is added there.
     const auto c = static_cast<size_t>(o_.chunk_tokens);
     constexpr MemCategory kAct = MemCategory::kActivations;
     for (DeviceArray<bf16>* b : {&h_, &h_alt_, &pending_, &xn_, &o_out_, &hmid_, &xn2_, &xnf_, &hf_,
@@ -1179,14 +1180,13 @@ class TypedImpl final : public CudaBackend::Impl {
                                   o_.sink_pages, selected_.get(), compute_);
     const size_t n = static_cast<size_t>(c_.tiles * pages_per_tile_);
     // The union's copies are issued from the host: the selections, written straight into
-    // pinned memory (not queued on the copy engine behind the offload copies), and a short sync.
-    // The backward's copy is queued before the sync: after it, it would wait for the host to
-    // wake (the op's span was 25-58 us in recompute against 8 us in the fill).
-    gpu::WriteToPinnedHost(selected_.get(), selected_host_.get(), static_cast<int64_t>(n),
-                           compute_);
+    // pinned memory (sm_copy.h: not queued on a copy engine behind the offload copies), and a
+    // short sync. The backward's copy is queued before the sync: after it, it would wait for the
+    // host to wake (the op's span was 25-58 us in recompute against 8 us in the fill).
+    gpu::CopyBySms(selected_.get(), selected_host_.get(), static_cast<int64_t>(n), compute_);
     if (Saves(op))
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(saved_selection_[S(op)].get(), selected_.get(),
-                                         n * sizeof(int32_t), cudaMemcpyDeviceToDevice, compute_));
+      gpu::CopyBySms(selected_.get(), saved_selection_[S(op)].get(), static_cast<int64_t>(n),
+                     compute_);
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
     selection_host_.assign(selected_host_.get(), selected_host_.get() + n);
     if (Saves(op)) saved_selection_host_[S(op)] = selection_host_;
@@ -1241,9 +1241,8 @@ class TypedImpl final : public CudaBackend::Impl {
       const std::vector<int32_t> pages = UnionPages(op);
       CTXPLAN_CUDA_CHECK(cudaEventSynchronize(union_copied_[parity_]));
       std::copy(pages.begin(), pages.end(), union_host_[parity_].get());
-      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(union_dev_[parity_].get(), union_host_[parity_].get(),
-                                         pages.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                         compute_));
+      gpu::CopyBySms(union_host_[parity_].get(), union_dev_[parity_].get(),
+                     static_cast<int64_t>(pages.size()), compute_);
       CTXPLAN_CUDA_CHECK(cudaEventRecord(union_copied_[parity_], compute_));
       selection.union_pages = union_dev_[parity_].get();
       selection.num_union_pages = static_cast<int64_t>(pages.size());

@@ -82,7 +82,7 @@ class PlanGeometry {
 
   // --- per-chunk buffers (O(1) in n) ---
   int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;
-  int64_t activation_bytes() const;  // one layer, c tokens, forward + gradients, page scores
+  int64_t activation_bytes() const;  // the CUDA backend's: one layer, c tokens, and gradients
   int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles
   // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions (one attending,
   // one prefetching) and two layers' own pages (one written, one copied out).
