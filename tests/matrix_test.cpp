@@ -226,14 +226,13 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   const bool met = time_median <= 0.03 && time_max <= 0.08 && device_median <= 0.01 &&
                    device_max <= 0.02 && host_max <= 0.01;
   std::printf("  issue 11 acceptance on the validation set: %s\n", met ? "met" : "NOT MET");
-  // Today's accuracy (2026-11-25: LoRA adapters timed by their traffic, the host-AdamW rows
-  // re-recorded, the host tail out of the power average): time median 3.9%, max 13.4% (the
-  // worst: Llama-3.1-8B 128K, k 64 with offload, on the H200, re-recorded with its trace at
-  // 3,652.6 tok/s where another host ran 3,732.1). Device memory median 0.2%, max 1.2% since
-  // the plan counts the CUDA backend's activation buffers one by one (was 0.7% / 2.3%).
-  // The predicted SM clock against NVML's: validation median 2.6%, max 9.9%.
+  // Today's accuracy (2026-11-25, the offload rows re-recorded after the backward's union table
+  // stopped queueing behind page copies): time median 3.7%, max 8.9% (the worst: the H100 at
+  // chunk 1024, pessimistic; was 3.9% / 13.4%, Llama-3.1-8B 128K k64 offload, optimistic). Device
+  // memory median 0.2%, max 1.2% since the plan counts the CUDA backend's activation buffers one by
+  // one (was 0.7% / 2.3%). The predicted SM clock against NVML's: validation median 2.6%, max 9.9%.
   EXPECT_LE(time_median, 0.045);
-  EXPECT_LE(time_max, 0.14);
+  EXPECT_LE(time_max, 0.10);
   EXPECT_LE(device_median, 0.01);
   EXPECT_LE(device_max, 0.02);
   ASSERT_GE(validation.clock.size(), 10u);
@@ -302,9 +301,10 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
       100 * *std::max_element(calibrated.time.begin(), calibrated.time.end()),
       100 * MedianOf(estimated.time),
       100 * *std::max_element(estimated.time.begin(), estimated.time.end()));
-  // Acceptance: within 8% on every H100 run. Today's (2026-11-24): median 2.8%, max 14.1%.
+  // Acceptance: within 8% on every H100 run. Met since the offload rows were re-recorded with
+  // the union table copied by SMs (2026-11-25): median 2.5%, max 5.4% (was 2.7%, 14.2%).
   EXPECT_LE(MedianOf(estimated.time), 0.035);
-  EXPECT_LE(*std::max_element(estimated.time.begin(), estimated.time.end()), 0.145);
+  EXPECT_LE(*std::max_element(estimated.time.begin(), estimated.time.end()), 0.08);
 }
 
 TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
@@ -343,8 +343,9 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
       //   rmsnorm_fwd, launch-bound: the launch cost measured on one lent host, paid on another;
       //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (launches of 3-12 us: rmsnorm
       //     x0.68-1.38, swiglu x1.16; the fixed cost is fitted on larger launches);
-      //   attention_bwd of Llama-3.1-8B 128K k 64 (x1.17): the chunk's own part, merged into
-      //     the paged launch, predicted on top of it.
+      //   attention_bwd of Llama-3.2-1B 128K k 128 (x1.27): the chunk's own part, merged into
+      //     the paged launch, predicted on top of it;
+      //   loss_fwd_bwd of Llama-3.2-1B (x0.84): its samples are all at hidden 4096.
       if (measured < 0.002 * result.measured_step_seconds) continue;
       const double ratio = predicted / measured;
       if (std::abs(ratio - 1.0) <= 0.15) continue;
@@ -355,7 +356,8 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
                          kind == OpKind::kCopyD2H || kind == OpKind::kCopyH2D ||
                          kind == OpKind::kAttentionForward ||
                          kind == OpKind::kLinearBackwardWeight || kind == OpKind::kRmsNormForward ||
-                         kind == OpKind::kRmsNormBackward || kind == OpKind::kSwigluForward;
+                         kind == OpKind::kRmsNormBackward || kind == OpKind::kSwigluForward ||
+                         kind == OpKind::kLossForwardBackward;
       EXPECT_TRUE(known) << r.trace << " " << OpKindName(kind) << " x" << ratio;
       EXPECT_GT(ratio, kind == OpKind::kPageTopK ? 0.45 : 0.65)
           << r.trace << " " << OpKindName(kind);
