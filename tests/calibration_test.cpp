@@ -33,6 +33,7 @@ KernelProfile TruthProfile() {
   k.gemm_accumulate_tile_cols = 128;
   k.gemm_accumulate_wave_us_per_byte = 2.0;
   k.loss_efficiency = 0.8;
+  k.loss_ns_per_logit = 0.004;  // the softmax's share: ~25% of the loss at hidden 2048
   k.attention_fwd_tflops_d128 = 500;
   k.attention_fwd_tflops_d64 = 380;
   k.attention_bwd_tflops_d128 = 340;
@@ -125,9 +126,11 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
         add(s, LinearBackwardWeightCost(m, n, k, {}, grad_bytes));
       }
     }
-    CalibrationSample loss = Row("loss");
-    loss.m = m, loss.n = 152064, loss.k = 4096, loss.grad_bytes = 2;
-    add(loss, LossForwardBackwardCost(m, 4096, 152064, true, 2));
+    for (const int64_t hidden : {2048, 4096}) {  // two hidden sizes part GEMMs and softmax
+      CalibrationSample loss = Row("loss");
+      loss.m = m, loss.n = 152064, loss.k = hidden, loss.grad_bytes = 2;
+      add(loss, LossForwardBackwardCost(m, hidden, 152064, true, 2));
+    }
     CalibrationSample norm = Row("rmsnorm_fwd");
     norm.m = m, norm.n = 4096;
     norm.bytes = RmsNormForwardCost(m, 4096).bytes;
@@ -271,6 +274,7 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(k.attention_fwd_item_us, truth.attention_fwd_item_us, 1e-9);
   EXPECT_NEAR(k.attention_bwd_item_us, truth.attention_bwd_item_us, 1e-9);
   EXPECT_NEAR(k.loss_efficiency / truth.loss_efficiency, 1.0, 0.01);
+  EXPECT_NEAR(k.loss_ns_per_logit / truth.loss_ns_per_logit, 1.0, 0.01);
   EXPECT_NEAR(k.attention_fwd_tflops_d128 / truth.attention_fwd_tflops_d128, 1.0, 0.01);
   EXPECT_NEAR(k.attention_bwd_tflops_d64 / truth.attention_bwd_tflops_d64, 1.0, 0.01);
   for (const int64_t p : {32, 64, 96}) {

@@ -506,7 +506,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "gemm_w",
                    "attention_fwd_w",
                    "attention_bwd_w",
-                   "memory_w"});
+                   "memory_w",
+                   "loss_ns_per_logit"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
   k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
@@ -533,6 +534,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.gemm_accumulate_wave_us_per_byte =
       f.Number("gemm_accumulate_wave_us_per_byte", kFixedCostLimit);
   k.loss_efficiency = f.Number("loss_efficiency", NumberLimit{2.0});
+  k.loss_ns_per_logit = f.OptionalNumber("loss_ns_per_logit", NumberLimit{1.0, true}).value_or(0.0);
   k.attention_fwd_tflops_d128 = f.Number("attention_fwd_tflops_d128", kTflopsLimit);
   k.attention_fwd_tflops_d64 = f.Number("attention_fwd_tflops_d64", kTflopsLimit);
   k.attention_bwd_tflops_d128 = f.Number("attention_bwd_tflops_d128", kTflopsLimit);

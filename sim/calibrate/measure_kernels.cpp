@@ -52,12 +52,13 @@ const std::vector<int64_t> kLoraTokensQuick = {4096};
 const std::vector<int64_t> kLoraRanks = {16, 64};
 const std::vector<int64_t> kLoraRanksQuick = {16};
 
-// --- loss: tokens x vocabulary at hidden 4096 ----------------------------------------------------
+// --- loss: tokens x vocabulary x hidden (two hidden sizes part the GEMMs from the softmax) ------
 const std::vector<int64_t> kLossTokens = {1024, 2048, 4096, 8192};
 const std::vector<int64_t> kLossTokensQuick = {4096};
 const std::vector<int64_t> kLossVocab = {32000, 128256, 152064};
 const std::vector<int64_t> kLossVocabQuick = {152064};
-constexpr int64_t kLossHidden = 4096;
+const std::vector<int64_t> kLossHidden = {2048, 4096};
+const std::vector<int64_t> kLossHiddenQuick = {2048, 4096};
 constexpr int64_t kLossVocabTile = 8192;  // the runtime's (PlanGeometry::kLossVocabTile)
 
 // --- memory-bound kernels: a Llama-3-8B-like layer ----------------------------------------------
@@ -255,34 +256,35 @@ void MeasureLoss(Session& session) {
   const auto& tokens_list = session.quick ? kLossTokensQuick : kLossTokens;
   const auto& vocab_list = session.quick ? kLossVocabQuick : kLossVocab;
   cu::CublasLtGemm gemm;
-  Progress progress("loss", tokens_list.size() * vocab_list.size());
-  for (const int64_t vocab : vocab_list) {
-    const int64_t d = kLossHidden;
-    auto w = RandomArray<bf16>(vocab * d, -0.05, 0.05, 11);   // head W: [V][d]
-    auto dw = RandomArray<bf16>(vocab * d, -1e-4, 1e-4, 12);  // dW: [V][d], accumulated
-    for (const int64_t t : tokens_list) {
-      progress.Step(Describe("loss", {{"m", t}, {"n", vocab}, {"k", d}}));
-      const cu::LinearCrossEntropyShape shape{t, d, vocab, t, std::min(kLossVocabTile, vocab)};
-      auto x = RandomArray<bf16>(t * d, -1, 1, 13);         // x: [t][d]
-      auto labels = RandomArray<int32_t>(t, 0, vocab, 14);  // labels: [t] in [0, V)
-      DeviceArray<bf16> dx(t * d);                          // dx: [t][d]
-      DeviceArray<float> loss(1);                           // loss_sum: [1]
-      DeviceArray<std::byte> workspace(cu::LinearCrossEntropyWorkspaceBytes(shape));
-      Sample s;
-      s.op = "loss";
-      s.m = t;
-      s.n = vocab;
-      s.k = d;
-      s.grad_bytes = kBf16Bytes;
-      s.Cost(LossForwardBackwardCost(t, d, vocab, true, kBf16Bytes));
-      s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
-        cu::LinearCrossEntropy(gemm, shape, x.get(), w.get(), labels.get(),
-                               1.0f / static_cast<float>(t), dx.get(), dw.get(), loss.get(),
-                               workspace.get(), session.stream);
-      });
-      session.Add(s);
+  const auto& hidden_list = session.quick ? kLossHiddenQuick : kLossHidden;
+  Progress progress("loss", tokens_list.size() * vocab_list.size() * hidden_list.size());
+  for (const int64_t d : hidden_list)
+    for (const int64_t vocab : vocab_list) {
+      auto w = RandomArray<bf16>(vocab * d, -0.05, 0.05, 11);   // head W: [V][d]
+      auto dw = RandomArray<bf16>(vocab * d, -1e-4, 1e-4, 12);  // dW: [V][d], accumulated
+      for (const int64_t t : tokens_list) {
+        progress.Step(Describe("loss", {{"m", t}, {"n", vocab}, {"k", d}}));
+        const cu::LinearCrossEntropyShape shape{t, d, vocab, t, std::min(kLossVocabTile, vocab)};
+        auto x = RandomArray<bf16>(t * d, -1, 1, 13);         // x: [t][d]
+        auto labels = RandomArray<int32_t>(t, 0, vocab, 14);  // labels: [t] in [0, V)
+        DeviceArray<bf16> dx(t * d);                          // dx: [t][d]
+        DeviceArray<float> loss(1);                           // loss_sum: [1]
+        DeviceArray<std::byte> workspace(cu::LinearCrossEntropyWorkspaceBytes(shape));
+        Sample s;
+        s.op = "loss";
+        s.m = t;
+        s.n = vocab;
+        s.k = d;
+        s.grad_bytes = kBf16Bytes;
+        s.Cost(LossForwardBackwardCost(t, d, vocab, true, kBf16Bytes));
+        s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+          cu::LinearCrossEntropy(gemm, shape, x.get(), w.get(), labels.get(),
+                                 1.0f / static_cast<float>(t), dx.get(), dw.get(), loss.get(),
+                                 workspace.get(), session.stream);
+        });
+        session.Add(s);
+      }
     }
-  }
 }
 
 // =================================================================================================

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "ctxplan/kernels/cost.h"
@@ -245,6 +246,41 @@ double Score(const GpuSpec& gpu, const KernelProfile& k,
   for (const CalibrationSample* s : rows)
     errors.push_back(std::abs(std::log(Predict(model, *s) / s->seconds)));
   return Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
+}
+
+// The fused loss: its GEMMs at loss_efficiency of the GEMM model and its softmax at
+// loss_ns_per_logit, by least squares on the relative error, where the rows span two hidden sizes
+// or more (the two terms are otherwise one); else the GEMMs' share alone, their median.
+void FitLoss(const GpuSpec& gpu, const std::vector<const CalibrationSample*>& rows,
+             KernelProfile& k) {
+  std::set<int64_t> hidden;
+  for (const CalibrationSample* s : rows) hidden.insert(s->k);
+  k.loss_ns_per_logit = 0;
+  if (hidden.size() >= 2) {
+    KernelProfile unit = k;
+    unit.loss_efficiency = 1;
+    const KernelTimeModel model(MachineFor(gpu), unit);
+    // Minimise sum ((a g + b l) / t - 1)^2: g the GEMMs' seconds at efficiency 1, l the logits.
+    double gg = 0, gl = 0, ll = 0, g1 = 0, l1 = 0;
+    for (const CalibrationSample* s : rows) {
+      const double g = Predict(model, *s) / s->seconds;
+      const double l = static_cast<double>(s->m) * static_cast<double>(s->n) / s->seconds;
+      gg += g * g;
+      gl += g * l;
+      ll += l * l;
+      g1 += g;
+      l1 += l;
+    }
+    const double det = gg * ll - gl * gl;
+    const double a = (g1 * ll - l1 * gl) / det, b = (gg * l1 - gl * g1) / det;
+    if (det > 0 && a > 0 && b >= 0) {
+      k.loss_efficiency = std::clamp(1.0 / a, 0.02, 2.0);
+      k.loss_ns_per_logit = b * 1e9;
+      return;
+    }
+  }
+  k.loss_efficiency = ImpliedMedian(
+      gpu, k, [](KernelProfile& p, double x) { p.loss_efficiency = x; }, rows, 0.02, 2.0);
 }
 
 // 0, step, 2 step, ... up to max: the values a grid search tries (exact multiples, no drift).
@@ -644,8 +680,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     k = best.profile;
     const auto loss_rows = Op(samples, "loss");
     Require(loss_rows, "loss");
-    k.loss_efficiency = ImpliedMedian(
-        gpu, k, [](KernelProfile& p, double x) { p.loss_efficiency = x; }, loss_rows, 0.02, 2.0);
+    FitLoss(gpu, loss_rows, k);
   }
   // --- LoRA adapters: their traffic's fraction of the memory-bound rate (optional group) -----
   if (const auto lora_rows = Select(
@@ -845,6 +880,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  gemm_accumulate_tile_cols: " << k.gemm_accumulate_tile_cols << "\n";
   o << "  gemm_accumulate_wave_us_per_byte: " << k.gemm_accumulate_wave_us_per_byte << "\n";
   o << "  loss_efficiency: " << k.loss_efficiency << "\n";
+  if (k.loss_ns_per_logit > 0) o << "  loss_ns_per_logit: " << k.loss_ns_per_logit << "\n";
   o << "  attention_fwd_tflops_d128: " << k.attention_fwd_tflops_d128 << "\n";
   o << "  attention_fwd_tflops_d64: " << k.attention_fwd_tflops_d64 << "\n";
   o << "  attention_bwd_tflops_d128: " << k.attention_bwd_tflops_d128 << "\n";

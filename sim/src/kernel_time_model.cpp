@@ -228,8 +228,10 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
                            static_cast<double>(s.depth);
         compute = GemmComputeSeconds(s) * (cost.flops / one);
       }
-      return bounded(launches, compute / k.loss_efficiency, cost.flops / (k.gemm_tflops * 1e12),
-                     k.gemm_w);
+      const double softmax =
+          static_cast<double>(s.rows) * static_cast<double>(s.cols) * k.loss_ns_per_logit * 1e-9;
+      return bounded(launches, compute / k.loss_efficiency + softmax,
+                     cost.flops / (k.gemm_tflops * 1e12), k.gemm_w);
     }
     case RateClass::kAttentionForward:
     case RateClass::kSparseAttentionForward:

@@ -42,6 +42,10 @@ struct KernelProfile {
   int64_t gemm_accumulate_tile_rows = 128, gemm_accumulate_tile_cols = 256;
   double gemm_accumulate_wave_us_per_byte = 0;
   double loss_efficiency = 1;
+  // The fused loss's softmax over its [tokens x vocab] logits (exp, max, sums, the gradient's
+  // scale), which does not grow with the hidden size as its GEMMs do: ns per logit, at the
+  // maximum clock. 0 where the samples had one hidden size (the GEMMs' share then absorbs it).
+  double loss_ns_per_logit = 0;
   // Attention: thread blocks ("items") of 128 queries and one head (forward) or 128 keys and one
   // KV head (backward) run one per SM; an item costs item_us plus its 128 x 128 blocks at the
   // head dim's rate (a causal block computed whole). Over pages, per page size, the fraction of
