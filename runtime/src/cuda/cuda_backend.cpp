@@ -29,6 +29,8 @@
 #include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/op_dispatch.h"
 #include "ctxplan/runtime/plan_geometry.h"
+#include "device_buffers.h"
+#include "device_weights.h"
 
 namespace ctxplan {
 
@@ -37,154 +39,16 @@ using kernels::KvPageShape;
 using kernels::PagedKv;
 using kernels::PageSelection;
 using bf16 = __nv_bfloat16;
+using gpu::ArenaPlan;
+using gpu::DeviceArray;
+using gpu::DeviceLayer;
+using gpu::DeviceLoraProjection;
+using gpu::DeviceWeights;
+using gpu::HostTensors;
+using gpu::PinnedArray;
+using gpu::WantLike;
 
 namespace {
-
-// A typed piece of the GPU arena. The backend asks for every buffer while it is built (Want), then
-// carves them all out of one DeviceArena (Commit): one cudaMalloc, sized up front, printed at
-// start; nothing is allocated inside a step.
-template <typename T>
-class DeviceArray {
- public:
-  using value_type = T;
-  T* get() const { return ptr_; }
-  size_t size() const { return n_; }
-  size_t bytes() const { return n_ * sizeof(T); }
-
- private:
-  friend class ArenaPlan;
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-};
-
-class ArenaPlan {
- public:
-  template <typename T>
-  void Want(DeviceArray<T>& array, size_t n, MemCategory category, const char* name) {
-    array.n_ = n;
-    array.ptr_ = nullptr;
-    requests_.push_back({reinterpret_cast<void**>(&array.ptr_), n * sizeof(T), category, name});
-  }
-
-  // Reserves the arena for everything asked for and points every array into it. The arrays must
-  // not have moved since Want.
-  std::unique_ptr<gpu::DeviceArena> Commit(std::ostream* log) {
-    gpu::DeviceArena::Reservations reservations{};
-    for (const Request& r : requests_)
-      reservations[static_cast<size_t>(r.category)] += gpu::AlignUp(r.bytes);
-    auto arena = std::make_unique<gpu::DeviceArena>(reservations, log);
-    for (const Request& r : requests_) *r.slot = arena->Allocate(r.category, r.bytes, r.name).ptr;
-    requests_.clear();
-    return arena;
-  }
-
- private:
-  struct Request {
-    void** slot;
-    uint64_t bytes;
-    MemCategory category;
-    const char* name;
-  };
-  std::vector<Request> requests_;
-};
-
-// Pinned host memory: the home of offloaded pages and the staging of small tables.
-template <typename T>
-class PinnedArray {
- public:
-  PinnedArray() = default;
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-  PinnedArray(PinnedArray&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  ~PinnedArray() {
-    if (ptr_) cudaFreeHost(ptr_);
-  }
-  void Resize(size_t n) {
-    if (ptr_) CTXPLAN_CUDA_CHECK(cudaFreeHost(ptr_));
-    ptr_ = nullptr;
-    n_ = n;
-    if (n > 0) {
-      const cudaError_t status =
-          cudaHostAlloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T), cudaHostAllocDefault);
-      if (status != cudaSuccess)
-        throw TrainingError("pinning " + std::to_string(n * sizeof(T)) +
-                            " bytes of host memory failed: " + cudaGetErrorString(status));
-    }
-  }
-  T* get() const { return ptr_; }
-  size_t size() const { return n_; }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-};
-
-template <typename T>
-struct DeviceLayer {
-  DeviceArray<T> attn_norm, qkv, qkv_bias, o, mlp_norm, gate_up, down;
-};
-
-template <typename T>
-struct DeviceWeights {
-  DeviceArray<T> embedding;
-  std::vector<DeviceLayer<T>> layers;
-  DeviceArray<T> final_norm, lm_head;
-
-  // The same tensors, in the same order, as ModelWeights::ForEach.
-  template <typename F>
-  void ForEach(F visit) {
-    visit(embedding);
-    for (DeviceLayer<T>& l : layers) {
-      visit(l.attn_norm);
-      visit(l.qkv);
-      if (l.qkv_bias.size() > 0) visit(l.qkv_bias);
-      visit(l.o);
-      visit(l.mlp_norm);
-      visit(l.gate_up);
-      visit(l.down);
-    }
-    visit(final_norm);
-    if (lm_head.size() > 0) visit(lm_head);
-  }
-};
-
-// Asks for device tensors shaped like `host`'s, all in one category (so that, e.g., all gradients
-// are one contiguous region that one memset clears).
-template <typename T>
-void WantLike(ArenaPlan& arena, DeviceWeights<T>& d, const ModelWeights& host, MemCategory category,
-              const char* name) {
-  d.layers.resize(host.layers.size());
-  arena.Want(d.embedding, host.embedding.size(), category, name);
-  for (size_t i = 0; i < host.layers.size(); ++i) {
-    const LayerWeights& h = host.layers[i];
-    DeviceLayer<T>& l = d.layers[i];
-    arena.Want(l.attn_norm, h.attn_norm.size(), category, name);
-    arena.Want(l.qkv, h.qkv.size(), category, name);
-    arena.Want(l.qkv_bias, h.qkv_bias.size(), category, name);
-    arena.Want(l.o, h.o.size(), category, name);
-    arena.Want(l.mlp_norm, h.mlp_norm.size(), category, name);
-    arena.Want(l.gate_up, h.gate_up.size(), category, name);
-    arena.Want(l.down, h.down.size(), category, name);
-  }
-  arena.Want(d.final_norm, host.final_norm.size(), category, name);
-  arena.Want(d.lm_head, host.lm_head.size(), category, name);
-}
-
-std::vector<std::vector<float>*> HostTensors(ModelWeights& w) {
-  std::vector<std::vector<float>*> all;
-  w.ForEach([&](const std::string&, std::vector<float>& t) { all.push_back(&t); });
-  return all;
-}
-
-// One projection's LoRA adapter on the device (lora.h): A [r][in], B [out][r] bf16, trained.
-template <typename G>
-struct DeviceLoraProjection {
-  int64_t out_offset = 0, out = 0, in = 0;
-  DeviceArray<bf16> a, b;                 // kWeights
-  DeviceArray<G> grad_a, grad_b;          // kGrads
-  DeviceArray<float> m_a, v_a, m_b, v_b;  // kOptimizer (AdamW on the GPU)
-};
 
 // The host's bf16 conversions (bf16.h) on CUDA's bf16 type.
 inline float ToFloat(float x) {
