@@ -271,8 +271,11 @@ TEST(Matrix, StartUpBeforeTheFirstStep) {
   // 0.235 Gparam/s where weights_init measured 0.292, the first touch of 30 GB of fresh host
   // tensors and their upload being in the one and not the other.
   // 2026-11-25: an H100 host pinned 85 GiB in 81.9 s (start-up 143.8 s, predicted 66): max 54%.
-  EXPECT_LE(median, 0.25);
-  EXPECT_LE(max, 0.55);
+  // Later that day the upload was measured as the backend does it (weights_upload: rounding on
+  // the host's threads, pageable copies, 1.2 Gparam/s where the pinned link says 27): median
+  // 23.8% -> 12.7%, max 54.1% -> 49.9%.
+  EXPECT_LE(median, 0.15);
+  EXPECT_LE(max, 0.52);
 }
 
 // An H100 prediction made without the H100's calibration: the H200's profile scaled by datasheet

@@ -507,7 +507,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "attention_fwd_w",
                    "attention_bwd_w",
                    "memory_w",
-                   "loss_ns_per_logit"});
+                   "loss_ns_per_logit",
+                   "weights_upload_gparams"});
   KernelProfile k;
   const std::string source = f.Choice("source", {"measured", "estimate"});
   k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
@@ -561,6 +562,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
   k.weights_init_gparams = f.Number("weights_init_gparams", kProfileLimit);
   k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
+  k.weights_upload_gparams =
+      f.OptionalNumber("weights_upload_gparams", kProfileLimit).value_or(0.0);
   // Power (optional: a profile measured without NVML has none).
   k.max_sm_clock_mhz = f.OptionalNumber("max_sm_clock_mhz", kProfileLimit).value_or(0.0);
   k.power_limit_w = f.OptionalNumber("power_limit_w", kProfileLimit).value_or(0.0);

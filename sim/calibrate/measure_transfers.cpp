@@ -20,6 +20,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
+#include "ctxplan/runtime/cuda/weights_upload.h"
 #include "ctxplan/runtime/host_adamw.h"
 #include "ctxplan/runtime/model_weights.h"
 #include "measure_common.h"
@@ -167,7 +168,7 @@ void MeasureCopy(Session& session) {
 // =================================================================================================
 void MeasureHost(Session& session) {
   const auto& pin_bytes = session.quick ? kPinBytesQuick : kPinBytes;
-  Progress progress("host", 3 + pin_bytes.size() + kArenaBytes.size());
+  Progress progress("host", 4 + pin_bytes.size() + kArenaBytes.size());
   {  // ctxtrain's random weights (no --weights file), for Llama-3.2-1B: once (seconds long).
     const ModelSpec model = LoadModel("llama-3.2-1b");
     progress.Step(Describe("weights_init", {{"params", model.total_params()}}));
@@ -176,9 +177,27 @@ void MeasureHost(Session& session) {
     s.m = model.total_params();
     s.bytes = 4.0 * static_cast<double>(s.m);  // fp32 on the host
     const auto start = std::chrono::steady_clock::now();
-    const ModelWeights weights = RandomWeights(model, 1);
+    ModelWeights weights = RandomWeights(model, 1);
     s.seconds = SecondsSince(start);
     session.Add(s);
+    // Then up to the device as ctxtrain's backend sends them: rounded to bf16 on the host's
+    // threads, copied from pageable staging, tensor by tensor (into one buffer, reused).
+    progress.Step(Describe("weights_upload", {{"params", model.total_params()}}));
+    size_t largest = 0;
+    weights.ForEach(
+        [&](const std::string&, std::vector<float>& t) { largest = std::max(largest, t.size()); });
+    DeviceArray<uint16_t> device(largest);  // [largest tensor] bf16
+    std::vector<uint16_t> staging;
+    Sample up;
+    up.op = "weights_upload";
+    up.m = model.total_params();
+    up.bytes = 2.0 * static_cast<double>(up.m);  // bf16 on the device
+    const auto upload_start = std::chrono::steady_clock::now();
+    weights.ForEach([&](const std::string&, std::vector<float>& t) {
+      gpu::UploadAsBf16(t, device.get(), staging);
+    });
+    up.seconds = SecondsSince(upload_start);
+    session.Add(up);
   }
   {  // The runtime's host AdamW (host_adamw.h) on its threads, over memory as the CUDA backend
      // holds it: bf16 weights and gradients pinned (cudaHostAlloc), fp32 moments pageable. The

@@ -598,12 +598,14 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   auto host_rate = [&](std::string_view op, double scale) {
     std::vector<double> rates;
     for (const CalibrationSample* s : Op(samples, op))
-      rates.push_back(
-          (op == "host_adamw" || op == "weights_init" ? static_cast<double>(s->m) : s->bytes) /
-          s->seconds * scale);
+      rates.push_back((op == "host_adamw" || op.rfind("weights_", 0) == 0
+                           ? static_cast<double>(s->m)
+                           : s->bytes) /
+                      s->seconds * scale);
     return rates.empty() ? 0.0 : Median(rates);
   };
   k.weights_init_gparams = host_rate("weights_init", 1e-9);
+  k.weights_upload_gparams = host_rate("weights_upload", 1e-9);
   k.pin_gbs = host_rate("pin", 1e-9);
   k.host_memcpy_gbs = host_rate("host_memcpy", 1e-9);
   k.host_adamw_gparams = host_rate("host_adamw", 1e-9);
@@ -907,6 +909,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  host_memcpy_gbs: " << k.host_memcpy_gbs << "\n";
   o << "  host_adamw_gparams: " << k.host_adamw_gparams << "\n";
   o << "  weights_init_gparams: " << k.weights_init_gparams << "\n";
+  if (k.weights_upload_gparams > 0)
+    o << "  weights_upload_gparams: " << k.weights_upload_gparams << "\n";
   o << "  device_alloc_gbs: " << k.device_alloc_gbs << "\n";
   if (k.has_power()) {
     o << "  max_sm_clock_mhz: " << k.max_sm_clock_mhz << "\n";

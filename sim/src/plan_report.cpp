@@ -33,8 +33,10 @@ StartupPrediction PredictStartup(const PlanGeometry& geometry, const MachineSpec
   s.context_seconds = kCudaContextSeconds;
   const double params = static_cast<double>(geometry.model().total_params());
   if (k.weights_init_gparams > 0)
-    s.weights_seconds = params / (k.weights_init_gparams * 1e9) +
-                        2.0 * params / (machine.gpu.host_h2d_gbs.value * 1e9);  // bf16 upload
+    s.weights_seconds =
+        params / (k.weights_init_gparams * 1e9) +
+        (k.weights_upload_gparams > 0 ? params / (k.weights_upload_gparams * 1e9)
+                                      : 2.0 * params / (machine.gpu.host_h2d_gbs.value * 1e9));
   if (k.device_alloc_gbs > 0)
     s.arena_seconds = static_cast<double>(r.gpu_memory.reserved) / (k.device_alloc_gbs * 1e9);
   if (k.pin_gbs > 0) s.pinning_seconds = static_cast<double>(r.host_peak) / (k.pin_gbs * 1e9);

@@ -25,6 +25,7 @@
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/runtime/cuda/sm_copy.h"
+#include "ctxplan/runtime/cuda/weights_upload.h"
 #include "ctxplan/runtime/host_adamw.h"
 #include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/op_dispatch.h"
@@ -658,21 +659,10 @@ class TypedImpl final : public CudaBackend::Impl {
   // Rounds each tensor to bf16 on the host (in parallel: 7.6B values at 7B) and copies it up.
   void Upload(ModelWeights& w) {
     std::vector<std::vector<float>*> host = HostTensors(w);
-    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
     size_t i = 0;
-    std::vector<bf16> staging;
+    std::vector<uint16_t> staging;
     weights_.ForEach([&](DeviceArray<bf16>& t) {
-      const std::vector<float>& from = *host[i];
-      staging.resize(from.size());
-      const size_t per = (from.size() + threads - 1) / threads;
-      std::vector<std::thread> pool;
-      for (unsigned p = 0; p < threads && p * per < from.size(); ++p)
-        pool.emplace_back([&, p] {
-          const size_t end = std::min(from.size(), (p + 1) * per);
-          for (size_t j = p * per; j < end; ++j) staging[j] = ToBf16(from[j]);
-        });
-      for (std::thread& thread : pool) thread.join();
-      CTXPLAN_CUDA_CHECK(cudaMemcpy(t.get(), staging.data(), t.bytes(), cudaMemcpyHostToDevice));
+      gpu::UploadAsBf16(*host[i], t.get(), staging);
       std::vector<float>().swap(*host[i]);  // frees the host copy as soon as it is up
       ++i;
     });

@@ -77,6 +77,9 @@ struct KernelProfile {
   double host_memcpy_gbs = 0;
   double host_adamw_gparams = 0;
   double weights_init_gparams = 0;  // ctxtrain's random weights on the host (no --weights file)
+  // The weights rounded to bf16 on the host's threads and copied up from pageable staging
+  // (weights_upload.h); 0 where not measured (the upload is then timed at the pinned link rate).
+  double weights_upload_gparams = 0;
   double device_alloc_gbs = 0;
   // Power: a training step holds the board at its power limit, and the SM clock sinks until the
   // draw fits (sim/include/ctxplan/sim/clock_model.h). The compute rates above are at the
