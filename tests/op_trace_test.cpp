@@ -51,10 +51,16 @@ TEST_F(OpTraceTest, RoundTripsRecordsAndMetadata) {
                  static_cast<uint8_t>(i % 20), static_cast<uint8_t>(i % 3), 2, 1,
                  static_cast<int32_t>(i / 100), static_cast<int32_t>(i % 28)});
     writer.Memory({5, 0, 3, int64_t{1} << 40});
+    writer.Union({2, 31, 27, 1913});
     writer.Finish();
   }
   const OpTrace trace = ReadOpTrace(path);
   EXPECT_EQ(trace.metadata, metadata);
+  ASSERT_EQ(trace.unions.size(), 1u);
+  EXPECT_EQ(trace.unions[0].phase, 2);
+  EXPECT_EQ(trace.unions[0].chunk, 31);
+  EXPECT_EQ(trace.unions[0].layer, 27);
+  EXPECT_EQ(trace.unions[0].pages, 1913);
   ASSERT_EQ(trace.ops.size(), 1000u);
   EXPECT_EQ(trace.ops[999].op_id, 999u);
   EXPECT_EQ(trace.ops[999].end_ns, 9997);

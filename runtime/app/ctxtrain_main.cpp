@@ -590,6 +590,9 @@ int Main(int argc, char** argv) {
         if (compact) {
           OpTraceWriter writer(f.trace, metadata);
           traced_step(&writer, nullptr);
+          for (const StepOutputs::PageUnion& u : last.page_unions)
+            writer.Union(
+                {static_cast<uint8_t>(u.phase), u.chunk, u.layer, static_cast<int32_t>(u.pages)});
           writer.Finish();
         } else {
           AtomicFileWriter file(f.trace);

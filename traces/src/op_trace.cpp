@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint8_t kOpTag = 1;
 constexpr uint8_t kMemoryTag = 2;
+constexpr uint8_t kUnionTag = 3;
 constexpr uint8_t kFooterTag = 0xFF;
 constexpr size_t kMagicBytes = 8;
 constexpr uint32_t kMaxMetadataBytes = 1 << 20;
@@ -148,6 +149,17 @@ void OpTraceWriter::Memory(const MemoryRecord& r) {
   impl_->Flush(false);
 }
 
+void OpTraceWriter::Union(const UnionRecord& r) {
+  CTXPLAN_CHECK(!impl_->finished, "union record after Finish()");
+  std::string& b = impl_->buffer;
+  Put<uint8_t>(b, kUnionTag);
+  Put(b, r.phase);
+  Put(b, r.chunk);
+  Put(b, r.layer);
+  Put(b, r.pages);
+  impl_->Flush(false);
+}
+
 void OpTraceWriter::Finish() {
   if (impl_->finished) return;
   Put<uint8_t>(impl_->buffer, kFooterTag);
@@ -198,6 +210,14 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
       r.space_total_bytes = cursor.Get<int64_t>("a memory record");
       if (r.space_total_bytes < 0) cursor.Fail("negative memory total");
       trace.memory.push_back(r);
+    } else if (tag == kUnionTag) {
+      UnionRecord r;
+      r.phase = cursor.Get<uint8_t>("a union record");
+      r.chunk = cursor.Get<int32_t>("a union record");
+      r.layer = cursor.Get<int32_t>("a union record");
+      r.pages = cursor.Get<int32_t>("a union record");
+      if (r.pages < 0) cursor.Fail("negative union size");
+      trace.unions.push_back(r);
     } else if (tag == kFooterTag) {
       const uint64_t ops = cursor.Get<uint64_t>("the footer");
       const uint64_t memory = cursor.Get<uint64_t>("the footer");

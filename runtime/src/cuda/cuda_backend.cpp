@@ -526,6 +526,7 @@ class TypedImpl final : public CudaBackend::Impl {
     if (plan.options().context_tokens != o_.context_tokens ||
         plan.options().chunk_tokens != o_.chunk_tokens)
       throw InternalError("CudaBackend: a step of another plan than the one it was built for");
+    page_unions_.clear();
     labelled_total_ =
         std::count_if(inputs.labels.begin(), inputs.labels.end(), [](int32_t l) { return l >= 0; });
     labelled_ = labelled_total_;
@@ -575,6 +576,7 @@ class TypedImpl final : public CudaBackend::Impl {
     out.ops_executed = ops_;
     out.peak_arena_bytes = memory_.peak(MemSpace::kGpu);
     out.peak_host_bytes = memory_.peak(MemSpace::kHost);
+    out.page_unions = std::move(page_unions_);
     return out;
   }
 
@@ -1044,6 +1046,9 @@ class TypedImpl final : public CudaBackend::Impl {
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
     selection_host_.assign(selected_host_.get(), selected_host_.get() + n);
     if (Saves(op)) saved_selection_host_[S(op)] = selection_host_;
+    if (c_.sparse)
+      page_unions_.push_back({op.phase, op.chunk, op.layer,
+                              static_cast<int64_t>(AttendedPages(c_, selection_host_).size())});
   }
 
   PageSelection Selection(const Op& op) const {
@@ -1379,6 +1384,7 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<int32_t> slot_table_[2];
   PinnedArray<int32_t> slot_table_host_[2];
   std::vector<int32_t> union_;
+  std::vector<StepOutputs::PageUnion> page_unions_;  // this step's, for its trace
   // Sparse backward: the union's page list on the device, its pinned staging, and an event after
   // each upload (so the host rewrites a staging buffer only once its copy is done), per parity.
   DeviceArray<int32_t> union_dev_[2];

@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ctxplan/runtime/op.h"
 #include "ctxplan/runtime/step_plan.h"
@@ -32,6 +33,14 @@ struct StepOutputs {
   uint64_t ops_executed = 0;     // kernels and copies
   int64_t peak_arena_bytes = 0;  // GPU arena allocated at the peak (as the plan's ops say)
   int64_t peak_host_bytes = 0;   // pinned host memory at the peak
+  // Page-sparse layers: the union of the chunk's query tiles' selections, as drawn (CUDA backend;
+  // the fill's and the recompute's, which the backward reuses). Traces record them.
+  struct PageUnion {
+    Phase phase;
+    int32_t chunk, layer;
+    int64_t pages;
+  };
+  std::vector<PageUnion> page_unions;
   double mean_loss() const { return labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0; }
 };
 

@@ -14,6 +14,9 @@
 //                    u8 part, i32 chunk, i32 layer                              (36 bytes)
 //     tag 2, memory: i64 time_ns, u8 space, u8 category, i64 space_total_bytes   (18 bytes)
 //                    (the plan's alloc/free ops, stamped on the measured clock)
+//     tag 3, union:  u8 phase, i32 chunk, i32 layer, i32 pages                   (13 bytes)
+//                    (a page-sparse layer's union of its query tiles' selections, as the run
+//                    drew it; written after the step's ops; absent before 2026-11-25)
 //   tag 0xFF, footer: u64 op records, u64 memory records   (a missing footer = truncated file)
 // Times share one clock, in nanoseconds from the step's start.
 #pragma once
@@ -46,12 +49,20 @@ struct MemoryRecord {
   int64_t space_total_bytes = 0;  // allocated in that space after the event
 };
 
+struct UnionRecord {
+  uint8_t phase = 0;  // Phase: the fill's selection, or the recompute's (the backward reuses it)
+  int32_t chunk = -1;
+  int32_t layer = -1;
+  int32_t pages = 0;  // distinct earlier pages the chunk's query tiles selected, sinks included
+};
+
 using TraceMetadata = std::map<std::string, std::string>;
 
 struct OpTrace {
   TraceMetadata metadata;
   std::vector<OpRecord> ops;
   std::vector<MemoryRecord> memory;
+  std::vector<UnionRecord> unions;
 };
 
 inline constexpr char kOpTraceMagic[9] = "CTXTRC01";
@@ -66,6 +77,7 @@ class OpTraceWriter {
 
   void Op(const OpRecord& record);
   void Memory(const MemoryRecord& record);
+  void Union(const UnionRecord& record);
   // Writes the footer and renames the file into place. Without it no file is left behind.
   void Finish();
 
