@@ -328,6 +328,10 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
     }
     std::printf("  %s (%s): step measured %.3f s, predicted %.3f s\n", r.trace.c_str(),
                 r.machine.c_str(), result.measured_step_seconds, result.predicted_step_seconds);
+    if (result.unions.layers > 0)
+      std::printf("    page unions: predicted x%.2f of measured; tiles drew as %.2f independent\n",
+                  result.unions.predicted_pages / result.unions.measured_pages,
+                  result.unions.independent_tiles);
     for (const auto& [kind, times] : by_kind) {
       const auto [measured, predicted] = times;
       if (measured <= 0 && predicted <= 0) continue;

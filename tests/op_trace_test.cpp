@@ -178,6 +178,8 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
     EXPECT_EQ(count, k.count) << OpKindName(k.kind);
     EXPECT_NEAR(measured, k.measured_seconds, 1e-9 * k.count + 1e-9) << OpKindName(k.kind);
   }
+  EXPECT_EQ(r.unions.layers, 0);  // a prediction records no unions
+
   // A slower machine predicts the same ops slower.
   const sim::KernelTimeModel slower(LoadMachine("h100-125g"));
   EXPECT_GT(sim::Replay(trace, plan, slower, "t").predicted_step_seconds, r.predicted_step_seconds);
@@ -203,6 +205,40 @@ namespace {
 
 // A step recorded on an H200 by ctxtrain (traces/recorded/README.md) loads, names its run, and
 // replays against the plan its metadata describes, op for op.
+// Unions recorded as the plan expects them compare equal, and read as independent draws; smaller
+// ones (tiles overlapping more) as fewer independent tiles.
+TEST(TraceUnions, ComparedWithThePlansExpectedUnion) {
+  const ModelSpec model = LoadModel("llama-3.1-8b");
+  const MachineSpec machine = LoadMachine("h200-125g");
+  RunOptions options;
+  options.context_tokens = 131'072;
+  options.page_budget = 16;  // 32 tiles of 16 pages leave pages untouched: the union tells
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  OpTrace with_unions;
+  const PlanGeometry& geometry = plan.geometry();
+  int64_t expected = 0;
+  for (int32_t c = 0; c < geometry.num_chunks(); ++c) {
+    const ChunkGeometry chunk = geometry.Chunk(c);
+    if (!chunk.sparse) continue;
+    for (int32_t layer = 0; layer < model.num_hidden_layers; ++layer) {
+      with_unions.unions.push_back({1, c, layer, static_cast<int32_t>(chunk.expected_union_pages)});
+      expected += chunk.expected_union_pages;
+    }
+  }
+  ASSERT_GT(expected, 0);
+  const sim::UnionComparison same = sim::Replay(with_unions, plan, time_model, "t").unions;
+  EXPECT_EQ(same.layers, static_cast<int64_t>(with_unions.unions.size()));
+  EXPECT_DOUBLE_EQ(same.measured_pages, static_cast<double>(expected));
+  EXPECT_DOUBLE_EQ(same.predicted_pages, static_cast<double>(expected));
+  EXPECT_NEAR(same.independent_tiles, 1.0, 0.05);
+  for (UnionRecord& u : with_unions.unions) u.pages = static_cast<int32_t>(0.8 * u.pages);
+  const sim::UnionComparison fewer = sim::Replay(with_unions, plan, time_model, "t").unions;
+  EXPECT_LT(fewer.measured_pages, fewer.predicted_pages);
+  EXPECT_LT(fewer.independent_tiles, 0.9);
+  EXPECT_GT(fewer.independent_tiles, 0.0);
+}
+
 TEST(RecordedTrace, H200StepLoadsAndReplays) {
   const std::string path =
       std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace";

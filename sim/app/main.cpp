@@ -452,6 +452,12 @@ int RunReplay(ReplayFlags f) {
     j.Field("predicted_gpu_peak_bytes", r.predicted_gpu_peak);
     j.Field("measured_host_peak_bytes", r.measured_host_peak);
     j.Field("predicted_host_peak_bytes", r.predicted_host_peak);
+    if (r.unions.layers > 0) {
+      j.Field("union_layers", r.unions.layers);
+      j.Field("measured_union_pages", r.unions.measured_pages);
+      j.Field("predicted_union_pages", r.unions.predicted_pages);
+      j.Field("union_independent_tiles", r.unions.independent_tiles);
+    }
     j.BeginArray("by_kind");
     for (const sim::KindComparison& k : r.by_kind)
       j.BeginObject()
@@ -520,6 +526,16 @@ int RunReplay(ReplayFlags f) {
   if (arena >= 0 && device >= 0 && host >= 0)
     s += "memory held by the runtime: GPU arena " + FormatGiB(arena) + ", device-level " +
          FormatGiB(device) + "; host " + FormatGiB(host) + "\n";
+  if (r.unions.layers > 0) {
+    std::snprintf(
+        line, sizeof line,
+        "page unions of %lld sparse layers: measured %.0f pages, predicted %.0f "
+        "(x%.2f); as if %.2f of the tiles drew independently (the plan: 1)\n",
+        static_cast<long long>(r.unions.layers), r.unions.measured_pages, r.unions.predicted_pages,
+        r.unions.measured_pages > 0 ? r.unions.predicted_pages / r.unions.measured_pages : 0.0,
+        r.unions.independent_tiles);
+    s += line;
+  }
   s += "by kind                      count    measured s   predicted s   ratio\n";
   for (const sim::KindComparison& k : r.by_kind) {
     const std::string name = KindPartName(k.kind, k.part);

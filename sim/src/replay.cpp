@@ -103,6 +103,35 @@ ReplayMachine MachineOfTrace(const TraceMetadata& metadata, const std::string& t
   }
 }
 
+namespace {
+
+UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
+  UnionComparison u;
+  const RunOptions& o = g.options();
+  std::vector<double> fractions;
+  for (const UnionRecord& m : trace.unions) {
+    if (m.chunk < 0 || m.chunk >= g.num_chunks()) continue;
+    const ChunkGeometry c = g.Chunk(m.chunk);
+    if (!c.sparse) continue;
+    ++u.layers;
+    u.measured_pages += m.pages;
+    u.predicted_pages += static_cast<double>(c.expected_union_pages);
+    // untouched = (1 - k / F)^(f T): the f that gives the recorded union.
+    const double free_pages = static_cast<double>(c.earlier_pages - o.sink_pages);
+    const double untouched = 1.0 - static_cast<double>(m.pages - o.sink_pages) / free_pages;
+    const double per_tile = std::log(1.0 - static_cast<double>(o.page_budget) / free_pages);
+    if (untouched > 0 && untouched < 1 && per_tile < 0)
+      fractions.push_back(std::log(untouched) / per_tile / static_cast<double>(c.tiles));
+  }
+  if (!fractions.empty()) {
+    std::nth_element(fractions.begin(), fractions.begin() + fractions.size() / 2, fractions.end());
+    u.independent_tiles = fractions[fractions.size() / 2];
+  }
+  return u;
+}
+
+}  // namespace
+
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name) {
   Recorder recorder;
@@ -174,6 +203,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
                     [&](const auto& a, const auto& b) { return error(a) > error(b); });
   all.resize(keep);
   r.worst = std::move(all);
+  r.unions = CompareUnions(trace, plan.geometry());
   return r;
 }
 

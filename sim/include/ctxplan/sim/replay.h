@@ -38,6 +38,16 @@ struct OpComparison {
   double predicted_seconds = 0.0;
 };
 
+// The page-sparse layers' unions of their query tiles' selections, as the trace recorded them
+// (traces from 2026-11-25 on) against the plan's expected union, which times the copies.
+struct UnionComparison {
+  int64_t layers = 0;            // sparse (phase, chunk, layer) records
+  double measured_pages = 0;     // their unions, summed
+  double predicted_pages = 0;    // the plan's expected unions of the same chunks, summed
+  double independent_tiles = 0;  // the median record's union as a fraction of tiles drawing
+                                 // independently would make it (1: independent draws)
+};
+
 struct ReplayResult {
   double measured_step_seconds = 0.0;  // first start to last end in the trace
   double predicted_step_seconds = 0.0;
@@ -50,6 +60,7 @@ struct ReplayResult {
   std::vector<KindComparison> by_kind;    // sorted by measured time, largest first
   std::vector<ChunkComparison> by_chunk;  // every kind, part and chunk, in that order
   std::vector<OpComparison> worst;        // largest |measured - predicted|, at most 10
+  UnionComparison unions;                 // empty (layers 0) when the trace has none
 };
 
 // The machine a replay predicts for, and where it came from: the report says both, since a step
