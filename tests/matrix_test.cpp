@@ -227,8 +227,9 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
                    device_max <= 0.02 && host_max <= 0.01;
   std::printf("  issue 11 acceptance on the validation set: %s\n", met ? "met" : "NOT MET");
   // Today's accuracy (2026-11-25, the offload rows re-recorded after the backward's union table
-  // stopped queueing behind page copies): time median 3.7%, max 8.9% (the worst: the H100 at
-  // chunk 1024, pessimistic; was 3.9% / 13.4%, Llama-3.1-8B 128K k64 offload, optimistic). Device
+  // stopped queueing behind page copies, the loss timed by shape): time median 3.4%, max 9.2%
+  // (the worst: the H100 at chunk 1024, pessimistic; was 3.9% / 13.4%, Llama-3.1-8B 128K k64
+  // offload, optimistic). Device
   // memory median 0.2%, max 1.2% since the plan counts the CUDA backend's activation buffers one by
   // one (was 0.7% / 2.3%). The predicted SM clock against NVML's: validation median 2.6%, max 9.9%.
   EXPECT_LE(time_median, 0.045);
