@@ -140,7 +140,7 @@ std::vector<int32_t> Identity(int64_t n) {
 }
 
 // The descriptors of the launch: the own positions' op plus the earlier pages' op, as the
-// planner splits one launch into two ops (runtime/src/plan_geometry.cpp), summed.
+// planner splits one launch into two ops (runtime/src/plan/plan_geometry.cpp), summed.
 OpCost AttentionCost(const AttentionCase& c, bool backward) {
   const int64_t t = c.tokens, kv_dim = c.h.kv_heads * c.h.head_dim;
   const double own_pairs = static_cast<double>(t) * (t + 1) / 2.0;
