@@ -652,12 +652,6 @@ std::string EmbeddedSource(const detail::EmbeddedFile& file) {
   return std::string(kEmbeddedPrefix) + std::string(file.path);
 }
 
-bool IsPath(std::string_view name_or_path) {
-  return name_or_path.find('/') != std::string_view::npos ||
-         EndsWithIgnoreCase(name_or_path, ".yaml") || EndsWithIgnoreCase(name_or_path, ".yml") ||
-         EndsWithIgnoreCase(name_or_path, ".json");
-}
-
 std::string ReadFile(std::string_view path) {
   const std::filesystem::path p{std::string(path)};
   std::error_code ec;
@@ -689,6 +683,12 @@ Spec CheckEmbeddedName(Spec spec, std::string_view name) {
 }
 
 }  // namespace
+
+bool NamesAFile(std::string_view name_or_path) {
+  return name_or_path.find('/') != std::string_view::npos ||
+         EndsWithIgnoreCase(name_or_path, ".yaml") || EndsWithIgnoreCase(name_or_path, ".yml") ||
+         EndsWithIgnoreCase(name_or_path, ".json");
+}
 
 // --- public API ---------------------------------------------------------------------------------
 
@@ -789,7 +789,7 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   MachineSpec m;
   m.name = f.String("name");
   const std::string gpu = f.String("gpu");
-  if (IsPath(gpu)) {
+  if (NamesAFile(gpu)) {
     // A relative path is relative to the machine file, as in any config that names another.
     std::filesystem::path path(gpu);
     if (path.is_relative() && !source.starts_with(kEmbeddedPrefix)) {
@@ -817,7 +817,7 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
 }
 
 ModelSpec LoadModel(std::string_view name_or_path) {
-  if (IsPath(name_or_path)) {
+  if (NamesAFile(name_or_path)) {
     const std::string text = ReadFile(name_or_path);
     if (EndsWithIgnoreCase(name_or_path, ".json")) return ParseHfConfigJson(text, name_or_path);
     return ParseModelYaml(text, name_or_path);
@@ -831,7 +831,7 @@ ModelSpec LoadModel(std::string_view name_or_path) {
 }
 
 GpuSpec LoadGpu(std::string_view name_or_path) {
-  if (IsPath(name_or_path)) return ParseGpuYaml(ReadFile(name_or_path), name_or_path);
+  if (NamesAFile(name_or_path)) return ParseGpuYaml(ReadFile(name_or_path), name_or_path);
   const detail::EmbeddedFile* file = FindEmbedded("gpu", name_or_path);
   if (file == nullptr) {
     throw InputError(UnknownName("GPU", name_or_path, CatalogGpuNames(), "a path to a GPU .yaml"));
@@ -840,7 +840,7 @@ GpuSpec LoadGpu(std::string_view name_or_path) {
 }
 
 MachineSpec LoadMachine(std::string_view name_or_path) {
-  if (IsPath(name_or_path)) return ParseMachineYaml(ReadFile(name_or_path), name_or_path);
+  if (NamesAFile(name_or_path)) return ParseMachineYaml(ReadFile(name_or_path), name_or_path);
   const detail::EmbeddedFile* file = FindEmbedded("machine", name_or_path);
   if (file == nullptr) {
     throw InputError(UnknownName("machine", name_or_path, CatalogMachineNames(),

@@ -1,6 +1,5 @@
 #include "run_flags.h"
 
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -76,22 +75,11 @@ std::vector<std::string> SplitList(const std::string& text) {
 
 namespace {
 
-bool EndsWithIgnoreCase(const std::string& text, std::string_view suffix) {
-  if (text.size() < suffix.size()) return false;
-  for (size_t i = 0; i < suffix.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[text.size() - suffix.size() + i]);
-    if (std::tolower(c) != suffix[i]) return false;
-  }
-  return true;
-}
-
 // The loaders say that a file cannot be read, but not which flag named it nor what else the flag
-// takes. Same rule as the catalogue's for "this is a path": a '/' or a .yaml/.yml/.json ending.
+// takes. The catalogue's rule says what is a path (NamesAFile).
 void CheckReadableIfPath(const std::string& value, const std::string& flag,
                          const std::string& accepted) {
-  if (value.find('/') == std::string::npos && !EndsWithIgnoreCase(value, ".yaml") &&
-      !EndsWithIgnoreCase(value, ".yml") && !EndsWithIgnoreCase(value, ".json"))
-    return;
+  if (!NamesAFile(value)) return;
   std::error_code ec;
   std::string reason;
   if (std::filesystem::is_directory(value, ec)) {

@@ -1,9 +1,9 @@
 #include "ctxplan/runtime/run_metadata.h"
 
-#include <cctype>
 #include <charconv>
 #include <filesystem>
 
+#include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/step_plan.h"
 
@@ -73,21 +73,10 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
 
 namespace {
 
-bool EndsWithIgnoreCase(const std::string& text, std::string_view suffix) {
-  if (text.size() < suffix.size()) return false;
-  for (size_t i = 0; i < suffix.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[text.size() - suffix.size() + i]);
-    if (std::tolower(c) != suffix[i]) return false;
-  }
-  return true;
-}
-
-// The catalogue's rule for "this names a file": a '/' or a .yaml/.yml/.json ending. A relative path
-// is made absolute: the trace is often replayed from another directory than the run's.
+// What the catalogue takes as a file (NamesAFile), made absolute when relative: the trace is
+// often replayed from another directory than the run's.
 std::string Portable(const std::string& value) {
-  if (value.find('/') == std::string::npos && !EndsWithIgnoreCase(value, ".yaml") &&
-      !EndsWithIgnoreCase(value, ".yml") && !EndsWithIgnoreCase(value, ".json"))
-    return value;
+  if (!NamesAFile(value)) return value;
   std::error_code ec;
   const std::filesystem::path absolute = std::filesystem::absolute(value, ec);
   return ec ? value : absolute.lexically_normal().string();

@@ -21,6 +21,9 @@ ModelSpec LoadModel(std::string_view name_or_path);
 GpuSpec LoadGpu(std::string_view name_or_path);
 // A machine preset ("h200-125g") or a path to a machine YAML file.
 MachineSpec LoadMachine(std::string_view name_or_path);
+// Whether LoadModel / LoadGpu / LoadMachine take `name_or_path` as a file: it contains '/' or
+// ends in .yaml, .yml or .json (any case); otherwise it is a catalogue name.
+bool NamesAFile(std::string_view name_or_path);
 // A custom machine: a GPU and the host RAM it sits with.
 MachineSpec MakeMachine(const GpuSpec& gpu, int64_t host_ram_bytes);
 
