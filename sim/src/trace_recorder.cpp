@@ -1,5 +1,7 @@
 #include "ctxplan/sim/trace_recorder.h"
 
+#include "ctxplan/runtime/op_record.h"
+
 namespace ctxplan::sim {
 
 namespace {
@@ -9,17 +11,7 @@ int64_t Nanoseconds(Tick ticks) {
 }  // namespace
 
 void TraceRecorder::OnOpComplete(const Op& op, Tick start, Tick end) {
-  OpRecord r;
-  r.op_id = op.id;
-  r.start_ns = Nanoseconds(start);
-  r.end_ns = Nanoseconds(end);
-  r.kind = static_cast<uint8_t>(op.kind);
-  r.stream = static_cast<uint8_t>(op.stream);
-  r.phase = static_cast<uint8_t>(op.phase);
-  r.part = static_cast<uint8_t>(op.part);
-  r.chunk = op.chunk;
-  r.layer = op.layer;
-  writer_.Op(r);
+  writer_.Op(TraceRecordOf(op, Nanoseconds(start), Nanoseconds(end)));
 }
 
 void TraceRecorder::OnMemory(MemSpace space, Tick when, const MemoryTracker& memory) {

@@ -1,5 +1,7 @@
 #include "ctxplan/runtime/wall_clock_tracer.h"
 
+#include "ctxplan/runtime/op_record.h"
+
 namespace ctxplan {
 
 WallClockTracer::WallClockTracer(OpTraceWriter* compact, ChromeTraceWriter* chrome)
@@ -34,19 +36,7 @@ void WallClockTracer::AfterOp(const Op& op) {
                        {{"allocated", static_cast<double>(total) / 1073741824.0}});
     return;
   }
-  if (compact_) {
-    OpRecord r;
-    r.op_id = op.id;
-    r.start_ns = started_ns_;
-    r.end_ns = end;
-    r.kind = static_cast<uint8_t>(op.kind);
-    r.stream = static_cast<uint8_t>(op.stream);
-    r.phase = static_cast<uint8_t>(op.phase);
-    r.part = static_cast<uint8_t>(op.part);
-    r.chunk = op.chunk;
-    r.layer = op.layer;
-    compact_->Op(r);
-  }
+  if (compact_) compact_->Op(TraceRecordOf(op, started_ns_, end));
   if (chrome_) {
     name_.assign(OpKindName(op.kind));
     if (op.part != OpPart::kNone) {
