@@ -51,17 +51,12 @@ using gpu::WantLike;
 
 namespace {
 
-// The host's bf16 conversions (bf16.h) on CUDA's bf16 type.
+// The host's bf16 conversion (bf16.h) from CUDA's bf16 type; uploads round in weights_upload.h.
 inline float ToFloat(float x) {
   return x;
 }
 inline float ToFloat(bf16 x) {
   return Bf16ToFp32(static_cast<__nv_bfloat16_raw>(x).x);
-}
-inline bf16 ToBf16(float f) {
-  __nv_bfloat16_raw raw;
-  raw.x = Fp32ToBf16(f);
-  return bf16(raw);
 }
 
 // What a fault-injection run asks for (CTXPLAN_INJECT_FAULT): the real error paths of a failing
@@ -403,11 +398,10 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void UploadLora(const LoraWeights& lora) {
-    std::vector<bf16> staging;
+    std::vector<uint16_t> staging;
     auto up = [&](DeviceArray<bf16>& to, const std::vector<float>& from) {
-      staging.resize(from.size());
-      for (size_t j = 0; j < from.size(); ++j) staging[j] = ToBf16(from[j]);
-      CTXPLAN_CUDA_CHECK(cudaMemcpy(to.get(), staging.data(), to.bytes(), cudaMemcpyHostToDevice));
+      CTXPLAN_CHECK(to.size() == from.size(), "CUDA backend: a LoRA tensor changed size");
+      gpu::UploadAsBf16(from, to.get(), staging);
     };
     for (size_t l = 0; l < lora_.size(); ++l)
       for (OpPart part : kLoraParts) {
@@ -1046,9 +1040,9 @@ class TypedImpl final : public CudaBackend::Impl {
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
     selection_host_.assign(selected_host_.get(), selected_host_.get() + n);
     if (Saves(op)) saved_selection_host_[S(op)] = selection_host_;
-    if (c_.sparse)
-      page_unions_.push_back({op.phase, op.chunk, op.layer,
-                              static_cast<int64_t>(AttendedPages(c_, selection_host_).size())});
+    selected_union_ = AttendedPages(c_, selection_host_);
+    page_unions_.push_back(
+        {op.phase, op.chunk, op.layer, static_cast<int64_t>(selected_union_.size())});
   }
 
   PageSelection Selection(const Op& op) const {
@@ -1064,8 +1058,11 @@ class TypedImpl final : public CudaBackend::Impl {
   // The pages the tiles' selections of `op`'s layer attend, at most the slots the plan provisioned
   // (the staging copies and the backward's key-block launch both rely on that bound).
   std::vector<int32_t> UnionPages(const Op& op) const {
-    std::vector<int32_t> pages = AttendedPages(
-        c_, op.phase == Phase::kBackward ? saved_selection_host_[S(op)] : selection_host_);
+    // A sparse forward's union was taken when its selections came back (PageTopK).
+    std::vector<int32_t> pages = op.phase == Phase::kBackward
+                                     ? AttendedPages(c_, saved_selection_host_[S(op)])
+                                 : c_.sparse ? selected_union_
+                                             : AttendedPages(c_, selection_host_);
     if (static_cast<int64_t>(pages.size()) > slot_capacity_)
       throw InputError("page selections of chunk " + std::to_string(c_.index) + " layer " +
                        std::to_string(op.layer) + " need " + std::to_string(pages.size()) +
@@ -1360,6 +1357,7 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<int32_t> selected_;
   PinnedArray<int32_t> selected_host_;
   std::vector<int32_t> selection_host_;
+  std::vector<int32_t> selected_union_;  // [distinct pages] of selection_host_, ascending
   int64_t pages_per_tile_ = 0;
   const bf16* x_ = nullptr;   // the current layer's input
   bf16* attn_ptr_ = nullptr;  // where the forward wrote this layer's attention output
