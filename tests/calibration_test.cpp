@@ -44,6 +44,9 @@ KernelProfile TruthProfile() {
   k.page_bwd_efficiency = {{32, 0.4}, {64, 0.9}, {96, 0.55}, {128, 1.0}};
   k.sparse_fwd_efficiency = 0.85;
   k.sparse_bwd_efficiency = 0.9;
+  // Sparse selections by page size: under 128 tokens a key block is unrelated pages.
+  k.sparse_fwd_page_efficiency = {{64, 0.7}, {128, 0.85}};
+  k.sparse_bwd_page_efficiency = {{64, 0.5}, {128, 0.9}};
   k.memory_efficiency = 0.83;
   k.page_score_fixed_us = 8.0;
   k.page_score_ns_per_tile_page = 0.4;
@@ -168,9 +171,10 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
         out.rows.push_back(s);
       }
     }
-    for (const int64_t budget : {16, 64, 128}) {
+    for (const auto& [p, budget] : std::vector<std::pair<int64_t, int64_t>>{
+             {128, 16}, {128, 64}, {128, 128}, {64, 16}, {64, 64}}) {
       CalibrationSample s = Row(op);
-      const int64_t t = 4096, p = 128, pages = 512, per_tile = budget + 1;
+      const int64_t t = 4096, pages = 65536 / p, per_tile = budget + 1;
       s.m = t, s.heads = 28, s.kv_heads = 4, s.head_dim = 128, s.grad_bytes = 2;
       s.page_tokens = p, s.pages = pages, s.pages_per_tile = per_tile;
       const double own = t * (t + 1.0) / 2.0, paged = t * static_cast<double>(per_tile * p);
@@ -281,8 +285,14 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
     EXPECT_NEAR(k.page_fwd_efficiency.at(p) / truth.page_fwd_efficiency.at(p), 1.0, 0.02) << p;
     EXPECT_NEAR(k.page_bwd_efficiency.at(p) / truth.page_bwd_efficiency.at(p), 1.0, 0.02) << p;
   }
-  EXPECT_NEAR(k.sparse_fwd_efficiency / truth.sparse_fwd_efficiency, 1.0, 0.02);
-  EXPECT_NEAR(k.sparse_bwd_efficiency / truth.sparse_bwd_efficiency, 1.0, 0.02);
+  for (const int64_t p : {64, 128}) {
+    EXPECT_NEAR(k.sparse_fwd_page_efficiency.at(p) / truth.sparse_fwd_page_efficiency.at(p), 1.0,
+                0.02)
+        << p;
+    EXPECT_NEAR(k.sparse_bwd_page_efficiency.at(p) / truth.sparse_bwd_page_efficiency.at(p), 1.0,
+                0.02)
+        << p;
+  }
   EXPECT_NEAR(k.memory_efficiency / truth.memory_efficiency, 1.0, 0.01);
   EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
   EXPECT_NEAR(k.weights_init_gparams, 0.25, 1e-9);
@@ -333,6 +343,7 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.attention_bwd_item_us, b.attention_bwd_item_us));
     EXPECT_TRUE(near(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)));
     EXPECT_TRUE(near(a.sparse_bwd_efficiency, b.sparse_bwd_efficiency));
+    EXPECT_TRUE(near(a.sparse_bwd_page_efficiency.at(64), b.sparse_bwd_page_efficiency.at(64)));
     EXPECT_TRUE(near(a.page_topk_fixed_us, b.page_topk_fixed_us));
     EXPECT_TRUE(near(a.host_adamw_gparams, b.host_adamw_gparams));
     EXPECT_TRUE(near(a.gemm_w, b.gemm_w)) << a.gemm_w << " " << b.gemm_w;

@@ -323,7 +323,8 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
               100 * call + (1 << 30) / h2d, 1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
   // Attention over many pages is its blocks at the rate, times the page size's fraction; over
-  // page-sparse selections the same pairs take about 1 / the sparse fraction as long.
+  // page-sparse selections the same pairs take about 1 / the sparse fraction (at that page size,
+  // where the profile measured one) as long.
   auto paged_seconds = [&](const OpCost& cost, Phase phase) {
     return TicksToSeconds(model.Duration(cost, phase)) - launch;
   };
@@ -341,14 +342,14 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const OpCost sparse_fwd =
       AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 512);
   EXPECT_NEAR(paged_seconds(sparse_fwd, Phase::kFill) / paged_seconds(dense_fwd, Phase::kFill),
-              1.0 / k.sparse_fwd_efficiency, 0.03);
+              1.0 / KernelTimeModel::PageEfficiency(k.sparse_fwd_page_efficiency, 128), 0.03);
   const OpCost dense_bwd =
       AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, false, 128, 512);
   const OpCost sparse_bwd =
       AttentionBackwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, 2, true, 128, 512);
   EXPECT_NEAR(
       paged_seconds(sparse_bwd, Phase::kBackward) / paged_seconds(dense_bwd, Phase::kBackward),
-      1.0 / k.sparse_bwd_efficiency, 0.03);
+      1.0 / KernelTimeModel::PageEfficiency(k.sparse_bwd_page_efficiency, 128), 0.03);
   // A chunk's own positions: half the causal blocks, so a fraction of the dense square's time.
   const OpCost own = AttentionForwardCost(4096.0 * 4097 / 2, 4096, 4096, 28, 512, 128);
   const OpCost square =

@@ -488,6 +488,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "page_bwd_efficiency_d64",
                    "sparse_fwd_efficiency",
                    "sparse_bwd_efficiency",
+                   "sparse_fwd_page_efficiency",
+                   "sparse_bwd_page_efficiency",
                    "memory_efficiency",
                    "lora_efficiency",
                    "page_score_fixed_us",
@@ -550,6 +552,10 @@ KernelProfile ReadKernelProfile(const Fields& f) {
     k.page_bwd_efficiency_d64 = ReadPageTable(f, "page_bwd_efficiency_d64");
   k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
   k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
+  if (f.Has("sparse_fwd_page_efficiency"))
+    k.sparse_fwd_page_efficiency = ReadPageTable(f, "sparse_fwd_page_efficiency");
+  if (f.Has("sparse_bwd_page_efficiency"))
+    k.sparse_bwd_page_efficiency = ReadPageTable(f, "sparse_bwd_page_efficiency");
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
   k.lora_efficiency = f.OptionalNumber("lora_efficiency", NumberLimit{2.0}).value_or(1.0);
   k.page_score_fixed_us = f.Number("page_score_fixed_us", kFixedCostLimit);

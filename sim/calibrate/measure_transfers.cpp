@@ -19,6 +19,7 @@
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
+#include "ctxplan/runtime/cuda/memcpy_batch.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/weights_upload.h"
 #include "ctxplan/runtime/host_adamw.h"
@@ -63,7 +64,7 @@ Sample CopyRow(const char* op, int64_t bytes, int64_t copies) {
 void MeasureCopy(Session& session) {
   const int64_t largest = std::max(kCopyBytes.back(), kDuplexBytes.back());
   const int64_t largest_page = kPageCopyBytes.back();
-  const size_t progress_steps = 2 * kCopyBytes.size() + 2 * kPageCopyBytes.size() +
+  const size_t progress_steps = 2 * kCopyBytes.size() + 4 * kPageCopyBytes.size() +
                                 kDuplexBytes.size() + kDeviceCopyBytes.size();
   Progress progress("copy", progress_steps);
   cudaStream_t stream = session.stream;
@@ -115,6 +116,28 @@ void MeasureCopy(Session& session) {
           }
         }
       });
+      session.Add(s);
+    }
+  }
+  // The same page copies handed to the driver as one batch, as the runtime's offload issues them
+  // (gpu::IssueCopyBatch).
+  gpu::CopyBatch batch;
+  for (const bool h2d : {true, false}) {
+    for (const int64_t bytes : kPageCopyBytes) {
+      const char* op = h2d ? "copy_batch_h2d" : "copy_batch_d2h";
+      progress.Step(Describe(op, {{"bytes", bytes}, {"copies", kPageCopies}}));
+      Sample s = CopyRow(op, bytes, kPageCopies);
+      batch.Clear();
+      for (int64_t j = 0; j < kPageCopies; ++j) {
+        std::byte* host = host_pages.get() + order[j] * bytes;
+        std::byte* slot = slots.get() + j * bytes;
+        if (h2d)
+          batch.Add(slot, host, static_cast<size_t>(bytes));
+        else
+          batch.Add(host, slot, static_cast<size_t>(bytes));
+      }
+      s.seconds =
+          MedianSecondsPerCall(session, [&](int64_t) { gpu::IssueCopyBatch(batch, stream); });
       session.Add(s);
     }
   }

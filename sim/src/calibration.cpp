@@ -131,10 +131,11 @@ SampleCosts CostsOf(const CalibrationSample& s) {
     out.costs.push_back(PageTopKCost(s.m, s.pages));
   } else if (IsMemoryOp(s.op)) {
     out.costs.push_back(OpCost{0.0, s.bytes, RateClass::kMemoryBound, {}});
-  } else if (s.op == "copy_h2d" || s.op == "copy_d2h") {
+  } else if (s.op == "copy_h2d" || s.op == "copy_d2h" || s.op == "copy_batch_h2d" ||
+             s.op == "copy_batch_d2h") {
     const int64_t copies = std::max<int64_t>(1, s.copies);
-    out.costs.push_back(
-        CopyCost(static_cast<int64_t>(s.bytes) * copies, s.op == "copy_h2d", copies));
+    const bool h2d = s.op == "copy_h2d" || s.op == "copy_batch_h2d";
+    out.costs.push_back(CopyCost(static_cast<int64_t>(s.bytes) * copies, h2d, copies));
   }
   return out;
 }
@@ -581,13 +582,17 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
              "both directions at once, sum");
   }
   {
-    // The per-call cost of a copy: batches of many small copies, less their bytes at the
-    // link's rate.
+    // The per-call cost of a copy: many small copies, less their bytes at the link's rate. The
+    // runtime hands a layer's page copies to the driver as one batch: the batched rows where
+    // the samples have them, else the copies issued one call each.
+    const bool batched = !Op(samples, "copy_batch_h2d").empty();
     std::vector<double> calls;
-    for (const CalibrationSample* s : Select(samples, [](const CalibrationSample& s) {
-           return (s.op == "copy_h2d" || s.op == "copy_d2h") && s.copies > 1;
+    for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
+           return batched ? s.op == "copy_batch_h2d" || s.op == "copy_batch_d2h"
+                          : (s.op == "copy_h2d" || s.op == "copy_d2h") && s.copies > 1;
          })) {
-      const double rate = (s->op == "copy_h2d" ? gpu.host_h2d_gbs : gpu.host_d2h_gbs).value * 1e9;
+      const bool h2d = s->op == "copy_h2d" || s->op == "copy_batch_h2d";
+      const double rate = (h2d ? gpu.host_h2d_gbs : gpu.host_d2h_gbs).value * 1e9;
       const double per_call = (s->seconds - s->bytes * s->copies / rate) / s->copies;
       calls.push_back(std::max(per_call, 0.0) * 1e6);
     }
@@ -704,6 +709,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.page_fwd_efficiency_d64.clear();
   k.page_bwd_efficiency_d64.clear();
   k.sparse_fwd_efficiency = k.sparse_bwd_efficiency = 1.0;
+  k.sparse_fwd_page_efficiency.clear();
+  k.sparse_bwd_page_efficiency.clear();
   for (const bool backward : {false, true}) {
     const std::string op = backward ? "attention_bwd" : "attention_fwd";
     auto own_rows = [&](int64_t head_dim) {
@@ -761,6 +768,20 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
           (backward ? q.sparse_bwd_efficiency : q.sparse_fwd_efficiency) = x;
         },
         sparse, 0.02, 2.0);
+    // Then per page size, where a size has its own sparse rows.
+    auto sparse_table = [backward](KernelProfile& q) -> std::map<int64_t, double>& {
+      return backward ? q.sparse_bwd_page_efficiency : q.sparse_fwd_page_efficiency;
+    };
+    std::map<int64_t, std::vector<const CalibrationSample*>> sparse_by_page;
+    for (const CalibrationSample* s : sparse) sparse_by_page[s->page_tokens].push_back(s);
+    const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
+    for (const auto& [p, rows] : sparse_by_page) sparse_table(k)[p] = overall;
+    for (const auto& [p, rows] : sparse_by_page) {
+      const int64_t page = p;
+      sparse_table(k)[p] = ImpliedMedian(
+          gpu, k, [&sparse_table, page](KernelProfile& q, double x) { sparse_table(q)[page] = x; },
+          rows, 0.02, 2.0);
+    }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
            "ctxtrain's attention forward, d_h 128, a full wave of items");
@@ -797,8 +818,9 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   group("memory", [](const CalibrationSample& s) { return IsMemoryOp(s.op); });
   group("page_score", [](const CalibrationSample& s) { return s.op == "page_score"; });
   group("page_topk", [](const CalibrationSample& s) { return s.op == "page_topk"; });
-  group("copy",
-        [](const CalibrationSample& s) { return s.op == "copy_h2d" || s.op == "copy_d2h"; });
+  group("copy", [](const CalibrationSample& s) {
+    return s.op.rfind("copy_", 0) == 0 && s.op != "copy_duplex" && s.op != "copy_d2d";
+  });
   // The sustained kernels of the power group, timed at the clock the power limit left them,
   // scaled to the maximum clock: how well 1 / clock explains a kernel under the limit.
   {
@@ -897,6 +919,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  page_bwd_efficiency_d64: " << table(k.page_bwd_efficiency_d64) << "\n";
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
+  if (!k.sparse_fwd_page_efficiency.empty())
+    o << "  sparse_fwd_page_efficiency: " << table(k.sparse_fwd_page_efficiency) << "\n";
+  if (!k.sparse_bwd_page_efficiency.empty())
+    o << "  sparse_bwd_page_efficiency: " << table(k.sparse_bwd_page_efficiency) << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";
   if (k.lora_efficiency != 1.0)  // 1: the samples had no lora group
     o << "  lora_efficiency: " << k.lora_efficiency << "\n";

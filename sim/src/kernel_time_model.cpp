@@ -135,7 +135,11 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
                : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
                                                             : k.page_fwd_efficiency),
       s.page_tokens);
-  if (sparse) efficiency *= backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
+  if (sparse) {
+    const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
+    efficiency *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
+                                : PageEfficiency(table, s.page_tokens);
+  }
   const double paged_block = block / efficiency;
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;

@@ -22,6 +22,7 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
+#include "ctxplan/runtime/cuda/memcpy_batch.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/runtime/cuda/sm_copy.h"
@@ -1124,19 +1125,19 @@ class TypedImpl final : public CudaBackend::Impl {
     const std::byte* src;
   };
 
-  // One cudaMemcpyAsync per run of pages that are contiguous on both sides.
-  void CopyRuns(const std::vector<PagePair>& pairs, size_t page_bytes, cudaMemcpyKind kind,
-                cudaStream_t stream) {
+  // One copy per run of pages that are contiguous on both sides, the runs issued as one batch.
+  void CopyRuns(const std::vector<PagePair>& pairs, size_t page_bytes, cudaStream_t stream) {
+    copy_batch_.Clear();
     size_t i = 0;
     while (i < pairs.size()) {
       size_t run = 1;
       while (i + run < pairs.size() && pairs[i + run].dst == pairs[i].dst + run * page_bytes &&
              pairs[i + run].src == pairs[i].src + run * page_bytes)
         ++run;
-      CTXPLAN_CUDA_CHECK(
-          cudaMemcpyAsync(pairs[i].dst, pairs[i].src, run * page_bytes, kind, stream));
+      copy_batch_.Add(pairs[i].dst, pairs[i].src, run * page_bytes);
       i += run;
     }
+    gpu::IssueCopyBatch(copy_batch_, stream);
   }
 
   // Zeroes the slots listed (ascending), one memset per run of consecutive slots.
@@ -1195,7 +1196,7 @@ class TypedImpl final : public CudaBackend::Impl {
                                               " is read before the fill wrote it home");
       pairs_.push_back({kv_slots + j * kv_bytes, kv_store_->HostPtr(home)});
     }
-    CopyRuns(pairs_, kv_bytes, cudaMemcpyHostToDevice, h2d_);
+    CopyRuns(pairs_, kv_bytes, h2d_);
     if (op.phase != Phase::kBackward) return;
 
     // dKV: pages written earlier this step come in, the others start at zero; then the same for
@@ -1216,7 +1217,7 @@ class TypedImpl final : public CudaBackend::Impl {
           pairs_.push_back({slots + j * dkv_bytes, dkv_store_->HostPtr(home)});
       }
       ZeroSlots(slots, zero_, dkv_bytes, h2d_);
-      CopyRuns(pairs_, dkv_bytes, cudaMemcpyHostToDevice, h2d_);
+      CopyRuns(pairs_, dkv_bytes, h2d_);
     }
   }
 
@@ -1237,14 +1238,14 @@ class TypedImpl final : public CudaBackend::Impl {
         if (home == gpu::kNoPage) home = kv_store_->Allocate();  // kept for every later step
         pairs_.push_back({kv_store_->HostPtr(home), slots + static_cast<size_t>(j) * kv_bytes});
       }
-      CopyRuns(pairs_, kv_bytes, cudaMemcpyDeviceToHost, d2h_);
+      CopyRuns(pairs_, kv_bytes, d2h_);
       return;
     }
     const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
     auto* slots = reinterpret_cast<std::byte*>(dkv_slots_[parity_].get());
     for (size_t j = 0; j < union_.size(); ++j)
       pairs_.push_back({dkv_store_->HostPtr(DkvHome(l, union_[j])), slots + j * dkv_bytes});
-    CopyRuns(pairs_, dkv_bytes, cudaMemcpyDeviceToHost, d2h_);
+    CopyRuns(pairs_, dkv_bytes, d2h_);
   }
 
   // AdamW on the CPU over the staged gradients (host_adamw.h), on the host copy of the weights.
@@ -1391,6 +1392,7 @@ class TypedImpl final : public CudaBackend::Impl {
   int32_t own_dkv_added_layer_ = -1;        // the layer whose attention backward did DkvAccumulate
   std::vector<gpu::PageId> dkv_allocated_;  // this step's dKV pages, in allocation order
   std::vector<PagePair> pairs_;             // scratch of CopyIn / CopyOut
+  gpu::CopyBatch copy_batch_;               // scratch of CopyRuns
   std::vector<int64_t> zero_;
   OpId table_user_[2] = {kNoOp, kNoOp};  // the copy that last read each staging table
 

@@ -58,6 +58,11 @@ struct KernelProfile {
   // The same at head dim 64 (its own kernel path; empty: the head dim 128 tables).
   std::map<int64_t, double> page_fwd_efficiency_d64, page_bwd_efficiency_d64;
   double sparse_fwd_efficiency = 1, sparse_bwd_efficiency = 1;
+  // The sparse fraction per page size where measured (empty: the scalar above for every size).
+  // Under 128 tokens a key block of a sparse selection is several unrelated pages, loaded apart:
+  // at page 64 the forward runs 1.3x slower per key than at 128, where dense launches at either
+  // size run alike (H200 samples, 2026-11-24).
+  std::map<int64_t, double> sparse_fwd_page_efficiency, sparse_bwd_page_efficiency;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
   // LoRA adapters' thin GEMMs (cuBLASLt, rank-wide): fraction of the memory-bound rate their

@@ -45,6 +45,12 @@ namespace ctxplan::sim {
 // but predicted end to end 2.0% -> 2.6% (exponent 3), and with the exponent re-chosen on their
 // clock (2.5: clock median 1.7%) 2.8% / 14.5%; the H100 from the scaled H200 profile went from
 // max 5.4% to 8.4%. Rejected on the calibration runs' step time.
+// Also measured and not adopted (2026-11-25): the GEMM's watts anchored at its duty-cycled run
+// (500 us gaps: 1735-1755 MHz, near where steps run) instead of its sustained run (1355-1437
+// MHz): both GPUs then draw ~806 W above idle there, and the H100's own profile predicts its runs
+// within 2.2% / 7.8% (5.2% / 9.2%), but the calibration runs' step time goes 2.0% -> 2.9% median
+// (exponents 2-5 re-chosen on them: 3.3-3.7%); energy by kernel time rather than by FLOPs at
+// the full rate: 4.2-5.9%. Rejected on the calibration runs.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;
