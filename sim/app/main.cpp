@@ -457,6 +457,7 @@ int RunReplay(ReplayFlags f) {
       j.Field("measured_union_pages", r.unions.measured_pages);
       j.Field("predicted_union_pages", r.unions.predicted_pages);
       j.Field("union_independent_tiles", r.unions.independent_tiles);
+      j.Field("planned_union_independent_tiles", r.unions.planned_independent_tiles);
     }
     j.BeginArray("by_kind");
     for (const sim::KindComparison& k : r.by_kind)
@@ -530,10 +531,10 @@ int RunReplay(ReplayFlags f) {
     std::snprintf(
         line, sizeof line,
         "page unions of %lld sparse layers: measured %.0f pages, predicted %.0f "
-        "(x%.2f); as if %.2f of the tiles drew independently (the plan: 1)\n",
+        "(x%.2f); as if %.2f of the tiles drew independently (the plan: %.2f)\n",
         static_cast<long long>(r.unions.layers), r.unions.measured_pages, r.unions.predicted_pages,
         r.unions.measured_pages > 0 ? r.unions.predicted_pages / r.unions.measured_pages : 0.0,
-        r.unions.independent_tiles);
+        r.unions.independent_tiles, r.unions.planned_independent_tiles);
     s += line;
   }
   s += "by kind                      count    measured s   predicted s   ratio\n";

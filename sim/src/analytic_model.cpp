@@ -79,13 +79,13 @@ struct ForwardLayer {
 };
 
 struct BackwardLayer {
-  Segment zero, before_attention, attn_paged, dkv_accumulate, after;
+  Segment zero, before_attention, attn_own, attn_paged, dkv_accumulate, after;
   Tick h2d = 0, d2h = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
   bool paged = false, copy_in = false, own_dkv = false;
 
   void Slow(double slower) {
-    for (Segment* s : {&zero, &before_attention, &attn_paged, &dkv_accumulate, &after})
+    for (Segment* s : {&zero, &before_attention, &attn_own, &attn_paged, &dkv_accumulate, &after})
       s->Slow(slower);
   }
 };
@@ -205,7 +205,7 @@ class TimeRecurrence {
       add(b.after, RmsNormBackwardCost(t, d));
       backward_cache_ = {t, pre, b.after};
     }
-    add(pre, g_.own_attention_backward_cost(c));
+    add(b.attn_own, g_.own_attention_backward_cost(c));
     if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     if (b.copy_in) {
@@ -260,16 +260,17 @@ class TimeRecurrence {
   void RunBackward(const BackwardLayer& b) {
     RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
     const int64_t layers = m_.num_hidden_layers;
-    const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_paged.ticks +
-                         b.dkv_accumulate.ticks + b.after.ticks;
+    const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_own.ticks +
+                         b.attn_paged.ticks + b.dkv_accumulate.ticks + b.after.ticks;
     result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
     result_.busy_ticks[static_cast<size_t>(Stream::kH2D)] += layers * b.h2d;
     result_.busy_ticks[static_cast<size_t>(Stream::kD2H)] += layers * b.d2h;
     result_.flops +=
-        static_cast<double>(layers) * (b.zero.flops + b.before_attention.flops +
+        static_cast<double>(layers) * (b.zero.flops + b.before_attention.flops + b.attn_own.flops +
                                        b.attn_paged.flops + b.dkv_accumulate.flops + b.after.flops);
     StepEnergy energy = b.zero.energy;
-    for (const Segment* s : {&b.before_attention, &b.attn_paged, &b.dkv_accumulate, &b.after})
+    for (const Segment* s :
+         {&b.before_attention, &b.attn_own, &b.attn_paged, &b.dkv_accumulate, &b.after})
       energy += s->energy;
     result_.energy += energy.Times(static_cast<double>(layers));
     result_.h2d_bytes += static_cast<double>(layers) * b.h2d_bytes;
@@ -374,9 +375,10 @@ class TimeRecurrence {
         h2d_end = k.h2d();
       }
     }
+    // Over earlier pages the own positions run inside the paged launch, after the copy.
+    if (f.paged && f.copy_in) k.compute() = std::max(k.compute(), h2d_end);
     k.compute() += f.attn_own.ticks;
     if (f.paged) {
-      if (f.copy_in) k.compute() = std::max(k.compute(), h2d_end);
       k.compute() += f.attn_paged.ticks;
       if (f.copy_in) k.slot_release(parity) = k.compute();
     }
@@ -396,14 +398,16 @@ class TimeRecurrence {
       h2d_end = k.h2d();
     }
     k.compute() += b.zero.ticks + b.before_attention.ticks;
+    // The own positions' attention runs inside the paged launch (after the copy), or alone
+    // adding the own pages' dKV (after the copy too).
+    if (b.copy_in && (b.paged || b.own_dkv)) k.compute() = std::max(k.compute(), h2d_end);
+    k.compute() += b.attn_own.ticks;
     Tick release = -1;
     if (b.paged) {
-      if (b.copy_in) k.compute() = std::max(k.compute(), h2d_end);
       k.compute() += b.attn_paged.ticks;
       release = k.compute();
     }
     if (b.own_dkv) {
-      if (!b.paged && b.copy_in) k.compute() = std::max(k.compute(), h2d_end);
       k.compute() += b.dkv_accumulate.ticks;
       if (!b.paged) release = k.compute();
     }

@@ -108,7 +108,7 @@ namespace {
 UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
   UnionComparison u;
   const RunOptions& o = g.options();
-  std::vector<double> fractions;
+  std::vector<double> fractions, planned;
   for (const UnionRecord& m : trace.unions) {
     if (m.chunk < 0 || m.chunk >= g.num_chunks()) continue;
     const ChunkGeometry c = g.Chunk(m.chunk);
@@ -116,17 +116,24 @@ UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
     ++u.layers;
     u.measured_pages += m.pages;
     u.predicted_pages += static_cast<double>(c.expected_union_pages);
-    // untouched = (1 - k / F)^(f T): the f that gives the recorded union.
+    // untouched = (1 - k / F)^(f T): the f that gives a union of `pages`.
     const double free_pages = static_cast<double>(c.earlier_pages - o.sink_pages);
-    const double untouched = 1.0 - static_cast<double>(m.pages - o.sink_pages) / free_pages;
     const double per_tile = std::log(1.0 - static_cast<double>(o.page_budget) / free_pages);
-    if (untouched > 0 && untouched < 1 && per_tile < 0)
-      fractions.push_back(std::log(untouched) / per_tile / static_cast<double>(c.tiles));
+    auto fraction_into = [&](int64_t pages, std::vector<double>& out) {
+      const double untouched = 1.0 - static_cast<double>(pages - o.sink_pages) / free_pages;
+      if (untouched > 0 && untouched < 1 && per_tile < 0)
+        out.push_back(std::log(untouched) / per_tile / static_cast<double>(c.tiles));
+    };
+    fraction_into(m.pages, fractions);
+    fraction_into(c.expected_union_pages, planned);
   }
-  if (!fractions.empty()) {
-    std::nth_element(fractions.begin(), fractions.begin() + fractions.size() / 2, fractions.end());
-    u.independent_tiles = fractions[fractions.size() / 2];
-  }
+  auto median = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  u.independent_tiles = median(fractions);
+  u.planned_independent_tiles = median(planned);
   return u;
 }
 

@@ -32,6 +32,17 @@ PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
   num_chunks_ = static_cast<int32_t>(CeilDiv(options_.context_tokens, options_.chunk_tokens));
 }
 
+double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
+  if (candidates <= 0 || k <= 0 || tiles <= 0) return 0;
+  if (k >= candidates) return static_cast<double>(candidates);
+  const double f = static_cast<double>(candidates);
+  const double t = static_cast<double>(tiles);
+  const double draws = std::clamp(
+      kUnionDrawScale * std::sqrt(t) * std::pow(f / static_cast<double>(k), kUnionDrawExponent),
+      1.0, t);
+  return f * (1.0 - std::pow(1.0 - static_cast<double>(k) / f, draws));
+}
+
 ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
   CTXPLAN_CHECK(index >= 0 && index < num_chunks_, "chunk index out of range");
   const RunOptions& o = options_;
@@ -64,17 +75,14 @@ ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
     }
     g.union_pages = std::min(g.earlier_pages, static_cast<int64_t>(std::ceil(union_pages)));
   }
-  // The union's expected size when each tile draws its k pages independently from the E - s
-  // non-sink pages: the worst case bounds memory, this times the copies. Measured: a Llama-3.2-1B
-  // 256K step (p 256, k 16) copied 0.68x the worst case, this predicts 0.65x.
+  // The union's expected size (ExpectedUnionPages): the worst case bounds memory, this times the
+  // copies and the backward's key blocks.
   g.expected_union_pages = g.union_pages;
   if (g.sparse && o.selection.kind == SelectionModelKind::kDisjoint) {
-    const double free_pages = static_cast<double>(g.earlier_pages - o.sink_pages);
-    const double untouched = std::pow(1.0 - static_cast<double>(o.page_budget) / free_pages,
-                                      static_cast<double>(g.tiles));
+    const double expected =
+        ExpectedUnionPages(g.earlier_pages - o.sink_pages, o.page_budget, g.tiles);
     g.expected_union_pages =
-        std::min(g.union_pages,
-                 o.sink_pages + static_cast<int64_t>(std::llround(free_pages * (1.0 - untouched))));
+        std::min(g.union_pages, o.sink_pages + static_cast<int64_t>(std::llround(expected)));
   }
   const double t = static_cast<double>(g.tokens);
   g.pairs_own = t * (t + 1.0) / 2.0;

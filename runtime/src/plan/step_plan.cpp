@@ -196,8 +196,11 @@ class PlanWriter {
                  g_.union_copy_runs(c, c.expected_union_pages)),
             {selected, slot_release_[parity], KvHome(layer)});
     }
+    // Over earlier pages the own positions run inside the paged launch (merged), which waits
+    // for the pages' copy: so does the own op's share.
     batch_.Push(Kernel(w, OpKind::kAttentionForward, g_.own_attention_forward_cost(c), t, t, 0,
-                       OpPart::kOwn));
+                       OpPart::kOwn),
+                {paged ? h2d : kNoOp});
     if (paged) {
       Op attention = Kernel(w, OpKind::kAttentionForward, g_.paged_attention_forward_cost(c), t,
                             PagedTokensRead(c), 0, OpPart::kPaged);
@@ -320,7 +323,7 @@ class PlanWriter {
     Op own_attention = Kernel(w, OpKind::kAttentionBackward, g_.own_attention_backward_cost(c), t,
                               t, 0, OpPart::kOwn);
     own_attention.adds_own_dkv = own_dkv && !paged;
-    batch_.Push(own_attention, {own_attention.adds_own_dkv ? h2d : kNoOp});
+    batch_.Push(own_attention, {own_attention.adds_own_dkv || paged ? h2d : kNoOp});
     OpId release = kNoOp;
     if (paged) {
       Op attention = Kernel(w, OpKind::kAttentionBackward, g_.paged_attention_backward_cost(c), t,

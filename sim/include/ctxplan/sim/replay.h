@@ -41,11 +41,12 @@ struct OpComparison {
 // The page-sparse layers' unions of their query tiles' selections, as the trace recorded them
 // (traces from 2026-11-25 on) against the plan's expected union, which times the copies.
 struct UnionComparison {
-  int64_t layers = 0;            // sparse (phase, chunk, layer) records
-  double measured_pages = 0;     // their unions, summed
-  double predicted_pages = 0;    // the plan's expected unions of the same chunks, summed
-  double independent_tiles = 0;  // the median record's union as a fraction of tiles drawing
-                                 // independently would make it (1: independent draws)
+  int64_t layers = 0;                    // sparse (phase, chunk, layer) records
+  double measured_pages = 0;             // their unions, summed
+  double predicted_pages = 0;            // the plan's expected unions of the same chunks, summed
+  double independent_tiles = 0;          // the median record's union as a fraction of tiles drawing
+                                         // independently would make it (1: independent draws)
+  double planned_independent_tiles = 0;  // the same for the plan's expected unions
 };
 
 struct ReplayResult {
