@@ -388,3 +388,91 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
 
 }  // namespace
 }  // namespace ctxplan
+
+namespace ctxplan {
+namespace {
+
+// The plan's page-union rule (plan_geometry.h) is a least-squares fit over the calibration
+// traces' unions alone: refit here on a grid, the committed constants must be the optimum (within
+// a grid step), and each calibration trace's union within 5%. The validation traces are printed.
+TEST(Matrix, PageUnionRuleIsTheCalibrationFit) {
+  struct Chunk {
+    std::string trace;
+    bool calibration;
+    int64_t k, tiles, candidates;
+    double union_pages;  // sink included
+  };
+  std::vector<Chunk> chunks;
+  std::ifstream in(kDir + "matrix/unions.csv");
+  ASSERT_TRUE(in.good()) << kDir << "matrix/unions.csv";
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::vector<std::string> f;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');) f.push_back(cell);
+    ASSERT_EQ(f.size(), 9u) << line;
+    chunks.push_back({f[0], f[1] == "calibration", std::stoll(f[4]), std::stoll(f[5]),
+                      std::stoll(f[6]), std::stod(f[8])});
+  }
+  ASSERT_GE(chunks.size(), 100u);
+  auto predict = [](const Chunk& c, double scale, double tile_exp, double draw_exp) {
+    const double f = static_cast<double>(c.candidates), t = static_cast<double>(c.tiles);
+    const double k = static_cast<double>(c.k);
+    const double draws =
+        std::clamp(scale * std::pow(t, tile_exp) * std::pow(f / k, draw_exp), 1.0, t);
+    return 1.0 + f * (1.0 - std::pow(1.0 - k / f, draws));  // one sink page
+  };
+  // Mean squared relative error per trace, then over the calibration traces.
+  auto loss = [&](double scale, double tile_exp, double draw_exp) {
+    std::map<std::string, std::pair<double, int>> by_trace;
+    for (const Chunk& c : chunks) {
+      if (!c.calibration) continue;
+      const double e = predict(c, scale, tile_exp, draw_exp) / c.union_pages - 1.0;
+      by_trace[c.trace].first += e * e;
+      ++by_trace[c.trace].second;
+    }
+    double sum = 0;
+    for (const auto& [trace, v] : by_trace) sum += v.first / v.second;
+    return sum / static_cast<double>(by_trace.size());
+  };
+  double best = 1e30, best_scale = 0, best_tile = 0, best_draw = 0;
+  for (int g = 0; g <= 10; ++g)
+    for (int a = 10; a <= 300; a += 2)
+      for (int b = 0; b <= 40; ++b) {
+        const double l = loss(a / 100.0, g / 10.0, b / 100.0);
+        if (l < best) {
+          best = l;
+          best_scale = a / 100.0;
+          best_tile = g / 10.0;
+          best_draw = b / 100.0;
+        }
+      }
+  std::printf(
+      "  union rule refit: scale %.2f tiles^%.1f (candidates/k)^%.2f (committed %.2f %.1f %.2f)\n",
+      best_scale, best_tile, best_draw, kUnionDrawScale, kUnionTileExponent, kUnionDrawExponent);
+  EXPECT_NEAR(kUnionDrawScale, best_scale, 0.021);
+  EXPECT_NEAR(kUnionTileExponent, best_tile, 0.051);
+  EXPECT_NEAR(kUnionDrawExponent, best_draw, 0.011);
+  // Each trace's pages in total, with the committed rule (ExpectedUnionPages is the plan's).
+  std::map<std::string, std::pair<double, double>> totals;  // predicted, measured
+  std::map<std::string, bool> is_calibration;
+  for (const Chunk& c : chunks) {
+    totals[c.trace].first += 1.0 + ExpectedUnionPages(c.candidates, c.k, c.tiles);
+    totals[c.trace].second += c.union_pages;
+    is_calibration[c.trace] = c.calibration;
+  }
+  for (const auto& [trace, t] : totals) {
+    std::printf("    %-28s %-11s union predicted x%.3f of measured\n", trace.c_str(),
+                is_calibration[trace] ? "calibration" : "validation", t.first / t.second);
+    if (is_calibration[trace]) EXPECT_NEAR(t.first / t.second, 1.0, 0.05) << trace;
+  }
+}
+
+}  // namespace
+}  // namespace ctxplan

@@ -37,9 +37,9 @@ double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
   if (k >= candidates) return static_cast<double>(candidates);
   const double f = static_cast<double>(candidates);
   const double t = static_cast<double>(tiles);
-  const double draws = std::clamp(
-      kUnionDrawScale * std::sqrt(t) * std::pow(f / static_cast<double>(k), kUnionDrawExponent),
-      1.0, t);
+  const double draws = std::clamp(kUnionDrawScale * std::pow(t, kUnionTileExponent) *
+                                      std::pow(f / static_cast<double>(k), kUnionDrawExponent),
+                                  1.0, t);
   return f * (1.0 - std::pow(1.0 - static_cast<double>(k) / f, draws));
 }
 
