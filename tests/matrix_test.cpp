@@ -350,18 +350,11 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
       //     stores, no longer queued behind the offload copies (x0.09 before), but the stores
       //     still share PCIe with the copies;
       //   attention_bwd: page-sparse selections at page 96, and Llama-3.2-1B (d_h 64) over pages;
-      //   copy_h2d / copy_d2h at page 64 with offload on the H200 (more, smaller copy runs than
-      //     modelled);
       //   GEMMs and attention on the H100, whose clock the power model predicts within ~10%;
       //   rmsnorm_fwd, launch-bound: the launch cost measured on one lent host, paid on another;
       //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (launches of 3-12 us: rmsnorm
       //     x0.68-1.38, swiglu x1.16; the fixed cost is fitted on larger launches);
-      //   attention_bwd of Llama-3.2-1B 128K k 128 (x1.22 from chunk 5 on, where it turns
-      //     sparse): the backward launches key blocks over the union of the tiles' pages, and on
-      //     the matrix's random tokens the tiles overlap more than independent draws (the model's
-      //     expected union);
-      //   copy_h2d / copy_d2h of Llama-3.2-1B 256K k 16 (x1.31 / x1.19): the same union, 256 GiB
-      //     copied up where the model says 413;
+      //   copy_d2h of Qwen2.5-7B 128K k64 on the H100;
       //   page_score of Llama-3.2-1B (d_h 64, x0.84): its samples are all at d_h 128.
       if (measured < 0.002 * result.measured_step_seconds) continue;
       const double ratio = predicted / measured;

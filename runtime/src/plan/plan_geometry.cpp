@@ -218,7 +218,7 @@ OpCost PlanGeometry::paged_attention_backward_cost(const ChunkGeometry& c) const
   return AttentionBackwardCost(c.pairs_paged, c.tokens, paged_tokens_read(c),
                                model_.num_attention_heads, model_.kv_dim(), model_.head_dim,
                                options_.grad_bytes(), c.sparse, options_.page_tokens,
-                               c.pages_per_tile, c.union_pages);
+                               c.pages_per_tile, c.expected_union_pages);
 }
 
 int64_t PlanGeometry::union_copy_runs(const ChunkGeometry& c, int64_t pages) const {

@@ -43,8 +43,8 @@ struct ChunkGeometry {
   bool sparse = false;         // page selection applies (budget < earlier pages)
   int64_t pages_per_tile = 0;  // earlier pages one query tile attends (sinks included)
   int64_t union_pages = 0;     // U_i: pages any tile attends: what crosses PCIe per layer
-  // What crosses PCIe on average, for time: under the disjoint (worst-case) selection model, the
-  // union of tiles choosing independently at random (memory and slots keep union_pages).
+  // What crosses PCIe and what the backward's key blocks span on average, for time: under the
+  // disjoint selection model, ExpectedUnionPages (memory and slots keep union_pages).
   int64_t expected_union_pages = 0;
   double pairs_own = 0.0;    // causal (query, key) pairs inside the chunk
   double pairs_paged = 0.0;  // (query, key) pairs against earlier pages
