@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/catalog.h"
@@ -50,6 +52,7 @@ KernelProfile TruthProfile() {
   k.memory_efficiency = 0.83;
   k.page_score_fixed_us = 8.0;
   k.page_score_ns_per_tile_page = 0.4;
+  k.page_score_ns_per_tile_element = 1.0;
   k.page_topk_fixed_us = 9.0;
   k.page_topk_ns_per_page = 20;
   k.copy_call_us = 1.5;
@@ -247,6 +250,11 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
   swiglu.sm_clock_mhz = 1980;
   swiglu.watts = 600;
   out.rows.push_back(swiglu);
+  for (const int64_t t : {1024, 16384}) {  // the per-tile cost: chunk sizes apart
+    CalibrationSample score = Row("page_score");
+    score.m = t, score.heads = 28, score.kv_heads = 4, score.head_dim = 128, score.pages = 512;
+    add(score, PageScoreCost(t, 128, 512, 3584, 512));
+  }
   for (const int64_t pages : {512, 2048, 8192}) {
     CalibrationSample score = Row("page_score");
     score.m = 4096, score.heads = 28, score.kv_heads = 4, score.head_dim = 128, score.pages = pages;
@@ -294,6 +302,13 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
         << p;
   }
   EXPECT_NEAR(k.memory_efficiency / truth.memory_efficiency, 1.0, 0.01);
+  // A kernel with samples at several sizes is fitted apart where that explains them better;
+  // here the common pair made them, so any pair of its own is the common one again.
+  if (k.memory_kernel_fixed_us.contains("rmsnorm_fwd")) {
+    EXPECT_NEAR(k.memory_kernel_fixed_us.at("rmsnorm_fwd"), truth.launch_us, 0.051);
+    EXPECT_NEAR(k.memory_kernel_efficiency.at("rmsnorm_fwd") / truth.memory_efficiency, 1.0, 0.01);
+  }
+  EXPECT_NEAR(k.page_score_ns_per_tile_element, truth.page_score_ns_per_tile_element, 0.021);
   EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
   EXPECT_NEAR(k.weights_init_gparams, 0.25, 1e-9);
   EXPECT_NEAR(k.page_topk_ns_per_page / truth.page_topk_ns_per_page, 1.0, 0.02);
@@ -315,6 +330,9 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(loaded.kernels.gemm_tflops / k.gemm_tflops, 1.0, 1e-5);
   EXPECT_NEAR(loaded.kernels.page_bwd_efficiency.at(96) / k.page_bwd_efficiency.at(96), 1.0, 1e-3);
   EXPECT_NEAR(loaded.kernels.lora_efficiency / k.lora_efficiency, 1.0, 1e-3);
+  EXPECT_EQ(loaded.kernels.memory_kernel_fixed_us, k.memory_kernel_fixed_us);
+  EXPECT_NEAR(loaded.kernels.page_score_ns_per_tile_element, k.page_score_ns_per_tile_element,
+              1e-9);
   EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
 }
 
@@ -351,7 +369,53 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.lora_efficiency, b.lora_efficiency));
     EXPECT_TRUE(near(a.page_fwd_efficiency_d64.at(96), b.page_fwd_efficiency_d64.at(96)));
     EXPECT_TRUE(near(committed.host_h2d_gbs.value, fit.gpu.host_h2d_gbs.value));
+    EXPECT_TRUE(near(a.page_score_ns_per_tile_element, b.page_score_ns_per_tile_element));
+    ASSERT_EQ(a.memory_kernel_fixed_us.size(), b.memory_kernel_fixed_us.size());
+    for (const auto& [kernel, fixed] : a.memory_kernel_fixed_us) {
+      EXPECT_TRUE(near(fixed, b.memory_kernel_fixed_us.at(kernel))) << kernel;
+      EXPECT_TRUE(
+          near(a.memory_kernel_efficiency.at(kernel), b.memory_kernel_efficiency.at(kernel)))
+          << kernel;
+    }
   }
+}
+
+// A profile's memory-bound kernel tables name known kernels, each fixed cost with its fraction.
+TEST(Calibration, BadMemoryKernelTablesNameTheKey) {
+  std::string yaml;
+  {
+    std::ifstream in(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+    std::ostringstream text;
+    text << in.rdbuf();
+    yaml = text.str();
+  }
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "ctxplan-bad-memory-kernels.yaml";
+  auto expect_error = [&](const std::string& from, const std::string& to,
+                          const std::vector<std::string>& needles) {
+    std::string text = yaml;
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    {
+      std::ofstream out(path);
+      out << text;
+    }
+    try {
+      LoadGpu(path.string());
+      ADD_FAILURE() << "accepted " << to;
+    } catch (const InputError& e) {
+      for (const std::string& needle : needles)
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("memory_kernel_fixed_us: {adamw:", "memory_kernel_fixed_us: {warp_drive: 1, adamw:",
+               {"memory_kernel_fixed_us.warp_drive", "not a memory-bound kernel", "rmsnorm_fwd"});
+  expect_error("memory_kernel_efficiency: {adamw:", "memory_kernel_efficiency: {adamw: -1, x:",
+               {"memory_kernel_efficiency"});
+  expect_error("memory_kernel_efficiency: {adamw: ", "memory_kernel_efficiency: {zzz_adamw: ",
+               {"memory_kernel_efficiency"});
+  std::filesystem::remove(path);
 }
 
 TEST(Calibration, BadSamplesNameTheFileAndLine) {

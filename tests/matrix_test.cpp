@@ -351,11 +351,12 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
       //     still share PCIe with the copies;
       //   attention_bwd: page-sparse selections at page 96, and Llama-3.2-1B (d_h 64) over pages;
       //   GEMMs and attention on the H100, whose clock the power model predicts within ~10%;
-      //   rmsnorm_fwd, launch-bound: the launch cost measured on one lent host, paid on another;
-      //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (launches of 3-12 us: rmsnorm
-      //     x0.68-1.38, swiglu x1.16; the fixed cost is fitted on larger launches);
-      //   copy_d2h of Qwen2.5-7B 128K k64 on the H100;
-      //   page_score of Llama-3.2-1B (d_h 64, x0.84): its samples are all at d_h 128.
+      //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (launches of 2-8 us): each
+      //     kernel's fixed cost is fitted on its samples' time per call, which holds the gap
+      //     between back-to-back launches that a traced kernel's duration leaves out (RoPE, two
+      //     launches: x1.39), and rmsnorm_fwd x1.19 (the MLP's norm reads what the attention's
+      //     output GEMM just wrote, from L2: 4.5 us where the layer's first norm takes 6.6);
+      //   copy_d2h of Qwen2.5-7B 128K k64 on the H100.
       if (measured < 0.002 * result.measured_step_seconds) continue;
       const double ratio = predicted / measured;
       if (std::abs(ratio - 1.0) <= 0.15) continue;
@@ -366,8 +367,7 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
                          kind == OpKind::kCopyD2H || kind == OpKind::kCopyH2D ||
                          kind == OpKind::kAttentionForward ||
                          kind == OpKind::kLinearBackwardWeight || kind == OpKind::kRmsNormForward ||
-                         kind == OpKind::kRmsNormBackward || kind == OpKind::kSwigluForward ||
-                         kind == OpKind::kPageScore;
+                         kind == OpKind::kRopeForward || kind == OpKind::kRopeBackward;
       EXPECT_TRUE(known) << r.trace << " " << OpKindName(kind) << " x" << ratio;
       EXPECT_GT(ratio, kind == OpKind::kPageTopK ? 0.45 : 0.65)
           << r.trace << " " << OpKindName(kind);
@@ -463,7 +463,9 @@ TEST(Matrix, PageUnionRuleIsTheCalibrationFit) {
   for (const auto& [trace, t] : totals) {
     std::printf("    %-28s %-11s union predicted x%.3f of measured\n", trace.c_str(),
                 is_calibration[trace] ? "calibration" : "validation", t.first / t.second);
-    if (is_calibration[trace]) EXPECT_NEAR(t.first / t.second, 1.0, 0.05) << trace;
+    if (is_calibration[trace]) {
+      EXPECT_NEAR(t.first / t.second, 1.0, 0.05) << trace;
+    }
   }
 }
 

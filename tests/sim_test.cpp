@@ -304,10 +304,18 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
       std::min<double>(static_cast<double>(k.gemm_split_max), std::floor(sms / small_tiles));
   EXPECT_NEAR(TicksToSeconds(model.Duration(small, Phase::kFill)),
               launch + wave_seconds(3584, std::max(1.0, split)), 1e-8);
-  // A memory-bound kernel at the profile's fraction of the measured device-to-device bandwidth.
+  // A memory-bound kernel at the profile's fraction of the measured device-to-device bandwidth;
+  // one the profile measured apart at its own fixed cost and fraction.
+  const double d2d = H200().gpu.d2d_copy_gbs.value * 1e9;
+  const OpCost summary = PageSummaryCost(256, 128, 1024);
+  ASSERT_EQ(summary.shape.memory_kernel, MemoryKernel::kOther);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(summary, Phase::kFill)),
+              launch + summary.bytes / (k.memory_efficiency * d2d), 1e-9);
   const OpCost norm = RmsNormForwardCost(4096, 3584);
+  ASSERT_TRUE(k.memory_kernel_fixed_us.contains("rmsnorm_fwd"));
   EXPECT_NEAR(TicksToSeconds(model.Duration(norm, Phase::kFill)),
-              launch + norm.bytes / (k.memory_efficiency * H200().gpu.d2d_copy_gbs.value * 1e9),
+              k.memory_kernel_fixed_us.at("rmsnorm_fwd") * 1e-6 +
+                  norm.bytes / (k.memory_kernel_efficiency.at("rmsnorm_fwd") * d2d),
               1e-9);
   // A copy alone on the link at its measured rate; in the backward, half the duplex rate; each
   // separate copy call pays its fixed cost.

@@ -1,15 +1,25 @@
 #include "ctxplan/kernels/cost.h"
 
+#include "ctxplan/models/gpu_spec.h"
+
 namespace ctxplan {
 
 namespace {
-OpCost Memory(double bytes, double flops = 0.0) {
-  return OpCost{flops, bytes, RateClass::kMemoryBound, {}};
+OpCost Memory(MemoryKernel kernel, double bytes, double flops = 0.0) {
+  OpCost cost{flops, bytes, RateClass::kMemoryBound, {}};
+  cost.shape.memory_kernel = kernel;
+  return cost;
 }
 double D(int64_t v) {
   return static_cast<double>(v);
 }
 }  // namespace
+
+std::string_view MemoryKernelName(MemoryKernel kernel) {
+  static_assert(kMemoryKernelNames.size() + 1 == static_cast<size_t>(MemoryKernel::kCount_));
+  if (kernel == MemoryKernel::kOther || kernel == MemoryKernel::kCount_) return "";
+  return kMemoryKernelNames[static_cast<size_t>(kernel) - 1];
+}
 
 static KernelShape GemmShape(int64_t rows, int64_t cols, int64_t depth) {
   KernelShape s;
@@ -112,28 +122,32 @@ OpCost LinearBackwardWeightCost(int64_t m, int64_t n, int64_t k, LoraAdapters lo
 }
 
 OpCost EmbeddingForwardCost(int64_t tokens, int64_t hidden) {
-  return Memory(2.0 * D(tokens * hidden) * kBf16Bytes);
+  return Memory(MemoryKernel::kEmbeddingForward, 2.0 * D(tokens * hidden) * kBf16Bytes);
 }
 OpCost EmbeddingBackwardCost(int64_t tokens, int64_t hidden, int64_t grad_bytes) {
-  return Memory(D(tokens * hidden) * (kBf16Bytes + 2.0 * D(grad_bytes)));
+  return Memory(MemoryKernel::kOther, D(tokens * hidden) * (kBf16Bytes + 2.0 * D(grad_bytes)));
 }
 OpCost RmsNormForwardCost(int64_t tokens, int64_t hidden) {
   // Reads x and the residual, writes the sum and the normalised output.
-  return Memory(4.0 * D(tokens * hidden) * kBf16Bytes, 6.0 * D(tokens * hidden));
+  return Memory(MemoryKernel::kRmsNormForward, 4.0 * D(tokens * hidden) * kBf16Bytes,
+                6.0 * D(tokens * hidden));
 }
 OpCost RmsNormBackwardCost(int64_t tokens, int64_t hidden) {
   // Reads x, dy and the residual's gradient, writes dx.
-  return Memory(4.0 * D(tokens * hidden) * kBf16Bytes, 8.0 * D(tokens * hidden));
+  return Memory(MemoryKernel::kRmsNormBackward, 4.0 * D(tokens * hidden) * kBf16Bytes,
+                8.0 * D(tokens * hidden));
 }
 OpCost RopeCost(int64_t tokens, int64_t q_dim, int64_t kv_dim) {
-  return Memory(2.0 * D(tokens * (q_dim + kv_dim)) * kBf16Bytes,
-                3.0 * D(tokens * (q_dim + kv_dim)));
+  OpCost cost = Memory(MemoryKernel::kRope, 2.0 * D(tokens * (q_dim + kv_dim)) * kBf16Bytes,
+                       3.0 * D(tokens * (q_dim + kv_dim)));
+  cost.shape.launches = 2;  // the queries, then the keys
+  return cost;
 }
 OpCost KvWriteCost(int64_t tokens, int64_t kv_dim) {
-  return Memory(2.0 * 2.0 * D(tokens * kv_dim) * kBf16Bytes);
+  return Memory(MemoryKernel::kKvWrite, 2.0 * 2.0 * D(tokens * kv_dim) * kBf16Bytes);
 }
 OpCost PageSummaryCost(int64_t pages, int64_t page_tokens, int64_t kv_dim) {
-  return Memory(D(pages) * D(page_tokens * kv_dim + kv_dim) * kBf16Bytes,
+  return Memory(MemoryKernel::kOther, D(pages) * D(page_tokens * kv_dim + kv_dim) * kBf16Bytes,
                 D(pages) * D(page_tokens * kv_dim));
 }
 OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_t q_dim,
@@ -144,7 +158,8 @@ OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_
   OpCost cost{flops, bytes, RateClass::kPageScore, {}};
   cost.shape.rows = tiles;
   cost.shape.cols = pages;
-  cost.shape.launches = 2;  // the query tiles' sums, then the scores
+  cost.shape.depth = kv_dim;  // a tile's summed query, which every score block loads
+  cost.shape.launches = 2;    // the query tiles' sums, then the scores
   return cost;
 }
 OpCost PageTopKCost(int64_t tiles, int64_t pages) {
@@ -196,13 +211,16 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
                                key_pages)};
 }
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
-  return Memory(3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes), 2.0 * D(tokens * kv_dim));
+  return Memory(MemoryKernel::kDkvAccumulate, 3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes),
+                2.0 * D(tokens * kv_dim));
 }
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate) {
-  return Memory(3.0 * D(tokens * intermediate) * kBf16Bytes, 6.0 * D(tokens * intermediate));
+  return Memory(MemoryKernel::kSwigluForward, 3.0 * D(tokens * intermediate) * kBf16Bytes,
+                6.0 * D(tokens * intermediate));
 }
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate) {
-  return Memory(5.0 * D(tokens * intermediate) * kBf16Bytes, 12.0 * D(tokens * intermediate));
+  return Memory(MemoryKernel::kSwigluBackward, 5.0 * D(tokens * intermediate) * kBf16Bytes,
+                12.0 * D(tokens * intermediate));
 }
 OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bool head_trainable,
                                int64_t grad_bytes) {
@@ -213,12 +231,15 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
   return {flops, bytes, RateClass::kFusedLoss, GemmShape(tokens, vocab, hidden)};
 }
 OpCost ZeroFillCost(int64_t bytes) {
-  return Memory(D(bytes));
+  return Memory(MemoryKernel::kZeroFill, D(bytes));
 }
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host) {
   // Reads parameter, gradient and both fp32 moments; writes parameter and moments.
   double bytes = D(params) * (2.0 * D(param_bytes) + D(grad_bytes) + 4.0 * kFp32Bytes);
-  return {12.0 * D(params), bytes, on_host ? RateClass::kHostCompute : RateClass::kMemoryBound, {}};
+  OpCost cost{
+      12.0 * D(params), bytes, on_host ? RateClass::kHostCompute : RateClass::kMemoryBound, {}};
+  if (!on_host) cost.shape.memory_kernel = MemoryKernel::kAdamW;
+  return cost;
 }
 OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies) {
   OpCost cost{

@@ -457,6 +457,24 @@ std::map<int64_t, double> ReadPageTable(const Fields& f, std::string_view key) {
   return out;
 }
 
+// A memory-bound kernel table: {rmsnorm_fwd: 2.8, ...}, the names of cost.h MemoryKernelName.
+std::map<std::string, double> ReadMemoryKernelTable(const Fields& f, std::string_view key,
+                                                    NumberLimit limit) {
+  constexpr std::string_view kExpected =
+      "a map of memory-bound kernel names (rmsnorm_fwd, rope, ...) to positive numbers";
+  const auto& names = kMemoryKernelNames;
+  const Fields table = f.Map(key, kExpected);
+  std::map<std::string, double> out;
+  for (const std::string& name : table.Keys()) {
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      table.FailKey(name, "not a memory-bound kernel", kExpected);
+    const double value = table.Number(name, limit);
+    if (value <= 0) table.FailKey(name, "not positive", kExpected);
+    out[name] = value;
+  }
+  return out;
+}
+
 KernelProfile ReadKernelProfile(const Fields& f) {
   f.RejectUnknown({"source",
                    "gpu_name",
@@ -491,9 +509,12 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_fwd_page_efficiency",
                    "sparse_bwd_page_efficiency",
                    "memory_efficiency",
+                   "memory_kernel_fixed_us",
+                   "memory_kernel_efficiency",
                    "lora_efficiency",
                    "page_score_fixed_us",
                    "page_score_ns_per_tile_page",
+                   "page_score_ns_per_tile_element",
                    "page_topk_fixed_us",
                    "page_topk_ns_per_page",
                    "copy_call_us",
@@ -557,9 +578,20 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   if (f.Has("sparse_bwd_page_efficiency"))
     k.sparse_bwd_page_efficiency = ReadPageTable(f, "sparse_bwd_page_efficiency");
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
+  if (f.Has("memory_kernel_fixed_us"))
+    k.memory_kernel_fixed_us = ReadMemoryKernelTable(f, "memory_kernel_fixed_us", kFixedCostLimit);
+  if (f.Has("memory_kernel_efficiency"))
+    k.memory_kernel_efficiency =
+        ReadMemoryKernelTable(f, "memory_kernel_efficiency", NumberLimit{2.0});
+  for (const auto& [name, fixed] : k.memory_kernel_fixed_us)
+    if (!k.memory_kernel_efficiency.contains(name))
+      f.FailKey("memory_kernel_efficiency", "has no " + name,
+                "the kernels of memory_kernel_fixed_us, each with its fraction");
   k.lora_efficiency = f.OptionalNumber("lora_efficiency", NumberLimit{2.0}).value_or(1.0);
   k.page_score_fixed_us = f.Number("page_score_fixed_us", kFixedCostLimit);
   k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kFixedCostLimit);
+  k.page_score_ns_per_tile_element =
+      f.OptionalNumber("page_score_ns_per_tile_element", kFixedCostLimit).value_or(0.0);
   k.page_topk_fixed_us = f.Number("page_topk_fixed_us", kFixedCostLimit);
   k.page_topk_ns_per_page = f.Number("page_topk_ns_per_page", kFixedCostLimit);
   k.copy_call_us = f.Number("copy_call_us", kFixedCostLimit);

@@ -38,6 +38,7 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
   k.attention_bwd_tflops_d128 *= compute;
   k.attention_bwd_tflops_d64 *= compute;
   k.page_score_ns_per_tile_page /= memory;
+  // page_score_ns_per_tile_element stays: short blocks waiting on their loads' latency.
   k.page_topk_ns_per_page /= clock;
   if (k.has_power() && target.tdp_w > 0 && sibling.tdp_w > 0) {
     k.power_limit_w = target.tdp_w;

@@ -63,7 +63,11 @@ const std::vector<int64_t> kSummaryPages = {32, 256};
 const std::vector<int64_t> kSummaryPageTokens = {64, 128};
 constexpr Heads kSummaryHeads{0, 8, 128};
 const std::vector<int64_t> kScorePages = {32, 128, 512, 2048, 8192};
-constexpr int64_t kScoreHeadDim64Pages = 512;
+// The query tiles' sums: by chunk size and summed-query width (512: Qwen2.5-7B, Llama-3.2-1B;
+// 1024: Llama-3-8B), at these pages.
+const std::vector<int64_t> kScoreChunkTokens = {1024, 2048, 8192, 16384};
+const std::vector<int64_t> kScoreChunkPages = {32, 512};
+const std::vector<int64_t> kScoreHeadDim64Pages = {32, 512, 2048};
 const std::vector<int64_t> kTopKTiles = {8, 32, 64};
 const std::vector<int64_t> kTopKPages = {64, 256, 1024, 4096, 8192};
 constexpr int64_t kTopKBudgetTiles = 32;
@@ -356,10 +360,15 @@ void MeasureSelect(Session& session) {
     cases.push_back(
         {Describe("page_score", {{"pages", pages}, {"heads", kQwen7b.heads}}),
          [&session, pages] { return PageScoreRow(session, kChunkTokens, kQwen7b, pages); }});
-  cases.push_back(
-      {Describe("page_score", {{"pages", kScoreHeadDim64Pages}, {"heads", 32}}), [&session] {
-         return PageScoreRow(session, kChunkTokens, kHeadDim64, kScoreHeadDim64Pages);
-       }});
+  for (const int64_t pages : kScoreHeadDim64Pages)
+    cases.push_back(
+        {Describe("page_score", {{"pages", pages}, {"heads", kHeadDim64.heads}}),
+         [&session, pages] { return PageScoreRow(session, kChunkTokens, kHeadDim64, pages); }});
+  for (const int64_t t : kScoreChunkTokens)
+    for (const int64_t pages : kScoreChunkPages)
+      for (const Heads h : {kQwen7b, kLlama8b, kHeadDim64})
+        cases.push_back({Describe("page_score", {{"m", t}, {"pages", pages}, {"heads", h.heads}}),
+                         [&session, t, h, pages] { return PageScoreRow(session, t, h, pages); }});
   for (const int64_t tiles : kTopKTiles)
     for (const int64_t pages : kTopKPages)
       cases.push_back(

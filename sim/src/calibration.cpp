@@ -39,6 +39,8 @@ constexpr double kLaunchUsStep = 0.1;
 // A fitted power exponent outside this range is a failed measurement, not physics.
 constexpr double kPowerExponentMin = 1.0, kPowerExponentMax = 4.0;
 constexpr double kPageScoreFixedUsMax = 40.0, kPageScoreFixedUsStep = 0.5;
+constexpr double kMemoryKernelFixedUsMax = 20.0, kMemoryKernelFixedUsStep = 0.1;
+constexpr double kPageScoreNsPerTileElementMax = 2.0, kPageScoreNsPerTileElementStep = 0.02;
 constexpr double kPageTopKFixedUsMax = 40.0, kPageTopKFixedUsStep = 0.5;
 constexpr int kBisections = 40;
 
@@ -130,7 +132,11 @@ SampleCosts CostsOf(const CalibrationSample& s) {
   } else if (s.op == "page_topk") {
     out.costs.push_back(PageTopKCost(s.m, s.pages));
   } else if (IsMemoryOp(s.op)) {
-    out.costs.push_back(OpCost{0.0, s.bytes, RateClass::kMemoryBound, {}});
+    OpCost cost{0.0, s.bytes, RateClass::kMemoryBound, {}};
+    for (int i = 1; i < static_cast<int>(MemoryKernel::kCount_); ++i)
+      if (MemoryKernelName(static_cast<MemoryKernel>(i)) == s.op)
+        cost.shape.memory_kernel = static_cast<MemoryKernel>(i);
+    out.costs.push_back(cost);
   } else if (s.op == "copy_h2d" || s.op == "copy_d2h" || s.op == "copy_batch_h2d" ||
              s.op == "copy_batch_d2h") {
     const int64_t copies = std::max<int64_t>(1, s.copies);
@@ -636,6 +642,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     // kernel's fixed cost inside a stream is less. It and the bandwidth fraction are fitted
     // together on the memory-bound kernels (fixed cost + bytes at the fraction).
     const double launch_rate_us = k.launch_us;
+    k.memory_kernel_fixed_us.clear();
+    k.memory_kernel_efficiency.clear();
     Candidate best;
     for (const double fixed : Grid(launch_rate_us, kLaunchUsStep)) {
       KernelProfile trial = k;
@@ -646,6 +654,27 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       best.Consider(trial, Score(gpu, trial, memory_rows));
     }
     k = best.profile;
+  }
+  // Each kernel with samples at several sizes apart: its own fixed cost and fraction, kept
+  // where they explain its samples better than the common pair.
+  for (const std::string_view name : kMemoryKernelNames) {
+    const auto rows = Op(samples, name);
+    if (rows.size() < 2 || std::all_of(rows.begin(), rows.end(), [&](const auto* s) {
+          return s->bytes == rows.front()->bytes;
+        }))
+      continue;
+    const std::string key(name);
+    Candidate best;
+    for (const double fixed : Grid(kMemoryKernelFixedUsMax, kMemoryKernelFixedUsStep)) {
+      KernelProfile trial = k;
+      trial.memory_kernel_fixed_us[key] = fixed;
+      trial.memory_kernel_efficiency[key] = 1.0;
+      trial.memory_kernel_efficiency[key] = ImpliedMedian(
+          gpu, trial, [&](KernelProfile& p, double x) { p.memory_kernel_efficiency[key] = x; },
+          rows, 0.02, 2.0);
+      best.Consider(trial, Score(gpu, trial, rows));
+    }
+    if (best.score < Score(gpu, k, rows)) k = best.profile;
   }
 
   // --- GEMMs: the tile, split and wave cost that explain them best, and the rate --------------
@@ -793,9 +822,24 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     const auto score =
         Select(samples, [](const CalibrationSample& s) { return s.op == "page_score"; });
     Require(score, "page_score");
-    k = FitFixedAndPerUnit(gpu, k, score, &KernelProfile::page_score_fixed_us,
-                           &KernelProfile::page_score_ns_per_tile_page, kPageScoreFixedUsMax,
-                           kPageScoreFixedUsStep);
+    // The per-tile cost by grid where the samples span chunk sizes, else the memory rate alone.
+    // Their summed queries are all 512 wide (Qwen2.5-7B's 4 x 128, Llama-3.2-1B's 8 x 64):
+    // where the two run alike (ctxplan-measure's select group) the width, not the queries'
+    // bytes (7 : 4), is what the tile's cost goes with.
+    const bool chunk_sizes = std::any_of(score.begin(), score.end(),
+                                         [&](const auto* s) { return s->m != score.front()->m; });
+    Candidate best;
+    for (const double per_tile :
+         chunk_sizes ? Grid(kPageScoreNsPerTileElementMax, kPageScoreNsPerTileElementStep)
+                     : Grid(0, 1)) {
+      KernelProfile trial = k;
+      trial.page_score_ns_per_tile_element = per_tile;
+      trial = FitFixedAndPerUnit(gpu, trial, score, &KernelProfile::page_score_fixed_us,
+                                 &KernelProfile::page_score_ns_per_tile_page, kPageScoreFixedUsMax,
+                                 kPageScoreFixedUsStep);
+      best.Consider(trial, Score(gpu, trial, score));
+    }
+    k = best.profile;
     const auto topk = Op(samples, "page_topk");
     Require(topk, "page_topk");
     k = FitFixedAndPerUnit(gpu, k, topk, &KernelProfile::page_topk_fixed_us,
@@ -924,9 +968,22 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   if (!k.sparse_bwd_page_efficiency.empty())
     o << "  sparse_bwd_page_efficiency: " << table(k.sparse_bwd_page_efficiency) << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";
+  if (!k.memory_kernel_fixed_us.empty()) {
+    auto names = [](const std::map<std::string, double>& m) {
+      std::ostringstream t;
+      t << "{";
+      for (auto it = m.begin(); it != m.end(); ++it)
+        t << (it == m.begin() ? "" : ", ") << it->first << ": " << it->second;
+      t << "}";
+      return t.str();
+    };
+    o << "  memory_kernel_fixed_us: " << names(k.memory_kernel_fixed_us) << "\n";
+    o << "  memory_kernel_efficiency: " << names(k.memory_kernel_efficiency) << "\n";
+  }
   if (k.lora_efficiency != 1.0)  // 1: the samples had no lora group
     o << "  lora_efficiency: " << k.lora_efficiency << "\n";
   o << "  page_score_fixed_us: " << k.page_score_fixed_us << "\n";
+  o << "  page_score_ns_per_tile_element: " << k.page_score_ns_per_tile_element << "\n";
   o << "  page_score_ns_per_tile_page: " << k.page_score_ns_per_tile_page << "\n";
   o << "  page_topk_fixed_us: " << k.page_topk_fixed_us << "\n";
   o << "  page_topk_ns_per_page: " << k.page_topk_ns_per_page << "\n";

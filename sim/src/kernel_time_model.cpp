@@ -74,6 +74,16 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
       std::min({gpu.host_duplex_gbs.value / 2.0, gpu.host_h2d_gbs.value, gpu.host_d2h_gbs.value}) *
       1e9;
   host_bytes_per_second_ = machine.host_memory_gbs * 1e9;
+  for (size_t i = 0; i < memory_kernels_.size(); ++i) {
+    const std::string name(MemoryKernelName(static_cast<MemoryKernel>(i)));
+    const auto fixed = profile_.memory_kernel_fixed_us.find(name);
+    const auto efficiency = profile_.memory_kernel_efficiency.find(name);
+    if (name.empty() || fixed == profile_.memory_kernel_fixed_us.end() ||
+        efficiency == profile_.memory_kernel_efficiency.end() || efficiency->second <= 0)
+      continue;
+    memory_kernels_[i] = {true, fixed->second * 1e-6,
+                          profile_.memory_efficiency / efficiency->second};
+  }
   CTXPLAN_CHECK(profile_.gemm_tflops > 0 && profile_.attention_fwd_tflops_d128 > 0 &&
                     profile_.attention_bwd_tflops_d128 > 0 && hbm_bytes_per_second_ > 0 &&
                     h2d_bytes_per_second_ > 0 && d2h_bytes_per_second_ > 0 &&
@@ -250,14 +260,22 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
                      backward ? k.attention_bwd_w : k.attention_fwd_w);
     }
     case RateClass::kMemoryBound: {
-      OpTime t{launches + memory + side, {}};
-      t.energy.fixed_joules = (memory + side) * k.memory_w;
+      double fixed = launches, seconds = memory + side;
+      if (const MemoryKernelTime& own = memory_kernels_[static_cast<size_t>(s.memory_kernel)];
+          own.measured) {
+        fixed = own.fixed_seconds;
+        seconds *= own.slower;
+      }
+      OpTime t{fixed + seconds, {}};
+      t.energy.fixed_joules = seconds * k.memory_w;
       return t;
     }
     case RateClass::kPageScore: {
       const double per_page = k.page_score_ns_per_tile_page * 1e-9 * static_cast<double>(s.rows) *
                               static_cast<double>(s.cols);
-      return {launches + memory + k.page_score_fixed_us * 1e-6 + per_page, {}};
+      const double tiles = k.page_score_ns_per_tile_element * 1e-9 * static_cast<double>(s.rows) *
+                           static_cast<double>(std::max<int64_t>(1, s.depth));
+      return {launches + std::max(memory, tiles) + k.page_score_fixed_us * 1e-6 + per_page, {}};
     }
     case RateClass::kPageTopK: {
       // One block a query tile walks every candidate page; more tiles than SMs take more waves.

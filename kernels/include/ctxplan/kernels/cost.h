@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace ctxplan {
 
@@ -28,6 +29,25 @@ enum class RateClass : uint8_t {
   kNone,                     // bookkeeping, no duration
 };
 
+// Which memory-bound kernel an op runs (kOther: one the profile times by the common rate). A
+// profile may time each from its own samples, a fixed cost and a rate (KernelProfile); the
+// names are ctxplan-measure's sample names.
+enum class MemoryKernel : uint8_t {
+  kOther,
+  kEmbeddingForward,
+  kRmsNormForward,
+  kRmsNormBackward,
+  kRope,
+  kKvWrite,
+  kDkvAccumulate,
+  kSwigluForward,
+  kSwigluBackward,
+  kZeroFill,
+  kAdamW,
+  kCount_
+};
+std::string_view MemoryKernelName(MemoryKernel kernel);  // "" for kOther
+
 // The launch behind an op, as the kernel-time model needs it beyond FLOPs and bytes: a GEMM's
 // output grid decides its tile and wave quantisation, an attention launch's page size, head dim
 // and pages per query tile decide which kernel path runs and how full its blocks are, a page copy
@@ -46,7 +66,8 @@ struct KernelShape {
   int64_t tile_pages = 0;
   int64_t key_pages = 0;
   bool merged = false;
-  // Page score and top-k: query tiles (rows) and candidate pages (cols).
+  // Page score and top-k: query tiles (rows) and candidate pages (cols); the score's summed
+  // query width (depth: KV heads x head dim).
   // Launches (kernels or cudaMemcpyAsync calls) the op makes: LoRA's adapter GEMMs, a page
   // copy's runs of pages. Each pays the per-launch cost.
   int32_t launches = 1;
@@ -56,6 +77,8 @@ struct KernelShape {
   // HBM traffic of the LoRA adapters' thin GEMMs after the op's own (LoraAdapters), timed at
   // the profile's lora_efficiency of the memory-bound rate.
   double lora_bytes = 0.0;
+  // Memory-bound ops: the kernel.
+  MemoryKernel memory_kernel = MemoryKernel::kOther;
   // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
   bool accumulates = false;
   int32_t out_bytes = 2;

@@ -1,9 +1,11 @@
 // A GPU and its host link, from datasheets, with measured values where we have them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace ctxplan {
 
@@ -65,13 +67,21 @@ struct KernelProfile {
   std::map<int64_t, double> sparse_fwd_page_efficiency, sparse_bwd_page_efficiency;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
+  // The memory-bound kernels measured apart (cost.h MemoryKernelName -> value): each one's fixed
+  // cost in place of launch_us (an RMSNorm backward reduces its weight gradient's partials after
+  // its rows: 6.8 us where a launch is 3.8 on the H200) and its fraction of the device copy
+  // bandwidth. A kernel not listed: launch_us and memory_efficiency.
+  std::map<std::string, double> memory_kernel_fixed_us, memory_kernel_efficiency;
   // LoRA adapters' thin GEMMs (cuBLASLt, rank-wide): fraction of the memory-bound rate their
   // traffic reaches (kernels/cost.h LoraAdapters). 1 where a profile has not measured them.
   double lora_efficiency = 1;
-  // Page selection: scoring reads the queries (memory-bound), pays a fixed cost and a cost per
-  // candidate page and query tile; top-k per candidate page (one block a tile: tiles beyond the
-  // SMs take another wave).
+  // Page selection: scoring pays a fixed cost, a cost per query tile and element of its summed
+  // query (KV heads x head dim: short blocks sum it in partials and every score block loads
+  // them; the loads' latency, not the queries' bytes, sets the time, at least the queries' read
+  // at the memory-bound rate) and a cost per candidate page and query tile; top-k per candidate
+  // page (one block a tile: tiles beyond the SMs take another wave).
   double page_score_fixed_us = 0;
+  double page_score_ns_per_tile_element = 0;  // 0: the queries' read at the memory rate alone
   double page_score_ns_per_tile_page = 0;
   double page_topk_fixed_us = 0;  // the selections' read-back to the host and its stream sync
   double page_topk_ns_per_page = 0;
@@ -106,6 +116,12 @@ struct KernelProfile {
   }
   bool has_power() const { return power_limit_w > 0 && max_sm_clock_mhz > 0 && gemm_w > 0; }
 };
+
+// The memory-bound kernels a profile may time apart (ctxplan-measure's sample names), in the
+// order of kernels/cost.h's MemoryKernel after kOther.
+inline constexpr std::array<std::string_view, 10> kMemoryKernelNames = {
+    "embedding_fwd",  "rmsnorm_fwd", "rmsnorm_bwd", "rope",      "kv_write",
+    "dkv_accumulate", "swiglu_fwd",  "swiglu_bwd",  "zero_fill", "adamw"};
 
 struct GpuSpec {
   std::string name;          // catalogue name ("h200")

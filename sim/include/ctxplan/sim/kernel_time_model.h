@@ -18,7 +18,8 @@
 //                 fast path runs another kernel path), x the sparse fraction; the tail of the
 //                 launch's longest item. A chunk's own part merged into its paged launch pays
 //                 no tail of its own.
-//   memory-bound  bytes at memory_efficiency of the device copy bandwidth
+//   memory-bound  bytes at memory_efficiency of the device copy bandwidth; the kernels measured
+//                 apart at their own fixed cost and fraction
 //   page score    the queries read at the memory rate, a fixed cost, tiles x pages x a cost
 //   page top-k    pages x page_topk_ns_per_page per wave of query tiles (one SM a tile), plus
 //                 the selections' read-back to the host (a stream sync)
@@ -30,6 +31,7 @@
 // clock_model.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "ctxplan/kernels/cost.h"
@@ -95,6 +97,13 @@ class KernelTimeModel {
   double d2h_bytes_per_second_ = 0;
   double duplex_bytes_per_second_ = 0;  // per direction while both run
   double host_bytes_per_second_ = 0;
+  // The memory-bound kernels the profile measured apart, by MemoryKernel: their fixed cost and
+  // their time over the common rate's.
+  struct MemoryKernelTime {
+    bool measured = false;
+    double fixed_seconds = 0, slower = 1;
+  };
+  std::array<MemoryKernelTime, static_cast<size_t>(MemoryKernel::kCount_)> memory_kernels_{};
 };
 
 }  // namespace ctxplan::sim
