@@ -174,6 +174,13 @@ const std::vector<BadInputCase>& BadInputCases() {
       {"MachineYamlUnknownKey",
        {"max-context", "--machine", "@DIR@/machine.yaml"},
        {"machine.yaml", "'fans'", "unknown key", "host_ram_gib"}},
+      // The GPU tier of the page store.
+      {"GpuTierNotASetting",
+       {"plan", "--gpu-tier", "most"},
+       {"--gpu-tier", "'most' is not a setting", "accepted: off, auto or a size"}},
+      {"GpuTierMarginNotASize",
+       {"max-context", "--gpu-tier", "auto", "--gpu-tier-margin", "lots"},
+       {"--gpu-tier-margin"}},
       {"MachineAndGpuTogether",
        {"plan", "--machine", "h200-125g", "--gpu", "h200"},
        {"--machine and --gpu", "accepted: --machine PRESET, or --gpu GPU"}},

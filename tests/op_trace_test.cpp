@@ -195,6 +195,13 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
   old = trace.metadata;
   old.erase("chunk_tokens");
   EXPECT_THROW(RunOptionsFromMetadata(old, "t"), InputError);
+  // A GPU tier travels with the options; a trace without one reads as none.
+  EXPECT_EQ(RunOptionsFromMetadata(trace.metadata, "t").gpu_tier_pages, 0);
+  RunOptions tiered = options;
+  tiered.gpu_tier_pages = 37;
+  RunMetadata with_tier;
+  AddRunOptions(tiered, with_tier);
+  EXPECT_EQ(RunOptionsFromMetadata(with_tier, "t").gpu_tier_pages, 37);
 }
 
 }  // namespace

@@ -253,6 +253,59 @@ TEST(StepPlan, DenseOffloadCopiesEveryEarlierPage) {
   EXPECT_DOUBLE_EQ(walk.d2h_bytes, (n - c) * kv_token + earlier_tokens_bwd * kv_token);
 }
 
+// The GPU tier keeps pages [0, G) of every layer on the GPU: only the host tier's pages cross.
+// Dense, 32K in chunks of 4096 (8 chunks of 32 pages), G = 64 pages = the first two chunks'.
+TEST(StepPlan, DenseGpuTierCopiesOnlyTheHostPages) {
+  RunOptions o = Options(32 * 1024, RunOptions::kAllPages, true);
+  o.gpu_tier_pages = 64;
+  const PlanWalk walk = Walk(StepPlan(Qwen7B(), o));
+  const double kv_token = 57344.0;  // all layers
+  // Earlier positions in the host tier, chunk i: max(0, 4096 i - 8192).
+  const double host_earlier_fill = 0 + 0 + 0 + 4096 + 8192 + 12288 + 16384;  // chunks 0..6
+  const double host_earlier_all = host_earlier_fill + 20480;                 // chunks 0..7
+  const double own_host = 5 * 4096.0;  // chunks 2..6 write host pages (the last writes none)
+  // Fill: KV in, own KV out; recompute: KV in; backward: KV, pretouched dKV (all but the last
+  // chunk) and own dKV in, dKV out.
+  EXPECT_DOUBLE_EQ(walk.h2d_bytes, (host_earlier_fill + host_earlier_all + host_earlier_all +
+                                    host_earlier_fill + own_host) *
+                                       kv_token);
+  EXPECT_DOUBLE_EQ(walk.d2h_bytes, (own_host + host_earlier_all) * kv_token);
+}
+
+TEST(StepPlan, GpuTierHoldingEveryPageMovesNothing) {
+  for (int64_t budget : {int64_t{16}, RunOptions::kAllPages}) {
+    RunOptions o = Options(64 * 1024, budget, true);
+    o.gpu_tier_pages = 512;  // every page of 64K at page 128
+    const PlanGeometry g(Qwen7B(), o);
+    const PlanWalk walk = Walk(StepPlan(Qwen7B(), o));
+    EXPECT_EQ(walk.h2d_bytes, 0.0) << budget;
+    EXPECT_EQ(walk.d2h_bytes, 0.0) << budget;
+    // Nothing lives on the host, the tier lives on the GPU to the step's end.
+    EXPECT_EQ(walk.live.count({MemSpace::kHost, MemCategory::kKvPages}), 0u);
+    EXPECT_EQ(walk.live.count({MemSpace::kHost, MemCategory::kDkvPages}), 0u);
+    const int64_t layers = Qwen7B().num_hidden_layers;
+    EXPECT_EQ((walk.live.at({MemSpace::kGpu, MemCategory::kKvPages})),
+              512 * layers * g.kv_page_bytes());
+    EXPECT_EQ((walk.live.at({MemSpace::kGpu, MemCategory::kDkvPages})),
+              512 * layers * g.dkv_page_bytes());
+    // The slots stage no union: only the own pages' slots remain.
+    EXPECT_EQ(g.max_host_union_pages(), 0);
+  }
+}
+
+// Part of the context in the GPU tier: the host's pages die with their chunks, as without one.
+TEST(StepPlan, GpuTierHostPagesDieWithTheirChunks) {
+  for (int64_t budget : {int64_t{16}, RunOptions::kAllPages}) {
+    RunOptions o = Options(100'000, budget, true);
+    o.gpu_tier_pages = 300;
+    const PlanWalk walk = Walk(StepPlan(Qwen7B(), o));
+    for (const auto& [key, bytes] : walk.live)
+      if (key.first == MemSpace::kHost) {
+        EXPECT_EQ(bytes, 0) << MemCategoryName(key.second) << " budget " << budget;
+      }
+  }
+}
+
 TEST(StepPlan, AttentionFlopsFollowDesignFormula) {
   // DESIGN.md: attention FLOPs per step with recompute ~ 9 A n^2 dense, A = L H_q d_h
   // (fill 2, recompute 2, backward 5, each A n^2 for causal attention over n).

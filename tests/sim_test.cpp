@@ -14,6 +14,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
+#include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/kernel_time_model.h"
 
 namespace ctxplan::sim {
@@ -65,6 +66,7 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     std::string grad;
     int64_t lora;
     bool keep = false;
+    int64_t gpu_tier = 0;  // pages
   };
   std::vector<Case> grid;
   for (const std::string model : {"qwen2.5-7b", "qwen2.5-0.5b", "llama-3.1-8b"})
@@ -89,6 +91,11 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
       for (bool offload : {true, false})
         grid.push_back({"qwen2.5-7b", context, 4096, 128, budget, offload, "disjoint", "adamw-gpu",
                         "bf16", 0, true});
+  // A GPU tier of the page store: none of the context, part of it, all of it, more.
+  for (int64_t tier : {int64_t{10}, int64_t{200}, int64_t{1000}, int64_t{5000}})
+    for (int64_t budget : {int64_t{16}, RunOptions::kAllPages})
+      grid.push_back({"qwen2.5-7b", 150'000, 4096, 128, budget, true, "disjoint", "adamw-gpu",
+                      "bf16", 0, false, tier});
   ASSERT_GE(grid.size(), 200u);
 
   const KernelTimeModel time_model(H200());
@@ -103,12 +110,14 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     o.grad_dtype = ParseGradDtype(c.grad, "test");
     o.lora_rank = c.lora;
     o.keep_layer_inputs = c.keep;
+    o.gpu_tier_pages = c.gpu_tier;
     const Both both = PredictBoth(Model(c.model), H200(), o);
-    const std::string where =
-        c.model + " n=" + std::to_string(c.context) + " c=" + std::to_string(c.chunk) +
-        " p=" + std::to_string(c.page) + " k=" + std::to_string(c.budget) +
-        " offload=" + std::to_string(c.offload) + " " + c.selection + " " + c.optimizer + " " +
-        c.grad + " lora=" + std::to_string(c.lora) + (c.keep ? " keep" : "");
+    const std::string where = c.model + " n=" + std::to_string(c.context) +
+                              " c=" + std::to_string(c.chunk) + " p=" + std::to_string(c.page) +
+                              " k=" + std::to_string(c.budget) +
+                              " offload=" + std::to_string(c.offload) + " " + c.selection + " " +
+                              c.optimizer + " " + c.grad + " lora=" + std::to_string(c.lora) +
+                              (c.keep ? " keep" : "") + " tier=" + std::to_string(c.gpu_tier);
     EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;
@@ -261,6 +270,56 @@ TEST(Capacity, GpuSlopeAndMaxContextOnTheTestMachines) {
   EXPECT_GT(large.max_context_tokens, 3'500'000);
   EXPECT_LT(large.max_context_tokens, 5'500'000);
   EXPECT_LT(small.probes, 64);
+}
+
+// Issue 12: a GPU tier sized to what the plan leaves free holds the earliest pages, so GPU and
+// host hold the context together. auto fills the device to its margin; a size holds its whole
+// pages; the max context grows with the tier (Qwen2.5-7B, H200 with 125 GiB host RAM).
+TEST(Capacity, GpuTierHoldsPagesBesideTheHost) {
+  const ModelSpec& model = Model("qwen2.5-7b");
+  RunOptions o;  // offload on, k = 64, AdamW on the GPU
+  o.context_tokens = 1 << 20;
+  GpuTierSetting automatic;
+  automatic.kind = GpuTierSetting::Kind::kAuto;
+  const RunOptions tiered = WithGpuTier(model, H200(), o, automatic);
+  const PlanGeometry g(model, tiered);
+  EXPECT_GT(tiered.gpu_tier_pages, 0);
+  EXPECT_LT(tiered.gpu_tier_pages, g.total_pages());
+  StepPrediction memory;
+  const MemoryPrediction m = AnalyticModel::PredictMemory(g);
+  memory.gpu = m.gpu;
+  memory.host = m.host;
+  const PlanReport report = MakeReport(g, H200(), memory);
+  EXPECT_TRUE(report.fits());
+  // Within the margin (2 GiB) and one tier page of the device's memory.
+  const int64_t tier_page = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
+  EXPECT_LE(report.gpu_memory.device, report.gpu_capacity - automatic.margin_bytes + tier_page);
+  EXPECT_GT(report.gpu_memory.device,
+            report.gpu_capacity - automatic.margin_bytes - 3 * tier_page -
+                2 * g.max_union_pages() * tier_page);  // less at most the slots it saved
+
+  GpuTierSetting sized;
+  sized.kind = GpuTierSetting::Kind::kSize;
+  sized.size_bytes = 10 * tier_page + tier_page / 2;
+  EXPECT_EQ(WithGpuTier(model, H200(), o, sized).gpu_tier_pages, 10);
+  sized.size_bytes = int64_t{1} << 50;  // more than the context has
+  EXPECT_EQ(WithGpuTier(model, H200(), o, sized).gpu_tier_pages, g.total_pages());
+  RunOptions no_offload = o;
+  no_offload.offload = false;
+  EXPECT_EQ(WithGpuTier(model, H200(), no_offload, automatic).gpu_tier_pages, 0);
+
+  const CapacityResult off = FindMaxContext(model, H200(), o);
+  const CapacityResult with_tier = FindMaxContext(model, H200(), o, automatic);
+  EXPECT_EQ(with_tier.limit, CapacityLimit::kHostMemory);
+  EXPECT_GT(with_tier.max_context_tokens, off.max_context_tokens + 300'000);
+  EXPECT_TRUE(with_tier.at_max.fits());
+  // The traffic the tier keeps off PCIe: at 1M, less than half the H2D bytes of no tier.
+  const KernelTimeModel time_model(H200());
+  const AnalyticModel analytic(time_model);
+  const StepPrediction without = analytic.Predict(PlanGeometry(model, o));
+  const StepPrediction with = analytic.Predict(g);
+  EXPECT_LT(with.h2d_bytes, 0.5 * without.h2d_bytes);
+  EXPECT_LT(with.step_seconds(), without.step_seconds());
 }
 
 TEST(Capacity, GpuBindsWithoutOffload) {

@@ -355,6 +355,10 @@ int Main(int argc, char** argv) {
   const bool cuda = f.backend == "cuda";
   const ModelSpec model = ResolveModel(f.run);
   const RunOptions options = ResolveOptions(f.run, model, /*with_context=*/true);
+  if (f.run.gpu_tier != "off")
+    throw InputError("--gpu-tier: '" + f.run.gpu_tier +
+                     "': ctxtrain's backends keep every offloaded page on the host for now (the "
+                     "planner predicts a GPU tier: ctxplan plan --gpu-tier); accepted: off");
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
   // The machine the run is planned for (default h200-125g): the CUDA check below asks the

@@ -45,6 +45,13 @@ void AddRunFlags(CLI::App& app, RunFlags& f, bool with_context, bool lists) {
                  "keep every chunk's layer inputs from the fill instead of recomputing them: "
                  "on|off (one forward less, O(n) GPU memory)")
       ->capture_default_str();
+  app.add_option("--gpu-tier", f.gpu_tier,
+                 "with offload, keep the earliest pages' KV and dKV in GPU memory: off | auto "
+                 "(what the plan leaves free) | a size, e.g. 40GiB")
+      ->capture_default_str();
+  app.add_option("--gpu-tier-margin", f.gpu_tier_margin,
+                 "device memory --gpu-tier auto leaves free beside the tier")
+      ->capture_default_str();
 }
 
 int64_t ParseNonNegative(const std::string& text, const std::string& flag) {
@@ -162,6 +169,8 @@ std::string DescribeOptions(const RunOptions& o) {
                        FormatCount(o.sink_pages) + " sink, query tile " +
                        FormatCount(o.query_tile) + ", selection " + SelectionModelName(o.selection);
   s += std::string(", offload ") + (o.offload ? "on" : "off");
+  if (o.offload && o.gpu_tier_pages > 0)
+    s += " (GPU tier " + FormatCount(o.gpu_tier_pages) + " pages a layer)";
   s += ", grads " + std::string(GradDtypeName(o.grad_dtype));
   s += ", optimizer " + std::string(OptimizerName(o.optimizer));
   s += o.lora_rank > 0 ? ", LoRA rank " + std::to_string(o.lora_rank) : ", full fine-tune";

@@ -30,6 +30,10 @@ struct RunFlags {
   std::string lora_rank = "0";
   std::string selection = "disjoint";
   std::string keep_layer_inputs = "off";
+  // The GPU tier of the page store (with offload): off | auto | a size; resolved against the
+  // machine by the planner (sim/gpu_tier.h), not by ResolveOptions.
+  std::string gpu_tier = "off";
+  std::string gpu_tier_margin = "2GiB";
 };
 
 // `with_context`: max-context searches the context itself. `lists`: sweep takes comma lists.

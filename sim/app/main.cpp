@@ -30,6 +30,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
+#include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/timeline_writer.h"
 #include "ctxplan/sim/trace_recorder.h"
@@ -43,6 +44,15 @@
 
 namespace ctxplan::cli {
 namespace {
+
+// The run options of the flags with the GPU tier sized for the machine (sim/gpu_tier.h).
+sim::GpuTierSetting GpuTierOf(const RunFlags& f) {
+  return sim::ParseGpuTierSetting(f.gpu_tier, f.gpu_tier_margin, "--gpu-tier");
+}
+RunOptions ResolveWithTier(const RunFlags& f, const ModelSpec& model, const MachineSpec& machine,
+                           bool with_context) {
+  return sim::WithGpuTier(model, machine, ResolveOptions(f, model, with_context), GpuTierOf(f));
+}
 
 struct OutputFlags {
   bool json = false;
@@ -132,7 +142,7 @@ struct PlanFlags {
 int RunPlan(const PlanFlags& f) {
   const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
-  const RunOptions options = ResolveOptions(f.run, model, true);
+  const RunOptions options = ResolveWithTier(f.run, model, machine, true);
   if (f.path != "event" && f.path != "analytic")
     throw InputError("--path: '" + f.path + "' is not a path; accepted: event, analytic");
   if (f.price && !(*f.price >= 0.0 && *f.price < 1e9)) {
@@ -171,23 +181,31 @@ int RunMaxContext(const CapacityFlags& f) {
   const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions options = ResolveOptions(f.run, model, false);
-  const sim::CapacityResult result = sim::FindMaxContext(model, machine, options);
+  const sim::GpuTierSetting tier = GpuTierOf(f.run);
+  const sim::CapacityResult result = sim::FindMaxContext(model, machine, options, tier);
+
+  RunOptions at_max = options;
+  at_max.context_tokens = std::max<int64_t>(result.max_context_tokens, 1);
+  at_max = sim::WithGpuTier(model, machine, at_max, tier);
 
   // The GPU-memory slope over the upper half of the reachable range: what one more token costs
-  // on the GPU once the fixed buffers are paid.
+  // on the GPU once the fixed buffers are paid. With a GPU tier, the tier of the maximum held
+  // fixed and only beyond the context that fills it.
   double slope = 0.0;
   int64_t from = 0, to = 0;
   if (result.max_context_tokens >= 2 * options.chunk_tokens) {
     to = result.max_context_tokens;
-    from = to / 2;
-    RunOptions lower = options;
-    lower.context_tokens = from;
-    const auto low = sim::AnalyticModel::PredictMemory(PlanGeometry(model, lower));
-    slope = static_cast<double>(result.at_max.gpu_memory.allocated - low.gpu.peak_bytes) /
-            static_cast<double>(to - from) * 10000.0 / 1e6;
+    from = std::max(to / 2, at_max.offload ? at_max.gpu_tier_pages * at_max.page_tokens : 0);
+    if (from < to - options.chunk_tokens) {
+      RunOptions lower = at_max;
+      lower.context_tokens = from;
+      const auto low = sim::AnalyticModel::PredictMemory(PlanGeometry(model, lower));
+      slope = static_cast<double>(result.at_max.gpu_memory.allocated - low.gpu.peak_bytes) /
+              static_cast<double>(to - from) * 10000.0 / 1e6;
+    } else {
+      from = to = 0;  // the tier fills near the maximum: no range to measure over
+    }
   }
-  RunOptions at_max = options;
-  at_max.context_tokens = std::max<int64_t>(result.max_context_tokens, 1);
   const PlanContext context{model, machine, at_max, "analytic"};
   if (f.out.json) {
     JsonOut json;
@@ -239,7 +257,7 @@ int RunSweep(SweepFlags f) {
   while (true) {
     RunFlags one = f.run;
     for (size_t a = 0; a < axes.size(); ++a) one.*(axes[a].field) = axes[a].values[index[a]];
-    grid.push_back(ResolveOptions(one, model, true));
+    grid.push_back(ResolveWithTier(one, model, machine, true));
     size_t a = 0;
     while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;
     if (a == axes.size()) break;
@@ -336,7 +354,7 @@ int RunCompactTimeline(const TimelineFlags& f, const ModelSpec& model, const Mac
 int RunTimeline(const TimelineFlags& f) {
   const ModelSpec model = ResolveModel(f.run);
   const MachineSpec machine = ResolveMachine(f.run);
-  const RunOptions options = ResolveOptions(f.run, model, true);
+  const RunOptions options = ResolveWithTier(f.run, model, machine, true);
   if (f.format == "ctxtrace") return RunCompactTimeline(f, model, machine, options);
   if (f.format != "chrome")
     throw InputError("--format: '" + f.format +

@@ -1,8 +1,10 @@
 #include "report_format.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "ctxplan/models/units.h"
+#include "ctxplan/runtime/plan_geometry.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "run_flags.h"
 
@@ -61,6 +63,19 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
     name.resize(16, ' ');
     s += "  " + name + Gib(bytes) + "\n";
   }
+  if (c.options.offload) {
+    // The page store's two tiers: the GPU tier's pages never cross PCIe.
+    const PlanGeometry g(c.model, c.options);
+    const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
+    const int64_t page_bytes = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
+    s += "Page store: GPU tier " + FormatGiB(tier * page_bytes) + " (the first " +
+         FormatCount(tier) + " of " + FormatCount(g.total_pages()) +
+         " pages a layer, KV and dKV), " + "host tier up to " +
+         FormatGiB((g.total_pages() - tier) * page_bytes) +
+         "; over PCIe: GPU tier 0, host tier H2D " +
+         FormatGiB(static_cast<int64_t>(r.prediction.h2d_bytes)) + ", D2H " +
+         FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
+  }
   s += "\nStep " + Printf("%.3f s", r.prediction.step_seconds()) + ", " +
        Printf("%.0f tokens/s", r.tokens_per_second) + ", " +
        Printf("%.0f TFLOP/s achieved", r.achieved_tflops) + "\n";
@@ -113,6 +128,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("sink_pages", o.sink_pages)
       .Field("query_tile", o.query_tile)
       .Field("offload", o.offload)
+      .Field("gpu_tier_pages", o.offload ? o.gpu_tier_pages : 0)
       .Field("grad_dtype", GradDtypeName(o.grad_dtype))
       .Field("optimizer", OptimizerName(o.optimizer))
       .Field("lora_rank", o.lora_rank)
@@ -138,6 +154,19 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
   for (int i = 0; i < kMemCategoryCount; ++i)
     j.Field(MemCategoryName(static_cast<MemCategory>(i)), r.prediction.host.at_peak[i]);
   j.EndObject().EndObject();
+  if (o.offload) {
+    const PlanGeometry g(c.model, o);
+    const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
+    const int64_t page_bytes = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
+    j.BeginObject("page_store")
+        .Field("pages_per_layer", g.total_pages())
+        .Field("gpu_tier_pages_per_layer", tier)
+        .Field("gpu_tier_bytes", tier * page_bytes)
+        .Field("host_tier_max_bytes", (g.total_pages() - tier) * page_bytes)
+        .Field("host_tier_h2d_bytes", r.prediction.h2d_bytes)
+        .Field("host_tier_d2h_bytes", r.prediction.d2h_bytes)
+        .EndObject();
+  }
   j.BeginObject("step")
       .Field("seconds", r.prediction.step_seconds())
       .Field("tokens_per_second", r.tokens_per_second)

@@ -70,7 +70,7 @@ struct ForwardLayer {
   Segment pre, kv_write, summary, select, attn_own, attn_paged, post;
   Tick h2d = 0, d2h = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
-  bool paged = false, copy_in = false, sparse = false, fill = false;
+  bool paged = false, copy_in = false, copy_out = false, sparse = false, fill = false;
 
   void Slow(double slower) {
     for (Segment* s : {&pre, &kv_write, &summary, &select, &attn_own, &attn_paged, &post})
@@ -82,7 +82,7 @@ struct BackwardLayer {
   Segment zero, before_attention, attn_own, attn_paged, dkv_accumulate, after;
   Tick h2d = 0, d2h = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
-  bool paged = false, copy_in = false, own_dkv = false;
+  bool paged = false, copy_in = false, copy_out = false, own_dkv = false;
 
   void Slow(double slower) {
     for (Segment* s : {&zero, &before_attention, &attn_own, &attn_paged, &dkv_accumulate, &after})
@@ -122,7 +122,9 @@ class TimeRecurrence {
     ForwardLayer f;
     f.fill = phase == Phase::kFill && g_.writes_pages(c.index);
     f.paged = c.earlier_pages > 0;
-    f.copy_in = o_.offload && f.paged;
+    // With offload, what the host tier holds crosses PCIe (the GPU tier's pages stay).
+    f.copy_in = o_.offload && c.host_union_pages > 0;
+    f.copy_out = f.fill && o_.offload && c.own_host_pages > 0;
     f.sparse = c.sparse;
     // The projections, norms and MLP depend on the chunk's tokens alone: timed once per size.
     const bool same_tokens = t == forward_cache_.tokens;
@@ -154,13 +156,13 @@ class TimeRecurrence {
       forward_cache_ = {t, f.pre, f.post};
     }
     if (f.copy_in) {
-      const OpCost copy = CopyCost(c.expected_union_pages * g_.kv_page_bytes(), true,
-                                   g_.union_copy_runs(c, c.expected_union_pages));
+      const OpCost copy = CopyCost(c.expected_host_union_pages * g_.kv_page_bytes(), true,
+                                   g_.union_copy_runs(c, c.expected_host_union_pages));
       f.h2d = model_.Duration(copy, phase);
       f.h2d_bytes = copy.bytes;
     }
-    if (f.fill && o_.offload) {
-      const OpCost copy = CopyCost(c.own_pages * g_.kv_page_bytes(), false);
+    if (f.copy_out) {
+      const OpCost copy = CopyCost(c.own_host_pages * g_.kv_page_bytes(), false);
       f.d2h = model_.Duration(copy, phase);
       f.d2h_bytes = copy.bytes;
     }
@@ -174,7 +176,9 @@ class TimeRecurrence {
     BackwardLayer b;
     b.paged = c.earlier_pages > 0;
     b.own_dkv = dkv.own_touched > 0;
-    b.copy_in = o_.offload && (b.paged || b.own_dkv);
+    const int64_t pretouched = dkv.pretouched_host_union, own_touched = dkv.own_touched_host;
+    b.copy_in = o_.offload && c.host_union_pages + pretouched + own_touched > 0;
+    b.copy_out = o_.offload && c.host_union_pages > 0;
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
     Segment& pre = b.before_attention;
@@ -210,17 +214,17 @@ class TimeRecurrence {
     if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     if (b.copy_in) {
       const OpCost copy =
-          CopyCost(c.expected_union_pages * g_.kv_page_bytes() +
-                       (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes(),
+          CopyCost(c.expected_host_union_pages * g_.kv_page_bytes() +
+                       (pretouched + own_touched) * g_.dkv_page_bytes(),
                    true,
-                   g_.union_copy_runs(c, c.expected_union_pages) +
-                       g_.union_copy_runs(c, dkv.pretouched_union) + (dkv.own_touched > 0 ? 1 : 0));
+                   g_.union_copy_runs(c, c.expected_host_union_pages) +
+                       g_.union_copy_runs(c, pretouched) + (own_touched > 0 ? 1 : 0));
       b.h2d = model_.Duration(copy, Phase::kBackward);
       b.h2d_bytes = copy.bytes;
     }
-    if (o_.offload && b.paged) {
-      const OpCost copy = CopyCost(c.expected_union_pages * g_.dkv_page_bytes(), false,
-                                   g_.union_copy_runs(c, c.expected_union_pages));
+    if (b.copy_out) {
+      const OpCost copy = CopyCost(c.expected_host_union_pages * g_.dkv_page_bytes(), false,
+                                   g_.union_copy_runs(c, c.expected_host_union_pages));
       b.d2h = model_.Duration(copy, Phase::kBackward);
       b.d2h_bytes = copy.bytes;
     }
@@ -238,7 +242,7 @@ class TimeRecurrence {
 
   // Runs the layers of one forward pass over a chunk.
   void RunForward(const ForwardLayer& f) {
-    RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.fill && o_.offload));
+    RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.copy_out));
     const int64_t layers = m_.num_hidden_layers;
     const Tick compute = f.pre.ticks + f.kv_write.ticks + f.summary.ticks + f.select.ticks +
                          f.attn_own.ticks + f.attn_paged.ticks + f.post.ticks;
@@ -363,7 +367,7 @@ class TimeRecurrence {
     int own_parity = 0;
     if (f.fill) {
       own_parity = static_cast<int>(k.own_uses++ & 1);
-      if (o_.offload) k.compute() = std::max(k.compute(), k.own_release(own_parity));
+      if (f.copy_out) k.compute() = std::max(k.compute(), k.own_release(own_parity));
       k.compute() += f.kv_write.ticks;
       kv_write_end = k.compute();
       k.compute() += f.summary.ticks;
@@ -383,7 +387,7 @@ class TimeRecurrence {
       if (f.copy_in) k.slot_release(parity) = k.compute();
     }
     k.compute() += f.post.ticks;
-    if (f.fill && o_.offload) {
+    if (f.copy_out) {
       k.d2h() = std::max(k.d2h(), kv_write_end) + f.d2h;
       k.own_release(own_parity) = k.d2h();
     }
@@ -412,7 +416,7 @@ class TimeRecurrence {
       if (!b.paged) release = k.compute();
     }
     k.compute() += b.after.ticks;
-    if (o_.offload && b.paged) {
+    if (b.copy_out) {
       k.d2h() = std::max(k.d2h(), release) + b.d2h;
       release = k.d2h();
     }
@@ -462,6 +466,11 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
     host[MemCategory::kGradStaging] = g.grad_bytes();
   }
   MemoryState& kv_space = o.offload ? host : gpu;
+  // The GPU tier of the page store (offload with one), allocated up front.
+  if (const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages()); tier > 0) {
+    gpu[MemCategory::kKvPages] = tier * layers * g.kv_page_bytes();
+    gpu[MemCategory::kDkvPages] = tier * layers * g.dkv_page_bytes();
+  }
   Observe(p.gpu, gpu);
   Observe(p.host, host);
   const MemoryState gpu_fixed = gpu, host_fixed = host;
@@ -471,7 +480,11 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   const ChunkGeometry first = g.Chunk(0);
   const int64_t writers = chunks - 1;
   gpu[MemCategory::kPageSummaries] = writers * first.own_pages * layers * g.summary_page_bytes();
-  kv_space[MemCategory::kKvPages] = writers * first.own_pages * layers * g.kv_page_bytes();
+  // With offload, the pages of the host tier: those past the GPU tier's.
+  const int64_t kv_pages =
+      o.offload ? std::max<int64_t>(0, writers * first.own_pages - g.gpu_tier_pages())
+                : writers * first.own_pages;
+  kv_space[MemCategory::kKvPages] = kv_pages * layers * g.kv_page_bytes();
   if (o.keep_layer_inputs)
     for (int32_t i = 0; i < chunks; ++i)
       gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i));
@@ -489,15 +502,18 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
       gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c);
       Observe(p.gpu, gpu);
     }
-    kv_space[MemCategory::kDkvPages] = dkv.live_pages * dkv_layer_bytes;
+    kv_space[MemCategory::kDkvPages] =
+        (o.offload ? dkv.live_host_pages : dkv.live_pages) * dkv_layer_bytes;
     Observe(p.gpu, gpu);
     Observe(p.host, host);
     gpu[MemCategory::kLayerInputs] -= g.layer_inputs_bytes(c);
     if (g.writes_pages(i)) {
       gpu[MemCategory::kPageSummaries] -= c.own_pages * layers * g.summary_page_bytes();
-      kv_space[MemCategory::kKvPages] -= c.own_pages * layers * g.kv_page_bytes();
+      kv_space[MemCategory::kKvPages] -=
+          (o.offload ? c.own_host_pages : c.own_pages) * layers * g.kv_page_bytes();
     }
-    kv_space[MemCategory::kDkvPages] = dkv.live_after_pages * dkv_layer_bytes;
+    kv_space[MemCategory::kDkvPages] =
+        (o.offload ? dkv.live_after_host_pages : dkv.live_after_pages) * dkv_layer_bytes;
     selected_by_later_chunks += c.union_pages;
   }
   CTXPLAN_CHECK(gpu.bytes == gpu_fixed.bytes && host.bytes == host_fixed.bytes,

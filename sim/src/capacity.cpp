@@ -26,14 +26,15 @@ namespace {
 
 class Search {
  public:
-  Search(const ModelSpec& model, const MachineSpec& machine, const RunOptions& options)
-      : model_(model), machine_(machine), options_(options) {}
+  Search(const ModelSpec& model, const MachineSpec& machine, const RunOptions& options,
+         const GpuTierSetting& gpu_tier)
+      : model_(model), machine_(machine), options_(options), gpu_tier_(gpu_tier) {}
 
   PlanReport MemoryReport(int64_t context) {
     ++probes_;
     RunOptions o = options_;
     o.context_tokens = context;
-    PlanGeometry geometry(model_, o);
+    PlanGeometry geometry(model_, WithGpuTier(model_, machine_, o, gpu_tier_));
     const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry);
     StepPrediction prediction;
     prediction.gpu = memory.gpu;
@@ -47,15 +48,16 @@ class Search {
   const ModelSpec& model_;
   const MachineSpec& machine_;
   const RunOptions& options_;
+  const GpuTierSetting& gpu_tier_;
   int probes_ = 0;
 };
 
 }  // namespace
 
 CapacityResult FindMaxContext(const ModelSpec& model, const MachineSpec& machine,
-                              const RunOptions& options) {
+                              const RunOptions& options, const GpuTierSetting& gpu_tier) {
   options.Validate(model);
-  Search search(model, machine, options);
+  Search search(model, machine, options, gpu_tier);
   CapacityResult result;
   constexpr int64_t kCap = RunOptions::kMaxContextTokens;
 
@@ -90,7 +92,7 @@ CapacityResult FindMaxContext(const ModelSpec& model, const MachineSpec& machine
   auto full_report = [&](int64_t context) {
     RunOptions o = options;
     o.context_tokens = context;
-    PlanGeometry geometry(model, o);
+    PlanGeometry geometry(model, WithGpuTier(model, machine, o, gpu_tier));
     return MakeReport(geometry, machine, analytic.Predict(geometry));
   };
 

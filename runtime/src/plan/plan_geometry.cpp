@@ -84,6 +84,23 @@ ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
     g.expected_union_pages =
         std::min(g.union_pages, o.sink_pages + static_cast<int64_t>(std::llround(expected)));
   }
+  // The host tier: pages from gpu_tier_pages() on. The union's bound takes host pages first;
+  // its expected size spreads the non-sink selections evenly over the non-sink candidates.
+  const int64_t tier = gpu_tier_pages();
+  g.own_host_pages = std::clamp(g.earlier_pages + g.own_pages - tier, int64_t{0}, g.own_pages);
+  const int64_t host_earlier = std::max<int64_t>(0, g.earlier_pages - tier);
+  g.host_union_pages = std::min(g.union_pages, host_earlier);
+  g.expected_host_union_pages = g.host_union_pages;
+  if (g.sparse) {
+    const int64_t sinks = std::min(o.sink_pages, g.earlier_pages);
+    const int64_t host_sinks = std::max<int64_t>(0, sinks - tier);
+    const double host_share = static_cast<double>(host_earlier - host_sinks) /
+                              static_cast<double>(std::max<int64_t>(1, g.earlier_pages - sinks));
+    g.expected_host_union_pages = std::min(
+        g.host_union_pages,
+        host_sinks + static_cast<int64_t>(std::llround(
+                         static_cast<double>(g.expected_union_pages - sinks) * host_share)));
+  }
   const double t = static_cast<double>(g.tokens);
   g.pairs_own = t * (t + 1.0) / 2.0;
   g.pairs_paged = t * static_cast<double>(g.pages_per_tile * o.page_tokens);
@@ -101,7 +118,17 @@ DkvState PlanGeometry::Dkv(const ChunkGeometry& chunk, int64_t selected_by_later
   s.live_after_pages = std::min(chunk.earlier_pages, selected_so_far);
   s.pretouched_union = std::min(chunk.union_pages, selected_by_later_chunks);
   s.own_touched = last ? 0 : std::min(chunk.own_pages, selected_by_later_chunks);
+  const int64_t tier = gpu_tier_pages();
+  s.live_host_pages = std::min(s.live_pages, std::max<int64_t>(0, candidate_pages - tier));
+  s.live_after_host_pages =
+      std::min(s.live_after_pages, std::max<int64_t>(0, chunk.earlier_pages - tier));
+  s.pretouched_host_union = std::min(s.pretouched_union, chunk.host_union_pages);
+  s.own_touched_host = std::min(s.own_touched, chunk.own_host_pages);
   return s;
+}
+
+int64_t PlanGeometry::total_pages() const {
+  return CeilDiv(options_.context_tokens, options_.page_tokens);
 }
 
 int64_t PlanGeometry::kv_page_bytes() const {
@@ -241,10 +268,21 @@ int64_t PlanGeometry::max_union_pages() const {
   return pages;
 }
 
+int64_t PlanGeometry::max_host_union_pages() const {
+  int64_t pages = Chunk(num_chunks_ - 1).host_union_pages;
+  if (num_chunks_ >= 2) pages = std::max(pages, Chunk(num_chunks_ - 2).host_union_pages);
+  return pages;
+}
+
 int64_t PlanGeometry::page_slot_bytes() const {
   if (!options_.offload) return 0;
   const int64_t own = options_.chunk_tokens / options_.page_tokens;
-  return 2 * (max_union_pages() + own) * (kv_page_bytes() + dkv_page_bytes());
+  return 2 * (max_host_union_pages() + own) * (kv_page_bytes() + dkv_page_bytes());
+}
+
+int64_t PlanGeometry::gpu_tier_bytes() const {
+  return std::min(gpu_tier_pages(), total_pages()) * num_layers() *
+         (kv_page_bytes() + dkv_page_bytes());
 }
 
 }  // namespace ctxplan

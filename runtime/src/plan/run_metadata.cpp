@@ -23,6 +23,7 @@ void AddRunOptions(const RunOptions& o, RunMetadata& m) {
   m["lora_rank"] = std::to_string(o.lora_rank);
   m["selection"] = SelectionModelName(o.selection);
   m["keep_layer_inputs"] = o.keep_layer_inputs ? "on" : "off";
+  if (o.gpu_tier_pages > 0) m["gpu_tier_pages"] = std::to_string(o.gpu_tier_pages);
 }
 
 RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& source) {
@@ -68,6 +69,8 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
   if (keep != "on" && keep != "off")
     throw InputError(where + "'keep_layer_inputs': '" + keep + "'; accepted: on, off");
   o.keep_layer_inputs = keep == "on";
+  // Absent before the GPU tier (2026-11-25) and when it is off.
+  if (m.contains("gpu_tier_pages")) o.gpu_tier_pages = integer("gpu_tier_pages");
   return o;
 }
 

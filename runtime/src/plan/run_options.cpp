@@ -37,6 +37,8 @@ void RunOptions::Validate(const ModelSpec& model) const {
   const int64_t smallest = std::min(model.hidden_size, model.kv_dim());
   Require(lora_rank >= 0 && lora_rank <= smallest, "--lora-rank",
           Num(lora_rank) + " is out of range; accepted: 0 (full fine-tune) to " + Num(smallest));
+  Require(gpu_tier_pages >= 0 && gpu_tier_pages <= (int64_t{1} << 31), "--gpu-tier",
+          Num(gpu_tier_pages) + " pages is out of range; accepted: off, auto or a size");
   Require(std::isfinite(selection.overlap_fraction) && selection.overlap_fraction >= 0.0 &&
               selection.overlap_fraction <= 1.0,
           "--selection", "overlap fraction must lie in [0, 1]");

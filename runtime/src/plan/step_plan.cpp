@@ -1,5 +1,6 @@
 #include "ctxplan/runtime/step_plan.h"
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -123,6 +124,11 @@ class PlanWriter {
     gpu(MemCategory::kActivations, g_.activation_bytes());
     gpu(MemCategory::kWorkspace, g_.workspace_bytes());
     gpu(MemCategory::kPageSlots, g_.page_slot_bytes());
+    // The GPU tier of the page store: KV and dKV of its pages of every layer, up front.
+    if (const int64_t tier = std::min(g_.gpu_tier_pages(), g_.total_pages()); tier > 0) {
+      gpu(MemCategory::kKvPages, tier * m_.num_hidden_layers * g_.kv_page_bytes());
+      gpu(MemCategory::kDkvPages, tier * LayerDkvBytes());
+    }
     if (o_.optimizer == OptimizerKind::kAdamWHost) {
       host(MemCategory::kOptimizer, g_.host_optimizer_bytes());
       host(MemCategory::kGradStaging, g_.grad_bytes());
@@ -139,10 +145,11 @@ class PlanWriter {
       batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kPageSummaries,
                          c.own_pages * layers * g_.summary_page_bytes()));
       const int64_t kv_bytes = c.own_pages * layers * g_.kv_page_bytes();
-      if (o_.offload)
-        batch_.Push(
-            Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages, kv_bytes));
-      else
+      if (o_.offload) {
+        if (c.own_host_pages > 0)
+          batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kKvPages,
+                             c.own_host_pages * layers * g_.kv_page_bytes()));
+      } else
         batch_.Push(
             Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
     }
@@ -156,13 +163,13 @@ class PlanWriter {
     const int64_t t = c.tokens, d = m_.hidden_size, q = m_.q_dim(), kv = m_.kv_dim();
     const bool fill = phase == Phase::kFill && g_.writes_pages(c.index);
     const bool paged = c.earlier_pages > 0;
-    const bool copy_in = o_.offload && paged;
+    const bool copy_in = o_.offload && c.host_union_pages > 0;
     const int parity = NextSlotParity();
 
     OpId h2d = kNoOp;
     if (copy_in && !c.sparse)  // dense: the pages are known, prefetch as soon as a slot frees
-      h2d = batch_.Push(Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
-                             g_.union_copy_runs(c, c.union_pages)),
+      h2d = batch_.Push(Copy(w, true, c.host_union_pages, c.host_union_pages * g_.kv_page_bytes(),
+                             g_.union_copy_runs(c, c.host_union_pages)),
                         {slot_release_[parity], KvHome(layer)});
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
@@ -190,11 +197,11 @@ class PlanWriter {
       topk.pages = c.earlier_pages;
       OpId selected = batch_.Push(topk);
       if (copy_in)
-        h2d = batch_.Push(
-            Copy(w, true, c.union_pages, c.union_pages * g_.kv_page_bytes(),
-                 g_.union_copy_runs(c, c.union_pages), c.expected_union_pages * g_.kv_page_bytes(),
-                 g_.union_copy_runs(c, c.expected_union_pages)),
-            {selected, slot_release_[parity], KvHome(layer)});
+        h2d = batch_.Push(Copy(w, true, c.host_union_pages, c.host_union_pages * g_.kv_page_bytes(),
+                               g_.union_copy_runs(c, c.host_union_pages),
+                               c.expected_host_union_pages * g_.kv_page_bytes(),
+                               g_.union_copy_runs(c, c.expected_host_union_pages)),
+                          {selected, slot_release_[parity], KvHome(layer)});
     }
     // Over earlier pages the own positions run inside the paged launch (merged), which waits
     // for the pages' copy: so does the own op's share.
@@ -222,8 +229,8 @@ class PlanWriter {
         Kernel(w, OpKind::kLinearForward,
                LinearForwardCost(t, d, m_.intermediate_size, LoraOn(OpPart::kDown, o_.lora_rank)),
                t, d, m_.intermediate_size, OpPart::kDown));
-    if (fill && o_.offload) {
-      Op d2h = Copy(w, false, c.own_pages, c.own_pages * g_.kv_page_bytes());
+    if (fill && o_.offload && c.own_host_pages > 0) {
+      Op d2h = Copy(w, false, c.own_host_pages, c.own_host_pages * g_.kv_page_bytes());
       own_release_[own_parity] = batch_.Push(d2h, {kv_write});
       kv_home_[static_cast<size_t>(layer)] = own_release_[own_parity];
     }
@@ -253,9 +260,11 @@ class PlanWriter {
   // dKV pages that come alive as chunk `c` starts its backward.
   void BackwardStart(const ChunkGeometry& c, const DkvState& dkv) {
     Where w{Phase::kBackward, c.index, -1};
-    const int64_t grow = (dkv.live_pages - dkv_live_pages_) * LayerDkvBytes();
+    // With offload the host tier's pages (the GPU tier's are allocated up front).
+    const int64_t live = o_.offload ? dkv.live_host_pages : dkv.live_pages;
+    const int64_t grow = (live - dkv_live_pages_) * LayerDkvBytes();
     CTXPLAN_CHECK(grow >= 0, "dKV pages shrank at a chunk start");
-    dkv_live_pages_ = dkv.live_pages;
+    dkv_live_pages_ = live;
     if (grow > 0) {
       if (o_.offload)
         batch_.Push(Memory(w, true, Stream::kD2H, MemSpace::kHost, MemCategory::kDkvPages, grow));
@@ -274,17 +283,18 @@ class PlanWriter {
     const int parity = NextSlotParity();
 
     OpId h2d = kNoOp;
-    if (o_.offload && (paged || own_dkv)) {
-      const int64_t pages = c.union_pages + dkv.pretouched_union + dkv.own_touched;
-      const int64_t bytes = c.union_pages * g_.kv_page_bytes() +
-                            (dkv.pretouched_union + dkv.own_touched) * g_.dkv_page_bytes();
-      const int64_t copies = g_.union_copy_runs(c, c.union_pages) +
-                             g_.union_copy_runs(c, dkv.pretouched_union) +
-                             (dkv.own_touched > 0 ? 1 : 0);
+    const int64_t host_union = c.host_union_pages;
+    const int64_t pretouched = dkv.pretouched_host_union, own_touched = dkv.own_touched_host;
+    if (o_.offload && host_union + pretouched + own_touched > 0) {
+      const int64_t pages = host_union + pretouched + own_touched;
+      const int64_t bytes =
+          host_union * g_.kv_page_bytes() + (pretouched + own_touched) * g_.dkv_page_bytes();
+      const int64_t copies = g_.union_copy_runs(c, host_union) + g_.union_copy_runs(c, pretouched) +
+                             (own_touched > 0 ? 1 : 0);
       const int64_t expected_bytes =
-          bytes - (c.union_pages - c.expected_union_pages) * g_.kv_page_bytes();
-      const int64_t expected_copies = copies - g_.union_copy_runs(c, c.union_pages) +
-                                      g_.union_copy_runs(c, c.expected_union_pages);
+          bytes - (host_union - c.expected_host_union_pages) * g_.kv_page_bytes();
+      const int64_t expected_copies = copies - g_.union_copy_runs(c, host_union) +
+                                      g_.union_copy_runs(c, c.expected_host_union_pages);
       h2d = batch_.Push(Copy(w, true, pages, bytes, copies, expected_bytes, expected_copies),
                         {slot_release_[parity], KvHome(layer), DkvHome(layer)});
     }
@@ -342,11 +352,11 @@ class PlanWriter {
     Linear(w, t, q + 2 * kv, d, OpPart::kQkv);
     batch_.Push(
         Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
-    if (o_.offload && paged) {
+    if (o_.offload && host_union > 0) {
       Op d2h =
-          Copy(w, false, c.union_pages, c.union_pages * g_.dkv_page_bytes(),
-               g_.union_copy_runs(c, c.union_pages), c.expected_union_pages * g_.dkv_page_bytes(),
-               g_.union_copy_runs(c, c.expected_union_pages));
+          Copy(w, false, host_union, host_union * g_.dkv_page_bytes(),
+               g_.union_copy_runs(c, host_union), c.expected_host_union_pages * g_.dkv_page_bytes(),
+               g_.union_copy_runs(c, c.expected_host_union_pages));
       release = batch_.Push(d2h, {release});
       dkv_home_[static_cast<size_t>(layer)] = release;
     }
@@ -368,12 +378,14 @@ class PlanWriter {
     // Host pages die on the D2H stream, after the chunk's last copy home.
     const Stream stream = o_.offload ? Stream::kD2H : Stream::kCompute;
     const MemSpace space = o_.offload ? MemSpace::kHost : MemSpace::kGpu;
-    if (filled)
+    const int64_t kv_pages = o_.offload ? c.own_host_pages : c.own_pages;
+    if (filled && kv_pages > 0)
       batch_.Push(Memory(w, false, stream, space, MemCategory::kKvPages,
-                         c.own_pages * layers * g_.kv_page_bytes()));
-    const int64_t shrink = (dkv_live_pages_ - dkv.live_after_pages) * LayerDkvBytes();
+                         kv_pages * layers * g_.kv_page_bytes()));
+    const int64_t live_after = o_.offload ? dkv.live_after_host_pages : dkv.live_after_pages;
+    const int64_t shrink = (dkv_live_pages_ - live_after) * LayerDkvBytes();
     CTXPLAN_CHECK(shrink >= 0, "dKV pages grew at a chunk end");
-    dkv_live_pages_ = dkv.live_after_pages;
+    dkv_live_pages_ = live_after;
     if (shrink > 0) batch_.Push(Memory(w, false, stream, space, MemCategory::kDkvPages, shrink));
   }
 

@@ -46,8 +46,13 @@ struct ChunkGeometry {
   // What crosses PCIe and what the backward's key blocks span on average, for time: under the
   // disjoint selection model, ExpectedUnionPages (memory and slots keep union_pages).
   int64_t expected_union_pages = 0;
-  double pairs_own = 0.0;    // causal (query, key) pairs inside the chunk
-  double pairs_paged = 0.0;  // (query, key) pairs against earlier pages
+  // With offload, the host tier's part (RunOptions::gpu_tier_pages): what crosses PCIe. All of
+  // the above without a GPU tier.
+  int64_t own_host_pages = 0;             // own pages whose home is the host
+  int64_t host_union_pages = 0;           // union pages in the host tier, bound (the slots)
+  int64_t expected_host_union_pages = 0;  // ... expected, for time
+  double pairs_own = 0.0;                 // causal (query, key) pairs inside the chunk
+  double pairs_paged = 0.0;               // (query, key) pairs against earlier pages
 };
 
 // dKV pages in the reverse pass. A dKV page is allocated on first write and dies with its chunk.
@@ -59,6 +64,12 @@ struct DkvState {
   int64_t live_after_pages = 0;  // ... after chunk i's own pages die
   int64_t pretouched_union = 0;  // pages of U_i that already hold dKV (copied in, not zeroed)
   int64_t own_touched = 0;       // own pages holding dKV from later chunks
+  // The host tier's part of each (offload with a GPU tier), bounds: the host holds as many of
+  // the live pages as its tier has, the union's pretouched pages are the host's first.
+  int64_t live_host_pages = 0;
+  int64_t live_after_host_pages = 0;
+  int64_t pretouched_host_union = 0;
+  int64_t own_touched_host = 0;
 };
 
 // The earlier pages one layer of a chunk attends, ascending: every earlier page when the chunk
@@ -80,6 +91,11 @@ class PlanGeometry {
   // Whether pass 1 writes this chunk's KV pages: a later chunk reads them (never the last's).
   bool writes_pages(int32_t chunk) const { return chunk < num_chunks_ - 1; }
   int32_t num_layers() const { return static_cast<int32_t>(model_.num_hidden_layers); }
+  // Pages of every layer whose home is the GPU tier with offload on (0 with offload off: then
+  // every page is on the GPU and nothing is copied).
+  int64_t gpu_tier_pages() const { return options_.offload ? options_.gpu_tier_pages : 0; }
+  // Pages of one layer the whole context fills.
+  int64_t total_pages() const;
   ChunkGeometry Chunk(int32_t index) const;
   // Reverse-pass dKV bookkeeping for chunk i, given T_{i+1} (pages selected by later chunks).
   DkvState Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const;
@@ -101,8 +117,8 @@ class PlanGeometry {
   int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;
   int64_t activation_bytes() const;  // the CUDA backend's: one layer, c tokens, and gradients
   int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles
-  // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions (one attending,
-  // one prefetching) and two layers' own pages (one written, one copied out).
+  // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions of host pages (one
+  // attending, one prefetching) and two layers' own pages (one written, one copied out).
   int64_t page_slot_bytes() const;
 
   // K/V positions a paged-attention op loads: each query tile loads its own pages.
@@ -124,6 +140,10 @@ class PlanGeometry {
   // The largest union of any chunk: the last chunk's, or the last full chunk's when the last
   // one is short (fewer query tiles select fewer pages).
   int64_t max_union_pages() const;
+  // The same in the host tier: the union pages the slots stage.
+  int64_t max_host_union_pages() const;
+  // The GPU tier with offload on: KV and dKV of its pages of every layer (allocated up front).
+  int64_t gpu_tier_bytes() const;
 
   static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
   static constexpr int64_t kLossVocabTile = 8192;  // logits tile columns, fp32

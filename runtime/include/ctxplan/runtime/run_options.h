@@ -39,7 +39,12 @@ struct RunOptions {
   int64_t sink_pages = 1;                     // s pages always attended
   int64_t query_tile = 128;                   // b queries share one page selection
   bool offload = true;                        // KV/dKV pages live in pinned host memory
-  GradDtype grad_dtype = GradDtype::kBf16;    // parameter gradients and dKV pages
+  // With offload: the GPU tier of the page store, in pages of every layer. Pages [0, G) of each
+  // layer keep their KV and dKV on the GPU and never cross PCIe; the rest live in pinned host
+  // memory. The earliest pages: every later chunk is a candidate to read them, so they are read
+  // the most (dense: page j by N - j p / c chunks). 0: every page on the host.
+  int64_t gpu_tier_pages = 0;
+  GradDtype grad_dtype = GradDtype::kBf16;  // parameter gradients and dKV pages
   OptimizerKind optimizer = OptimizerKind::kAdamWGpu;
   int64_t lora_rank = 0;  // 0 = full fine-tune
   SelectionModel selection;

@@ -7,6 +7,7 @@
 #include "ctxplan/models/gpu_spec.h"
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/run_options.h"
+#include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"
 
 namespace ctxplan::sim {
@@ -29,8 +30,10 @@ struct CapacityResult {
 };
 
 // Memory is monotone in the context (tests hold it so), so an exponential then binary search
-// on the analytic memory model finds the largest fitting context exactly.
+// on the analytic memory model finds the largest fitting context exactly. With a GPU tier each
+// context sizes its own (auto: what that context leaves free), so GPU and host hold the pages
+// together.
 CapacityResult FindMaxContext(const ModelSpec& model, const MachineSpec& machine,
-                              const RunOptions& options);
+                              const RunOptions& options, const GpuTierSetting& gpu_tier = {});
 
 }  // namespace ctxplan::sim

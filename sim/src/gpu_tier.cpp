@@ -1,0 +1,64 @@
+#include "ctxplan/sim/gpu_tier.h"
+
+#include <algorithm>
+
+#include "ctxplan/models/errors.h"
+#include "ctxplan/models/units.h"
+#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/plan_report.h"
+
+namespace ctxplan::sim {
+
+GpuTierSetting ParseGpuTierSetting(std::string_view text, std::string_view margin,
+                                   std::string_view flag) {
+  GpuTierSetting s;
+  s.margin_bytes = ParseBytes(margin, std::string(flag) + "-margin");
+  if (text == "off") return s;
+  if (text == "auto") {
+    s.kind = GpuTierSetting::Kind::kAuto;
+    return s;
+  }
+  s.kind = GpuTierSetting::Kind::kSize;
+  try {
+    s.size_bytes = ParseBytes(text, flag);
+  } catch (const InputError&) {
+    throw InputError(std::string(flag) + ": '" + std::string(text) +
+                     "' is not a setting; accepted: off, auto or a size such as 40GiB");
+  }
+  return s;
+}
+
+std::string DescribeGpuTierSetting(const GpuTierSetting& s) {
+  switch (s.kind) {
+    case GpuTierSetting::Kind::kOff:
+      return "off";
+    case GpuTierSetting::Kind::kAuto:
+      return "auto (margin " + FormatGiB(s.margin_bytes) + ")";
+    case GpuTierSetting::Kind::kSize:
+      return FormatGiB(s.size_bytes);
+  }
+  return "?";
+}
+
+RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOptions options,
+                       const GpuTierSetting& setting) {
+  options.gpu_tier_pages = 0;
+  if (setting.off() || !options.offload) return options;
+  const PlanGeometry plain(model, options);
+  const int64_t page_bytes =
+      plain.num_layers() * (plain.kv_page_bytes() + plain.dkv_page_bytes());  // a tier page
+  int64_t bytes = setting.size_bytes;
+  if (setting.kind == GpuTierSetting::Kind::kAuto) {
+    StepPrediction memory_only;
+    const MemoryPrediction memory = AnalyticModel::PredictMemory(plain);
+    memory_only.gpu = memory.gpu;
+    memory_only.host = memory.host;
+    const PlanReport report = MakeReport(plain, machine, memory_only);
+    bytes = report.gpu_capacity - report.gpu_memory.device - setting.margin_bytes;
+  }
+  options.gpu_tier_pages = std::clamp<int64_t>(bytes / page_bytes, 0, plain.total_pages());
+  return options;
+}
+
+}  // namespace ctxplan::sim
