@@ -133,6 +133,38 @@ TEST(CpuRuntime, OffloadOnEqualsOffExactly) {
   }
 }
 
+// Issue 12: the GPU tier of the page store changes where pages live, never what the step
+// computes: gradients bit for bit with the tier off, partial (inside a chunk's pages, on a chunk
+// boundary) and holding every page, dense and sparse, layer inputs kept or recomputed; the host
+// holds fewer pages the larger the tier.
+TEST(CpuRuntime, GpuTierOffPartialFullEqualExactly) {
+  const ModelWeights weights = RandomWeights(Tiny(), 29);
+  const Data data = RandomData(96, 31, Tiny().vocab_size);  // 24 pages of 4, chunks of 16
+  for (int64_t budget : {int64_t{2}, RunOptions::kAllPages}) {
+    for (bool keep : {false, true}) {
+      const Result off = Chunked(weights, data, Options(96, 16, 4, budget, true, keep));
+      int64_t host_before = off.out.peak_host_bytes;
+      for (int64_t tier : {int64_t{3}, int64_t{8}, int64_t{24}, int64_t{100}}) {
+        RunOptions o = Options(96, 16, 4, budget, true, keep);
+        o.gpu_tier_pages = tier;
+        const Result with = Chunked(weights, data, o);
+        const std::string where = "budget " + std::to_string(budget) + " keep " +
+                                  std::to_string(keep) + " tier " + std::to_string(tier);
+        EXPECT_EQ(with.out.loss_sum, off.out.loss_sum) << where;
+        Result a = with, b = off;  // Flatten takes its weights mutable
+        EXPECT_EQ(Flatten(a.grads), Flatten(b.grads)) << where;
+        if (host_before > 0) {
+          EXPECT_LT(with.out.peak_host_bytes, host_before) << where;
+        }
+        host_before = with.out.peak_host_bytes;
+        if (tier >= 24) {
+          EXPECT_EQ(with.out.peak_host_bytes, 0) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuRuntime, KeptLayerInputsEqualRecomputedOnesExactly) {
   const ModelWeights weights = RandomWeights(Tiny(), 19);
   const Data data = RandomData(88, 23, Tiny().vocab_size);

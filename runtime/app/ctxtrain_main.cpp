@@ -41,6 +41,7 @@
 #include "ctxplan/runtime/token_data.h"
 #include "ctxplan/runtime/wall_clock_tracer.h"
 #include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
@@ -354,16 +355,20 @@ int Main(int argc, char** argv) {
     throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
   const bool cuda = f.backend == "cuda";
   const ModelSpec model = ResolveModel(f.run);
-  const RunOptions options = ResolveOptions(f.run, model, /*with_context=*/true);
-  if (f.run.gpu_tier != "off")
+  // The machine the run is planned for (default h200-125g): the CUDA check below asks the
+  // planner about it, the GPU tier is sized for it, and traces name it so that replay predicts
+  // for the same machine.
+  const MachineSpec machine = cli::ResolveMachine(f.run);
+  const sim::GpuTierSetting tier =
+      sim::ParseGpuTierSetting(f.run.gpu_tier, f.run.gpu_tier_margin, "--gpu-tier");
+  if (cuda && !tier.off())
     throw InputError("--gpu-tier: '" + f.run.gpu_tier +
-                     "': ctxtrain's backends keep every offloaded page on the host for now (the "
-                     "planner predicts a GPU tier: ctxplan plan --gpu-tier); accepted: off");
+                     "': the CUDA backend keeps every offloaded page on the host for now (the CPU "
+                     "backend and the planner keep a GPU tier); accepted: off");
+  const RunOptions options =
+      sim::WithGpuTier(model, machine, ResolveOptions(f.run, model, /*with_context=*/true), tier);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
-  // The machine the run is planned for (default h200-125g): the CUDA check below asks the
-  // planner about it, and traces name it so that replay predicts for the same machine.
-  const MachineSpec machine = cli::ResolveMachine(f.run);
   PlanMachine plan_machine;
   plan_machine.gpu = f.run.gpu;
   if (f.run.gpu.empty()) plan_machine.machine = f.run.machine.empty() ? "h200-125g" : f.run.machine;

@@ -1,6 +1,7 @@
 #include "ctxplan/runtime/cpu_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -55,13 +56,18 @@ class CpuBackend::Impl {
                         std::vector<char>(static_cast<size_t>(total_pages), 0));
     summaries_.assign(static_cast<size_t>(layers_),
                       std::vector<float>(static_cast<size_t>(total_pages * kv_dim_), 0.0f));
-    slot_capacity_ = geometry_->max_union_pages();
+    // With offload: one pool each for KV and dKV, [tier | union slots | own slots] (pool_slots).
+    tier_pages_ = std::min(geometry_->gpu_tier_pages(), total_pages);
+    slot_capacity_ = geometry_->max_host_union_pages();
     const int64_t own_capacity = o_.chunk_tokens / o_.page_tokens;
+    kv_pool_.clear();
+    dkv_pool_.clear();
     if (o_.offload) {
-      kv_slots_.assign(static_cast<size_t>(slot_capacity_ * shape_.page_elements()), 0.0f);
-      dkv_slots_.assign(kv_slots_.size(), 0.0f);
-      own_slots_.assign(static_cast<size_t>(own_capacity * shape_.page_elements()), 0.0f);
+      const int64_t slots = layers_ * tier_pages_ + slot_capacity_ + own_capacity;
+      kv_pool_.assign(static_cast<size_t>(slots * shape_.page_elements()), 0.0f);
+      dkv_pool_.assign(kv_pool_.size(), 0.0f);  // the tier's dKV starts at zero
     }
+    table_for_ = {-1, -1, -1};
     // What pass 2 reads back: per layer of the current chunk, or per chunk and layer when the
     // fill keeps them.
     const size_t saved =
@@ -272,8 +278,8 @@ class CpuBackend::Impl {
     pages.num_pages = c_.own_pages;
     if (o_.offload) {
       for (int64_t j = 0; j < c_.own_pages; ++j)
-        own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(j);
-      pages.pool = own_slots_.data();
+        own_table_[static_cast<size_t>(j)] = PoolSlotOfOwn(layer, j);
+      pages.pool = (dkv ? dkv_pool_ : kv_pool_).data();
     } else {
       for (int64_t j = 0; j < c_.own_pages; ++j)
         own_table_[static_cast<size_t>(j)] = static_cast<int32_t>(c_.earlier_pages + j);
@@ -309,24 +315,60 @@ class CpuBackend::Impl {
     return AttendedPages(c_, op.phase == Phase::kBackward ? saved_selection_[S(op)] : selection_);
   }
 
-  void CopyIn(const Op& op) {
-    if (op.phase == Phase::kOptimizer) return;  // host optimizer: weights are shared on the CPU
+  // Where a page of the pools lives: the GPU tier's pages of every layer first, then the union
+  // slots, then the own slots.
+  int32_t TierSlot(size_t layer, int64_t page) const {
+    return static_cast<int32_t>(static_cast<int64_t>(layer) * tier_pages_ + page);
+  }
+  int32_t UnionSlot(size_t j) const {
+    return static_cast<int32_t>(layers_ * tier_pages_ + static_cast<int64_t>(j));
+  }
+  int32_t PoolSlotOfOwn(int32_t layer, int64_t j) const {
+    const int64_t page = c_.earlier_pages + j;
+    if (page < tier_pages_) return TierSlot(static_cast<size_t>(layer), page);
+    return static_cast<int32_t>(layers_ * tier_pages_ + slot_capacity_ + j);
+  }
+  float* Pool(std::vector<float>& pool, int32_t slot) {
+    return pool.data() + static_cast<size_t>(slot) * static_cast<size_t>(shape_.page_elements());
+  }
+
+  // The slot table of `op`'s layer: every attended page to its tier page or a union slot, the
+  // host pages (union_) in slot order. Built by the layer's copy in, or by its attention when
+  // no copy came (every page in the tier).
+  void StageTable(const Op& op) {
+    const std::array<int32_t, 3> key{static_cast<int32_t>(op.phase), op.chunk, op.layer};
+    if (table_for_ == key) return;
+    table_for_ = key;
     const size_t l = L(op);
-    union_ = UnionPages(op);
+    const std::vector<int32_t> attended = UnionPages(op);
+    union_.clear();
+    slot_table_.assign(static_cast<size_t>(c_.earlier_pages), -1);
+    for (const int32_t page : attended) {
+      if (page < tier_pages_) {
+        slot_table_[static_cast<size_t>(page)] = TierSlot(l, page);
+      } else {
+        slot_table_[static_cast<size_t>(page)] = UnionSlot(union_.size());
+        union_.push_back(page);
+      }
+    }
     if (static_cast<int64_t>(union_.size()) > slot_capacity_)
       throw InputError(
           "page selections of chunk " + std::to_string(c_.index) + " layer " + std::to_string(l) +
           " need " + std::to_string(union_.size()) + " page slots but the plan provisioned " +
           std::to_string(slot_capacity_) +
           "; accepted: a selection model that bounds the union (--selection disjoint)");
-    slot_table_.assign(static_cast<size_t>(c_.earlier_pages), -1);
+  }
+
+  void CopyIn(const Op& op) {
+    if (op.phase == Phase::kOptimizer) return;  // host optimizer: weights are shared on the CPU
+    const size_t l = L(op);
+    StageTable(op);
     const size_t pe = static_cast<size_t>(shape_.page_elements());
-    for (size_t j = 0; j < union_.size(); ++j) {
+    for (size_t j = 0; j < union_.size(); ++j) {  // the host tier's pages into their slots
       const int64_t page = union_[j];
-      slot_table_[static_cast<size_t>(page)] = static_cast<int32_t>(j);
-      std::copy_n(StorePage(kv_store_[l], page), pe, kv_slots_.data() + j * pe);
+      std::copy_n(StorePage(kv_store_[l], page), pe, Pool(kv_pool_, UnionSlot(j)));
       if (op.phase == Phase::kBackward) {
-        float* slot = dkv_slots_.data() + j * pe;
+        float* slot = Pool(dkv_pool_, UnionSlot(j));
         if (dkv_present_[l][static_cast<size_t>(page)])
           std::copy_n(StorePage(dkv_store_[l], page), pe, slot);
         else
@@ -336,7 +378,8 @@ class CpuBackend::Impl {
     if (op.phase == Phase::kBackward) {  // the chunk's own dKV, left by later chunks
       for (int64_t j = 0; j < c_.own_pages; ++j) {
         const int64_t page = c_.earlier_pages + j;
-        float* slot = own_slots_.data() + static_cast<size_t>(j) * pe;
+        if (page < tier_pages_) continue;  // accumulated in place
+        float* slot = Pool(dkv_pool_, PoolSlotOfOwn(op.layer, j));
         if (dkv_present_[l][static_cast<size_t>(page)])
           std::copy_n(StorePage(dkv_store_[l], page), pe, slot);
         else
@@ -349,15 +392,19 @@ class CpuBackend::Impl {
     if (op.phase == Phase::kOptimizer) return;
     const size_t l = L(op);
     const size_t pe = static_cast<size_t>(shape_.page_elements());
-    if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
-      for (int64_t j = 0; j < c_.own_pages; ++j)
-        std::copy_n(own_slots_.data() + static_cast<size_t>(j) * pe, pe,
-                    StorePage(kv_store_[l], c_.earlier_pages + j));
+    if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages of the host tier go home
+      for (int64_t j = 0; j < c_.own_pages; ++j) {
+        const int64_t page = c_.earlier_pages + j;
+        if (page >= tier_pages_)
+          std::copy_n(Pool(kv_pool_, PoolSlotOfOwn(op.layer, j)), pe,
+                      StorePage(kv_store_[l], page));
+      }
       return;
     }
-    for (size_t j = 0; j < union_.size(); ++j) {  // accumulated dKV goes home
+    StageTable(op);
+    for (size_t j = 0; j < union_.size(); ++j) {  // accumulated dKV of the host tier goes home
       const int64_t page = union_[j];
-      std::copy_n(dkv_slots_.data() + j * pe, pe, StorePage(dkv_store_[l], page));
+      std::copy_n(Pool(dkv_pool_, UnionSlot(j)), pe, StorePage(dkv_store_[l], page));
       dkv_present_[l][static_cast<size_t>(page)] = 1;
     }
   }
@@ -369,7 +416,8 @@ class CpuBackend::Impl {
     pages.shape = shape_;
     pages.num_pages = c_.earlier_pages;
     if (o_.offload) {
-      pages.pool = dkv ? dkv_slots_.data() : kv_slots_.data();
+      StageTable(op);
+      pages.pool = (dkv ? dkv_pool_ : kv_pool_).data();
       pages.page_slot = slot_table_.data();
     } else {
       identity_.resize(static_cast<size_t>(c_.earlier_pages));
@@ -626,11 +674,13 @@ class CpuBackend::Impl {
   std::vector<std::vector<float>> kv_store_, dkv_store_;
   std::vector<std::vector<char>> dkv_present_;  // [layer][page]: dKV written at least once
   std::vector<std::vector<float>> summaries_;   // [layer][pages][kv_dim]
-  int64_t slot_capacity_ = 0;
-  std::vector<float> kv_slots_, dkv_slots_;  // [slots][page elements]
-  std::vector<float> own_slots_;             // [own pages][page elements]
-  std::vector<int32_t> union_;               // the pages staged for the current layer, slot order
-  std::vector<int32_t> slot_table_;          // [earlier pages] -> slot or -1
+  // With offload: [layers x tier pages | union slots | own slots][page elements]; the GPU
+  // tier's pages (RunOptions::gpu_tier_pages) never go to the stores above.
+  int64_t tier_pages_ = 0, slot_capacity_ = 0;
+  std::vector<float> kv_pool_, dkv_pool_;
+  std::vector<int32_t> union_;       // the host tier's pages staged for the layer, slot order
+  std::vector<int32_t> slot_table_;  // [earlier pages] -> pool slot or -1
+  std::array<int32_t, 3> table_for_{-1, -1, -1};  // the (phase, chunk, layer) of slot_table_
   std::vector<int32_t> own_table_, identity_;
 
   // The current chunk.
