@@ -425,6 +425,25 @@ TEST(CliTest, MaxContextJsonDefaults) {
   EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
 }
 
+// recommend names a fitting configuration and the ctxtrain command that runs it; with the GPU
+// tier, max-context reaches further than without (issue 12: Qwen2.5-7B, H200, 125 GiB).
+TEST(CliTest, RecommendAndTheGpuTier) {
+  ScratchDir dir;
+  std::vector<std::string> args = {"recommend", "--context", "32K", "--json"};
+  RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_NE(JsonString(r.out, "ctxtrain").find("ctxtrain --backend cuda --model qwen2.5-7b"),
+            std::string::npos)
+      << r.out.substr(0, 300);
+  EXPECT_GT(JsonInt(r.out, "fitting"), 0);
+  EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+  args = {"max-context", "--gpu-tier", "auto", "--json"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_GE(JsonInt(r.out, "max_context_tokens"), 1'450'000) << r.out.substr(0, 300);
+  EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+}
+
 // The four-GPU host's 512 GiB hold about four times the pages.
 TEST(CliTest, MaxContextJsonLargeHost) {
   ScratchDir dir;

@@ -16,6 +16,7 @@
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/kernel_time_model.h"
+#include "ctxplan/sim/recommend.h"
 
 namespace ctxplan::sim {
 namespace {
@@ -320,6 +321,54 @@ TEST(Capacity, GpuTierHoldsPagesBesideTheHost) {
   const StepPrediction with = analytic.Predict(g);
   EXPECT_LT(with.h2d_bytes, 0.5 * without.h2d_bytes);
   EXPECT_LT(with.step_seconds(), without.step_seconds());
+}
+
+// Issue 15: recommend's picks are the best of the configurations it searched, each fits, and
+// its command line names every option of the pick.
+TEST(Recommend, PicksTheBestOfItsSpaceAndSaysHowToRunIt) {
+  const ModelSpec& model = Model("qwen2.5-7b");
+  RunOptions base;
+  base.context_tokens = 64 * 1024;
+  RecommendSpace space;
+  space.chunks = {2048, 4096, 8192};
+  space.pages = {64, 128};
+  const Recommendation r = Recommend(model, H200(), base, GpuTierSetting{}, space);
+  ASSERT_TRUE(r.fastest && r.longest && r.least_memory);
+  EXPECT_EQ(r.evaluated, 3 * 2 * 2 * 2 * 2);
+  EXPECT_GT(r.fitting, 0);
+  // Brute force over the same space: nothing that fits is faster, reaches further or needs less.
+  const KernelTimeModel time_model(H200());
+  const AnalyticModel analytic(time_model);
+  for (const int64_t chunk : space.chunks)
+    for (const int64_t page : space.pages)
+      for (const bool offload : {false, true})
+        for (const bool keep : {false, true})
+          for (const OptimizerKind opt : {OptimizerKind::kAdamWGpu, OptimizerKind::kAdamWHost}) {
+            RunOptions o = base;
+            o.chunk_tokens = chunk, o.page_tokens = page, o.offload = offload;
+            o.keep_layer_inputs = keep, o.optimizer = opt;
+            const PlanGeometry g(model, o);
+            const PlanReport report = MakeReport(g, H200(), analytic.Predict(g));
+            if (!report.fits()) continue;
+            EXPECT_LE(report.tokens_per_second, r.fastest->report.tokens_per_second);
+            EXPECT_GE(report.gpu_memory.device, r.least_memory->report.gpu_memory.device);
+            EXPECT_LE(FindMaxContext(model, H200(), o).max_context_tokens,
+                      r.longest->max_context_tokens);
+          }
+  for (const auto* c : {&*r.fastest, &*r.longest, &*r.least_memory}) {
+    EXPECT_TRUE(c->report.fits());
+    EXPECT_EQ(c->options.page_budget, base.page_budget);  // what is trained stays the user's
+    EXPECT_EQ(c->options.grad_dtype, base.grad_dtype);
+  }
+  const std::string command =
+      CtxtrainCommand(model, "--machine h200-125g", r.fastest->options, "off");
+  const RunOptions& f = r.fastest->options;
+  for (const std::string& part : std::vector<std::string>{
+           "--model qwen2.5-7b", "--machine h200-125g", "--context 65536",
+           "--chunk " + std::to_string(f.chunk_tokens), "--page " + std::to_string(f.page_tokens),
+           std::string("--offload ") + (f.offload ? "on" : "off"), "--budget 64",
+           std::string("--optimizer ") + std::string(OptimizerName(f.optimizer))})
+    EXPECT_NE(command.find(part), std::string::npos) << part << " in " << command;
 }
 
 TEST(Capacity, GpuBindsWithoutOffload) {
