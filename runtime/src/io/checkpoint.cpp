@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/crc32c.h"
 #include "ctxplan/runtime/safetensors.h"
 
 namespace ctxplan {
@@ -15,7 +16,11 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kFormat = "ctxplan-checkpoint";
-constexpr std::string_view kVersion = "1";
+// Version 2 adds a CRC-32C per tensor and one over the metadata; version 1 still loads.
+constexpr std::string_view kVersion = "2";
+constexpr std::string_view kVersionWithoutChecksums = "1";
+constexpr std::string_view kChecksumPrefix = "crc32c.";
+const std::string kMetadataChecksum = "crc32c.__metadata__";
 constexpr std::string_view kParamPrefix = "param.";
 constexpr std::string_view kMomentPrefixes[] = {"adam_m.", "adam_v."};
 constexpr std::string_view kOptionPrefix = "option.";
@@ -48,6 +53,24 @@ T ParseInteger(const fs::path& file, const std::map<std::string, std::string>& m
     Fail(file, "checkpoint metadata \"" + key + "\" = " + QuoteName(text) +
                    " is not a non-negative integer");
   return value;
+}
+
+uint32_t TensorChecksum(std::span<const float> data) {
+  return Crc32c(std::as_bytes(data));
+}
+
+// Over every metadata key and value but its own entry, in key order.
+uint32_t MetadataChecksum(const std::map<std::string, std::string>& metadata) {
+  uint32_t crc = 0;
+  for (const auto& [key, value] : metadata) {
+    if (key == kMetadataChecksum) continue;
+    for (const std::string* text : {&key, &value}) {
+      crc = Crc32c(std::as_bytes(std::span(text->data(), text->size())), crc);
+      const std::byte separator{0};
+      crc = Crc32c(std::span(&separator, 1), crc);
+    }
+  }
+  return crc;
 }
 
 }  // namespace
@@ -96,6 +119,9 @@ void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
                      std::make_move_iterator(more.end()));
     }
   }
+  for (const SafetensorsTensor& t : tensors)
+    metadata[std::string(kChecksumPrefix) + t.name] = Crc32cHex(TensorChecksum(t.data));
+  metadata[kMetadataChecksum] = Crc32cHex(MetadataChecksum(metadata));
   // WriteSafetensors goes through AtomicFileWriter: "<path>.tmp.<pid>", fsync, rename.
   WriteSafetensors(path, tensors, SafetensorsDtype::kF32, metadata);
 }
@@ -112,9 +138,18 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   if (get("format") != kFormat)
     Fail(path, "not a ctxplan checkpoint: metadata \"format\" is " + QuoteName(get("format")) +
                    ", expected \"" + std::string(kFormat) + "\"");
-  if (get("version") != kVersion)
-    Fail(path, "checkpoint version " + QuoteName(get("version")) +
-                   " is not supported (accepted: " + std::string(kVersion) + ")");
+  const bool checksummed = get("version") == kVersion;
+  if (!checksummed && get("version") != kVersionWithoutChecksums)
+    Fail(path, "checkpoint version " + QuoteName(get("version")) + " is not supported (accepted: " +
+                   std::string(kVersionWithoutChecksums) + ", " + std::string(kVersion) + ")");
+  // Before anything is read from it: a flipped bit in the metadata (a step, an option) fails here.
+  if (checksummed) {
+    const std::string stored = get(kMetadataChecksum);
+    const std::string computed = Crc32cHex(MetadataChecksum(metadata));
+    if (stored != computed)
+      Fail(path, "the checkpoint's metadata fails its CRC-32C (stored " + QuoteName(stored) +
+                     ", computed " + computed + "): the file is corrupt");
+  }
   const std::string& optimizer_state = get("optimizer_state");
   if (optimizer_state != "adamw" && optimizer_state != "none")
     Fail(path, "checkpoint metadata \"optimizer_state\" = " + QuoteName(optimizer_state) +
@@ -127,6 +162,8 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   for (const auto& [key, value] : metadata) {
     if (key.starts_with(kOptionPrefix)) {
       checkpoint.options[key.substr(kOptionPrefix.size())] = value;
+    } else if (checksummed && key.starts_with(kChecksumPrefix)) {
+      // Checked against the tensors below.
     } else if (key != "format" && key != "version" && key != "model" && key != "step" &&
                key != "seed" && key != "optimizer_state" && key != "lora_rank") {
       Fail(path, "unknown checkpoint metadata key " + QuoteName(key));
@@ -179,6 +216,34 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
         [&](const std::string& name, const std::array<int64_t, 2>& shape, std::vector<float>& t) {
           file.ReadF32(std::string(prefix) + name, shape, t);
         });
+  if (checksummed) {
+    // The tensors as read, laid out as they were written (F32 round trips exactly), against the
+    // checksums taken when they were written.
+    std::vector<SafetensorsTensor> read;
+    for (const auto& [prefix, weights] : parts) {
+      std::vector<SafetensorsTensor> more = HfTensors(model, *weights, std::string(prefix));
+      read.insert(read.end(), std::make_move_iterator(more.begin()),
+                  std::make_move_iterator(more.end()));
+    }
+    for (const auto& [prefix, state] : lora_parts) {
+      std::vector<SafetensorsTensor> more = LoraTensors(*state, prefix);
+      read.insert(read.end(), std::make_move_iterator(more.begin()),
+                  std::make_move_iterator(more.end()));
+    }
+    size_t checksums = 0;
+    for (const auto& [key, value] : metadata)
+      if (key.starts_with(kChecksumPrefix) && key != kMetadataChecksum) ++checksums;
+    if (checksums != read.size())
+      Fail(path, "the checkpoint has " + std::to_string(checksums) + " tensor checksums for " +
+                     std::to_string(read.size()) + " tensors: the file is corrupt");
+    for (const SafetensorsTensor& t : read) {
+      const std::string& stored = get(std::string(kChecksumPrefix) + t.name);
+      const std::string computed = Crc32cHex(TensorChecksum(t.data));
+      if (stored != computed)
+        Fail(path, "tensor " + QuoteName(t.name) + " fails its CRC-32C (stored " +
+                       QuoteName(stored) + ", computed " + computed + "): the file is corrupt");
+    }
+  }
   return checkpoint;
 }
 

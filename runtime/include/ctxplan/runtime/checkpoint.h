@@ -6,9 +6,12 @@
 //   "adam_m.<HF name>", "adam_v.<HF name>"   AdamW first and second moments, when present
 //   "lora.<PEFT name>", "lora_adam_m.<PEFT name>", "lora_adam_v.<PEFT name>"   LoRA runs: the
 //                   adapters (A [r][in], B [out][r]) and their moments; metadata lora_rank
-//   "__metadata__": format = "ctxplan-checkpoint", version = "1", model = <ModelSpec name>,
+//   "__metadata__": format = "ctxplan-checkpoint", version = "2", model = <ModelSpec name>,
 //                   step, seed (decimal), optimizer_state = "adamw" | "none",
-//                   "option.<key>" = <value> for every run option.
+//                   "option.<key>" = <value> for every run option,
+//                   "crc32c.<tensor>" = CRC-32C of each tensor's bytes (8 hex digits), and
+//                   "crc32c.__metadata__" over every other key and value: a flipped bit anywhere
+//                   that changes what is loaded fails the load. Version 1 (no checksums) loads.
 // The data stream and initialisation are pure functions of (seed, step) (see StepSeed), so no
 // further RNG state is needed to resume exactly.
 #pragma once
