@@ -121,6 +121,46 @@ TEST(CudaBackend, MatchesTheCpuBackend) {
   }
 }
 
+// Issue 12: the GPU tier of the page store (pages [0, G) of every layer in one device pool with
+// the slots) changes where pages live, not the step: against the same backend without a tier,
+// with part of the 10 pages in the tier, all of them, and more; dense and page-sparse.
+TEST(CudaBackend, GpuTierOffPartialFullAgree) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec model = Small();
+  const ModelWeights weights = SharpWeights(model, 15);
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 19);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  for (const int64_t budget : {RunOptions::kAllPages, int64_t{2}}) {
+    const StepPlan plain(model, Options(budget, true, false));
+    CudaBackend untiered(plain, weights);
+    const StepOutputs want = RunStep(plain, {tokens, labels}, untiered);
+    ModelWeights want_grads = untiered.DownloadGrads();
+    const int64_t pinned = untiered.Memory().pinned_pages_peak_bytes;
+    for (const int64_t tier : {int64_t{3}, int64_t{10}, int64_t{20}}) {
+      RunOptions o = Options(budget, true, false);
+      o.gpu_tier_pages = tier;
+      const StepPlan plan(model, o);
+      CudaBackend gpu(plan, weights);
+      const StepOutputs got = RunStep(plan, {tokens, labels}, gpu);
+      const std::string where =
+          "budget " + std::to_string(budget) + " tier " + std::to_string(tier);
+      EXPECT_NEAR(got.loss_sum / want.loss_sum, 1.0, 1e-5) << where;
+      EXPECT_LT(gpu.Memory().pinned_pages_peak_bytes, pinned) << where;
+      ModelWeights grads = gpu.DownloadGrads();
+      std::vector<std::vector<float>*> a, b;
+      grads.ForEach([&](const std::string&, std::vector<float>& t) { a.push_back(&t); });
+      want_grads.ForEach([&](const std::string&, std::vector<float>& t) { b.push_back(&t); });
+      ASSERT_EQ(a.size(), b.size());
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, RelativeError(*a[i], *b[i]));
+      // The same kernels in the same order; only dQ's fp32 atomics may add in another order.
+      EXPECT_LE(worst, 1e-5) << where;
+      std::printf("  GPU tier %-24s gradients within %.2e of no tier\n", where.c_str(), worst);
+    }
+  }
+}
+
 TEST(CudaBackend, TrainsAndTheLossFalls) {
   SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();

@@ -134,6 +134,11 @@ class TypedImpl final : public CudaBackend::Impl {
     total_pages_ = (o_.context_tokens + o_.page_tokens - 1) / o_.page_tokens;
     own_capacity_ = o_.chunk_tokens / o_.page_tokens;
     slot_capacity_ = std::max<int64_t>(g_.max_union_pages(), 1);
+    // The GPU tier (offload with RunOptions::gpu_tier_pages): one pool each for KV and dKV holds
+    // the tier's pages of every layer, then the union slots and own slots of both parities
+    // (TierPool); page tables index it. Its slots stage the host tier's pages only.
+    tier_pages_ = o_.offload ? std::min(g_.gpu_tier_pages(), total_pages_) : 0;
+    host_slot_capacity_ = std::max<int64_t>(g_.max_host_union_pages(), 1);
 
     for (cudaStream_t* s : {&compute_, &h2d_, &d2h_})
       CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
@@ -274,7 +279,18 @@ class TypedImpl final : public CudaBackend::Impl {
     // chunk of 32K that is every page, 3.5 GiB at 7B.
     const auto store = static_cast<size_t>(
         std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1) * pe_);
-    if (o_.offload) {
+    if (o_.offload && tier_pages_ > 0) {
+      const auto pool = static_cast<size_t>(TierPoolPages() * pe_);
+      want.Want(tier_kv_pool_, pool, MemCategory::kKvPages, "GPU tier KV + slots");
+      want.Want(tier_dkv_pool_, pool, MemCategory::kDkvPages, "GPU tier dKV + slots");
+      for (int p = 0; p < 2; ++p) {
+        want.Want(slot_table_[p], static_cast<size_t>(std::max<int64_t>(total_pages_, 1)),
+                  MemCategory::kPageSlots, "slot table [pages]");
+        slot_table_host_[p].Resize(slot_table_[p].size());
+        want.Want(tier_own_table_[p], static_cast<size_t>(own_capacity_), MemCategory::kPageSlots,
+                  "own page table [own pages]");
+      }
+    } else if (o_.offload) {
       for (int p = 0; p < 2; ++p) {
         const auto slots = static_cast<size_t>(slot_capacity_ * pe_);
         const auto own = static_cast<size_t>(own_capacity_ * pe_);
@@ -336,8 +352,9 @@ class TypedImpl final : public CudaBackend::Impl {
         kv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(bf16);
         // The last chunk writes no pages home (writes_pages): neither its KV nor, being attended
         // by no later chunk, its dKV.
-        const int64_t homed =
-            std::max<int64_t>(total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages, 1);
+        // Pages of the GPU tier have no host home.
+        const int64_t homed = std::max<int64_t>(
+            total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages - tier_pages_, 1);
         kv.capacity_pages = static_cast<uint64_t>(layers_ * homed);
         kv.category = MemCategory::kKvPages;
         if (fault_ == InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
@@ -538,6 +555,10 @@ class TypedImpl final : public CudaBackend::Impl {
       dkv_allocated_.clear();
       for (std::vector<gpu::PageId>& layer : dkv_page_)
         std::fill(layer.begin(), layer.end(), gpu::kNoPage);
+      if (tier_pages_ > 0)  // the tier's dKV accumulates in place from zero
+        CTXPLAN_CUDA_CHECK(cudaMemsetAsync(
+            tier_dkv_pool_.get(), 0, static_cast<size_t>(layers_ * tier_pages_ * pe_) * sizeof(G),
+            compute_));
     } else {
       ClearRegion(MemCategory::kDkvPages);
     }
@@ -550,6 +571,8 @@ class TypedImpl final : public CudaBackend::Impl {
     final_norm_rows_ = 0;
     layer_key_ = {-1, -1, -1};
     table_user_[0] = table_user_[1] = kNoOp;
+    table_staged_[0] = table_staged_[1] = own_table_staged_[0] =
+        own_table_staged_[1] = {-1, -1, -1};
   }
 
   StepOutputs EndStep() override {
@@ -988,7 +1011,10 @@ class TypedImpl final : public CudaBackend::Impl {
     PagedKv<bf16> p;
     p.shape = shape_;
     p.num_pages = c_.own_pages;
-    if (o_.offload) {
+    if (tier_pages_ > 0) {
+      p.pool = tier_kv_pool_.get();
+      p.page_slot = OwnTable(layer, own_parity_);
+    } else if (o_.offload) {
       p.pool = own_kv_slots_[own_parity_].get();
       p.page_slot = own_identity_.get();
     } else {
@@ -1005,11 +1031,62 @@ class TypedImpl final : public CudaBackend::Impl {
     p.page_slot = own_identity_.get();
     p.pool = o_.offload ? own_dkv_slots_[parity_].get()
                         : device_dkv_[static_cast<size_t>(layer)].get() + c_.earlier_pages * pe_;
+    if (tier_pages_ > 0) {
+      p.pool = tier_dkv_pool_.get();
+      p.page_slot = OwnTable(layer, parity_);
+    }
+    return p;
+  }
+
+  // --- the GPU tier's pool: [layers x tier pages | union slots, parity 0 and 1 | own slots,
+  // parity 0 and 1], in pages of pe_ elements (KV bf16, dKV G) ---
+  int64_t TierPoolPages() const {
+    return layers_ * tier_pages_ + 2 * host_slot_capacity_ + 2 * own_capacity_;
+  }
+  int64_t TierBase(int32_t layer) const { return int64_t{layer} * tier_pages_; }
+  int64_t UnionSlotBase(int parity) const {
+    return layers_ * tier_pages_ + parity * host_slot_capacity_;
+  }
+  int64_t OwnSlotBase(int parity) const {
+    return layers_ * tier_pages_ + 2 * host_slot_capacity_ + parity * own_capacity_;
+  }
+
+  // The chunk's own pages in the pool, for `layer` on the buffers of `parity`: the tier's pages
+  // in place, the others in the own slots. Filled by a kernel on the compute stream, where every
+  // op that reads it runs.
+  const int32_t* OwnTable(int32_t layer, int parity) {
+    const std::array<int32_t, 3> key{c_.index, layer, parity};
+    if (own_table_staged_[parity] != key) {
+      own_table_staged_[parity] = key;
+      gpu::FillPageTable(tier_own_table_[parity].get(), c_.own_pages, c_.earlier_pages, tier_pages_,
+                         TierBase(layer), OwnSlotBase(parity), compute_);
+    }
+    return tier_own_table_[parity].get();
+  }
+
+  // The earlier pages of `layer` in the pool: the layer's copy in wrote the table (CopyIn); a
+  // layer whose pages are all in the tier has no copy, and its table is filled here.
+  template <typename T>
+  PagedKv<T> EarlierInTier(int32_t layer, bool dkv) {
+    if (table_staged_[parity_] != layer_key_) {
+      CTXPLAN_CHECK(c_.earlier_pages <= tier_pages_,
+                    "CUDA backend: a layer with pages in the host tier attended before its copy");
+      table_staged_[parity_] = layer_key_;
+      gpu::FillPageTable(slot_table_[parity_].get(), c_.earlier_pages, 0, tier_pages_,
+                         TierBase(layer), 0, compute_);
+    }
+    PagedKv<T> p;
+    p.shape = shape_;
+    p.num_pages = c_.earlier_pages;
+    p.pool = reinterpret_cast<T*>(dkv ? static_cast<void*>(tier_dkv_pool_.get())
+                                      : static_cast<void*>(tier_kv_pool_.get()));
+    p.page_slot = slot_table_[parity_].get();
     return p;
   }
 
   template <typename T>
   PagedKv<T> Earlier(int32_t layer, bool dkv) {
+    if (tier_pages_ > 0) return EarlierInTier<T>(layer, dkv);
     PagedKv<T> p;
     p.shape = shape_;
     p.num_pages = c_.earlier_pages;
@@ -1154,6 +1231,71 @@ class TypedImpl final : public CudaBackend::Impl {
     }
   }
 
+  // CopyIn with the GPU tier: the layer's table maps each attended page to its tier page or to a
+  // union slot; only the host tier's pages (union_) and the host tier's own dKV come in.
+  void CopyInTiered(const Op& op) {
+    const auto l = static_cast<size_t>(op.layer);
+    const std::vector<int32_t> attended = UnionPages(op);
+    const OpId previous = table_user_[parity_];
+    if (previous != kNoOp && event_op_[previous % kEventRing] == previous)
+      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(events_[previous % kEventRing]));
+    table_user_[parity_] = op.id;
+    table_staged_[parity_] = layer_key_;
+    int32_t* table = slot_table_host_[parity_].get();
+    std::fill(table, table + std::max<int64_t>(c_.earlier_pages, 0), -1);
+    union_.clear();
+    for (const int32_t page : attended) {
+      if (page < tier_pages_) {
+        table[page] = static_cast<int32_t>(TierBase(op.layer) + page);
+      } else {
+        table[page] =
+            static_cast<int32_t>(UnionSlotBase(parity_) + static_cast<int64_t>(union_.size()));
+        union_.push_back(page);
+      }
+    }
+    CTXPLAN_CHECK(static_cast<int64_t>(union_.size()) <= host_slot_capacity_,
+                  "CUDA backend: the host tier's union of chunk " + std::to_string(c_.index) +
+                      " layer " + std::to_string(l) + " exceeds its slots");
+    if (c_.earlier_pages > 0)
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot_table_[parity_].get(), table,
+                                         static_cast<size_t>(c_.earlier_pages) * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, h2d_));
+    StageUnionKv(l, reinterpret_cast<std::byte*>(tier_kv_pool_.get()) +
+                        static_cast<size_t>(UnionSlotBase(parity_) * pe_) * sizeof(bf16));
+    if (op.phase != Phase::kBackward) return;
+
+    auto* pool = reinterpret_cast<std::byte*>(tier_dkv_pool_.get());
+    const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
+    StageDkv(l, pool + static_cast<size_t>(UnionSlotBase(parity_)) * dkv_bytes,
+             pool + static_cast<size_t>(OwnSlotBase(parity_)) * dkv_bytes);
+  }
+
+  // CopyOut with the GPU tier: the host tier's fresh KV (fill) and accumulated dKV go home.
+  void CopyOutTiered(const Op& op) {
+    const auto l = static_cast<size_t>(op.layer);
+    pairs_.clear();
+    if (op.phase == Phase::kFill) {
+      const size_t kv_bytes = static_cast<size_t>(pe_) * sizeof(bf16);
+      auto* slots = reinterpret_cast<std::byte*>(tier_kv_pool_.get()) +
+                    static_cast<size_t>(OwnSlotBase(own_parity_)) * kv_bytes;
+      for (int64_t j = 0; j < c_.own_pages; ++j) {
+        const int64_t page = c_.earlier_pages + j;
+        if (page < tier_pages_) continue;  // written in place in the tier
+        gpu::PageId& home = kv_page_[l][static_cast<size_t>(page)];
+        if (home == gpu::kNoPage) home = kv_store_->Allocate();  // kept for every later step
+        pairs_.push_back({kv_store_->HostPtr(home), slots + static_cast<size_t>(j) * kv_bytes});
+      }
+      CopyRuns(pairs_, kv_bytes, d2h_);
+      return;
+    }
+    const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
+    auto* slots = reinterpret_cast<std::byte*>(tier_dkv_pool_.get()) +
+                  static_cast<size_t>(UnionSlotBase(parity_)) * dkv_bytes;
+    for (size_t j = 0; j < union_.size(); ++j)
+      pairs_.push_back({dkv_store_->HostPtr(DkvHome(l, union_[j])), slots + j * dkv_bytes});
+    CopyRuns(pairs_, dkv_bytes, d2h_);
+  }
+
   // The host page of dKV page `page` of layer `l`, allocated on its first write of the step.
   gpu::PageId DkvHome(size_t l, int64_t page) {
     gpu::PageId& home = dkv_page_[l][static_cast<size_t>(page)];
@@ -1171,6 +1313,7 @@ class TypedImpl final : public CudaBackend::Impl {
                                          cudaMemcpyHostToDevice, h2d_));
       return;
     }
+    if (tier_pages_ > 0) return CopyInTiered(op);
     const auto l = static_cast<size_t>(op.layer);
     union_ = UnionPages(op);
     // The host staging of this parity's table was last read by a copy two layers ago: it must
@@ -1186,30 +1329,40 @@ class TypedImpl final : public CudaBackend::Impl {
       CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(slot_table_[parity_].get(), table,
                                          static_cast<size_t>(c_.earlier_pages) * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, h2d_));
+    StageUnionKv(l, reinterpret_cast<std::byte*>(kv_slots_[parity_].get()));
+    if (op.phase != Phase::kBackward) return;
+
+    StageDkv(l, reinterpret_cast<std::byte*>(dkv_slots_[parity_].get()),
+             reinterpret_cast<std::byte*>(own_dkv_slots_[parity_].get()));
+  }
+
+  // The union's host pages (union_) of layer `l` into consecutive slots from `slots`.
+  void StageUnionKv(size_t l, std::byte* slots) {
     const size_t kv_bytes = static_cast<size_t>(pe_) * sizeof(bf16);
-    auto* kv_slots = reinterpret_cast<std::byte*>(kv_slots_[parity_].get());
     pairs_.clear();
     for (size_t j = 0; j < union_.size(); ++j) {
       const gpu::PageId home = kv_page_[l][static_cast<size_t>(union_[j])];
       CTXPLAN_CHECK(home != gpu::kNoPage, "CUDA backend: KV page " + std::to_string(union_[j]) +
                                               " of layer " + std::to_string(l) +
                                               " is read before the fill wrote it home");
-      pairs_.push_back({kv_slots + j * kv_bytes, kv_store_->HostPtr(home)});
+      pairs_.push_back({slots + j * kv_bytes, kv_store_->HostPtr(home)});
     }
     CopyRuns(pairs_, kv_bytes, h2d_);
-    if (op.phase != Phase::kBackward) return;
+  }
 
-    // dKV: pages written earlier this step come in, the others start at zero; then the same for
-    // the chunk's own pages.
+  // dKV: the union's host pages written earlier this step come in, the others start at zero;
+  // then the same for the chunk's own pages (own page j into own slot j). Pages of the GPU tier
+  // accumulate in place and are skipped.
+  void StageDkv(size_t l, std::byte* union_slots, std::byte* own_slots) {
     const size_t dkv_bytes = static_cast<size_t>(pe_) * sizeof(G);
     for (int own = 0; own < 2; ++own) {
-      auto* slots = reinterpret_cast<std::byte*>(own ? own_dkv_slots_[parity_].get()
-                                                     : dkv_slots_[parity_].get());
+      std::byte* slots = own ? own_slots : union_slots;
       const size_t count = own ? static_cast<size_t>(c_.own_pages) : union_.size();
       pairs_.clear();
       zero_.clear();
       for (size_t j = 0; j < count; ++j) {
         const int64_t page = own ? c_.earlier_pages + static_cast<int64_t>(j) : union_[j];
+        if (page < tier_pages_) continue;
         const gpu::PageId home = dkv_page_[l][static_cast<size_t>(page)];
         if (home == gpu::kNoPage)
           zero_.push_back(static_cast<int64_t>(j));
@@ -1228,6 +1381,7 @@ class TypedImpl final : public CudaBackend::Impl {
                                          d2h_));
       return;
     }
+    if (tier_pages_ > 0) return CopyOutTiered(op);
     const auto l = static_cast<size_t>(op.layer);
     pairs_.clear();
     if (op.phase == Phase::kFill) {  // the chunk's fresh KV pages go home
@@ -1324,6 +1478,7 @@ class TypedImpl final : public CudaBackend::Impl {
   float scale_ = 1.0f;
   KvPageShape shape_;
   int64_t pe_ = 0, total_pages_ = 0, own_capacity_ = 0, slot_capacity_ = 0;
+  int64_t tier_pages_ = 0, host_slot_capacity_ = 0;  // the GPU tier (TierPoolPages)
 
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   std::vector<cudaEvent_t> events_;
@@ -1382,6 +1537,13 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<G> dkv_slots_[2], own_dkv_slots_[2];
   DeviceArray<int32_t> slot_table_[2];
   PinnedArray<int32_t> slot_table_host_[2];
+  // The GPU tier: its pools (TierPoolPages), the own pages' tables per parity, and the
+  // (phase, chunk, layer) / (chunk, layer, parity) each parity's tables were last written for.
+  DeviceArray<bf16> tier_kv_pool_;
+  DeviceArray<G> tier_dkv_pool_;
+  DeviceArray<int32_t> tier_own_table_[2];
+  std::array<int32_t, 3> table_staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
+  std::array<int32_t, 3> own_table_staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
   std::vector<int32_t> union_;
   std::vector<StepOutputs::PageUnion> page_unions_;  // this step's, for its trace
   // Sparse backward: the union's page list on the device, its pinned staging, and an event after

@@ -19,4 +19,10 @@ namespace ctxplan::gpu {
 // is coherent with the host once the stream has been synchronised. Launch errors are checked.
 void CopyBySms(const int32_t* from, int32_t* to, int64_t n, cudaStream_t stream);
 
+// A page table of the GPU tier's pool, written by a kernel on `stream` (no host staging to keep
+// alive): table[j] = tier_base + first_page + j where first_page + j < tier_pages (the page lives
+// in the tier), else slot_base + j (it is staged in a slot). `table` is device memory.
+void FillPageTable(int32_t* table, int64_t n, int64_t first_page, int64_t tier_pages,
+                   int64_t tier_base, int64_t slot_base, cudaStream_t stream);
+
 }  // namespace ctxplan::gpu
