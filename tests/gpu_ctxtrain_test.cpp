@@ -36,10 +36,35 @@ std::string CtxtrainExe() {
 // Qwen2.5-0.5B (head_dim 64) over 2K tokens: small, and a shape the CUDA kernels take.
 RunResult Ctxtrain(const std::vector<std::string>& extra, const ScratchDir& dir,
                    const char* fault = nullptr) {
-  std::vector<std::string> argv = {
-      CtxtrainExe(), "--backend", "cuda",   "--model", "qwen2.5-0.5b", "--context", "2048",
-      "--chunk",     "512",       "--page", "64",      "--budget",     "4",         "--query-tile",
-      "128",         "--steps",   "2",      "--json"};
+  std::vector<std::string> argv = {CtxtrainExe(),
+                                   "--backend",
+                                   "cuda",
+                                   "--model",
+                                   "qwen2.5-0.5b",
+                                   "--context",
+                                   "2048",
+                                   "--chunk",
+                                   "512",
+                                   "--page",
+                                   "64",
+                                   "--budget",
+                                   "4",
+                                   "--query-tile",
+                                   "128",
+                                   "--steps",
+                                   "2",
+                                   "--json",
+                                   "--offload",
+                                   "on",
+                                   "--keep-layer-inputs",
+                                   "off"};
+  // Fixed, so that ctxtrain's CUDA defaults (the planner's recommendation) do not choose them.
+  for (const auto& [flag, value] :
+       {std::pair<std::string, std::string>{"--grad-dtype", "fp32"}, {"--optimizer", "adamw-gpu"}})
+    if (std::find(extra.begin(), extra.end(), flag) == extra.end()) {
+      argv.push_back(flag);
+      argv.push_back(value);
+    }
   argv.insert(argv.end(), extra.begin(), extra.end());
   if (fault != nullptr)
     setenv("CTXPLAN_INJECT_FAULT", fault, 1);

@@ -43,6 +43,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"
+#include "ctxplan/sim/recommend.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
@@ -311,11 +312,56 @@ int64_t HostPhysicalBytes() {
          static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
+// On CUDA, the options the user did not give are the planner's (ctxplan's defaults, not the
+// CPU reference's small ones): page-sparse k 64 in pages of 128, query tile 128, bf16 gradients.
+void CudaDefaults(const CLI::App& app, RunFlags& run) {
+  const RunFlags planner;
+  for (const auto& [flag, field] :
+       {std::pair{"--budget", &RunFlags::budget}, std::pair{"--sinks", &RunFlags::sinks},
+        std::pair{"--query-tile", &RunFlags::query_tile},
+        std::pair{"--grad-dtype", &RunFlags::grad_dtype},
+        std::pair{"--selection", &RunFlags::selection}})
+    if (app.count(flag) == 0) run.*field = planner.*field;
+}
+
+// On CUDA, chunk, page, offload, keeping layer inputs and the optimizer's placement, where the
+// user gave none, are the fastest that fits as `ctxplan recommend` finds it; printed.
+RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const MachineSpec& machine,
+                       const RunOptions& given, const sim::GpuTierSetting& tier) {
+  sim::RecommendSpace space;
+  const bool chunk = app.count("--chunk") > 0, page = app.count("--page") > 0;
+  const bool offload = app.count("--offload") > 0, keep = app.count("--keep-layer-inputs") > 0;
+  const bool optimizer = app.count("--optimizer") > 0;
+  if (chunk && page && offload && keep && optimizer) return given;
+  if (chunk) space.chunks = {given.chunk_tokens};
+  if (page) space.pages = {given.page_tokens};
+  if (offload) space.offload = {given.offload};
+  if (keep) space.keep_layer_inputs = {given.keep_layer_inputs};
+  space.search_optimizer_placement = !optimizer;
+  const sim::Recommendation r = sim::Recommend(model, machine, given, tier, space);
+  if (!r.fastest) return given;  // nothing fits: the planner's check below says so
+  const RunOptions& o = r.fastest->options;
+  std::fprintf(
+      stderr,
+      "ctxtrain: the planner's fastest settings for %s on %s at %lld tokens (ctxplan recommend, "
+      "%.0f tokens/s predicted): chunk %lld, page %lld, offload %s, layer inputs %s, optimizer "
+      "%s\n",
+      model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
+      r.fastest->report.tokens_per_second, static_cast<long long>(o.chunk_tokens),
+      static_cast<long long>(o.page_tokens), o.offload ? "on" : "off",
+      o.keep_layer_inputs ? "kept" : "recomputed", std::string(OptimizerName(o.optimizer)).c_str());
+  return o;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"ctxtrain: chunk-recurrent long-context training on the step plan"};
   Flags f;
   const std::string flags = JoinFlags(argc, argv);
-  app.add_option("--backend", f.backend, "cpu (reference kernels) or cuda")->capture_default_str();
+  app.add_option("--backend", f.backend,
+                 "cpu (reference kernels; small defaults) or cuda (the options not given are the "
+                 "planner's: its defaults, and chunk, page, offload, kept inputs and optimizer "
+                 "placement from `ctxplan recommend`, printed at start)")
+      ->capture_default_str();
   AddRunFlags(app, f.run, /*with_context=*/true);
   app.add_option("--steps", f.steps, "training steps")
       ->capture_default_str()
@@ -365,8 +411,10 @@ int Main(int argc, char** argv) {
     throw InputError("--gpu-tier: '" + f.run.gpu_tier +
                      "': the CUDA backend keeps every offloaded page on the host for now (the CPU "
                      "backend and the planner keep a GPU tier); accepted: off");
-  const RunOptions options =
+  if (cuda) CudaDefaults(app, f.run);
+  RunOptions options =
       sim::WithGpuTier(model, machine, ResolveOptions(f.run, model, /*with_context=*/true), tier);
+  if (cuda) options = Recommended(app, model, machine, options, tier);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
   PlanMachine plan_machine;
