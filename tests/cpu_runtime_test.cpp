@@ -165,6 +165,40 @@ TEST(CpuRuntime, GpuTierOffPartialFullEqualExactly) {
   }
 }
 
+// Page reads (page_reads.h): dense, each attention op reads every earlier page once, so a
+// layer's reads are the fill's, the recompute's and the backward's earlier pages; the earliest
+// pages are read most.
+TEST(CpuRuntime, PageReadsCountEveryAttendedPage) {
+  const ModelWeights weights = RandomWeights(Tiny(), 37);
+  const Data data = RandomData(96, 41, Tiny().vocab_size);  // 6 chunks of 16 = 4 pages of 4
+  const Result r = Chunked(weights, data, Options(96, 16, 4, RunOptions::kAllPages, true));
+  const PageReads& reads = r.out.page_reads;
+  ASSERT_EQ(reads.pages, 24);
+  ASSERT_EQ(reads.layers, Tiny().num_hidden_layers);
+  // Fill: chunks 0..4 over 4i pages; recompute and backward: chunks 0..5.
+  EXPECT_EQ(reads.total(), static_cast<uint64_t>((4 * 10 + 2 * 4 * 15) * reads.layers));
+  EXPECT_EQ(reads.counts[0], 4u + 5u + 5u);  // page 0: fill chunks 1..4, then 1..5 twice
+  EXPECT_EQ(reads.counts[23], 0u);           // the last chunk's pages: never earlier
+  const PageReadShares half = ShareOfReads(reads, 0.5);
+  EXPECT_DOUBLE_EQ(half.earliest,
+                   half.most_read_per_layer);  // dense: the earliest are the most read
+  EXPECT_GE(half.most_read, half.most_read_per_layer);
+  EXPECT_GT(half.earliest, 0.5);
+}
+
+TEST(PageReads, SharesOfAHandMadeTable) {
+  PageReads reads;
+  reads.Reset(2, 4);
+  reads.counts = {1, 1, 8, 0,                          // layer 0: page 2 read most
+                  5, 1, 1, 1};                         // layer 1: page 0 read most
+  const PageReadShares s = ShareOfReads(reads, 0.25);  // one page a layer
+  EXPECT_DOUBLE_EQ(s.earliest, (1.0 + 5.0) / 18.0);
+  EXPECT_DOUBLE_EQ(s.most_read_per_layer, (8.0 + 5.0) / 18.0);
+  EXPECT_DOUBLE_EQ(s.most_read, (8.0 + 5.0) / 18.0);  // two pages overall: 8 and 5
+  EXPECT_DOUBLE_EQ(ShareOfReads(reads, 1.0).earliest, 1.0);
+  EXPECT_DOUBLE_EQ(ShareOfReads(PageReads{}, 0.5).earliest, 0.0);
+}
+
 TEST(CpuRuntime, KeptLayerInputsEqualRecomputedOnesExactly) {
   const ModelWeights weights = RandomWeights(Tiny(), 19);
   const Data data = RandomData(88, 23, Tiny().vocab_size);

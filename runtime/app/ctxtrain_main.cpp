@@ -746,6 +746,27 @@ int Main(int argc, char** argv) {
   // The steps' own time, start-up excluded: the first step (one-time costs: cuBLASLt plans, first
   // touches) and the mean of the steps after it.
   const double after_first = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;
+  // Which pages the last step read most (page_reads.h): what a GPU tier of 10, 25, 50% of each
+  // layer's pages would keep off PCIe, holding the earliest pages or the most-read ones.
+  constexpr double kTierFractions[] = {0.1, 0.25, 0.5};
+  std::string shares_json = "null", shares_text;
+  if (last.page_reads.total() > 0) {
+    std::string earliest, per_layer, overall;
+    for (const double fraction : kTierFractions) {
+      const PageReadShares s = ShareOfReads(last.page_reads, fraction);
+      const char* sep = earliest.empty() ? "" : ",";
+      earliest += sep + std::to_string(s.earliest);
+      per_layer += sep + std::to_string(s.most_read_per_layer);
+      overall += sep + std::to_string(s.most_read);
+      char line[160];
+      std::snprintf(line, sizeof line, "%s%.0f%%: %.1f / %.1f / %.1f%%",
+                    shares_text.empty() ? "" : "; ", 100 * fraction, 100 * s.earliest,
+                    100 * s.most_read_per_layer, 100 * s.most_read);
+      shares_text += line;
+    }
+    shares_json = "{\"fractions\":[0.1,0.25,0.5],\"earliest\":[" + earliest +
+                  "],\"most_read_per_layer\":[" + per_layer + "],\"most_read\":[" + overall + "]}";
+  }
   if (f.json) {
     std::printf(
         "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
@@ -756,7 +777,7 @@ int Main(int argc, char** argv) {
         "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
         "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
         "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
-        "\"sm_clock_mhz\":%s,\"board_watts\":%s}\n",
+        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"page_read_shares\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
         static_cast<long long>(allocated), static_cast<long long>(reserved),
@@ -766,7 +787,8 @@ int Main(int argc, char** argv) {
         startup.weights, startup.arena, startup.pinning, startup.other(), total_seconds,
         first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
         sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
-        board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null");
+        board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null",
+        shares_json.c_str());
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
@@ -788,6 +810,11 @@ int Main(int argc, char** argv) {
     else
       std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
+    if (!shares_text.empty())
+      std::printf(
+          "  page reads kept off PCIe by a GPU tier of each layer's pages (earliest / most-read "
+          "per layer / most-read overall): %s\n",
+          shares_text.c_str());
     if (sm_clock_mhz > 0)
       std::printf("  GPU over those steps: SM clock %.0f MHz, board power %.0f W (NVML means)\n",
                   sm_clock_mhz, board_watts);

@@ -68,6 +68,7 @@ class CpuBackend::Impl {
       dkv_pool_.assign(kv_pool_.size(), 0.0f);  // the tier's dKV starts at zero
     }
     table_for_ = {-1, -1, -1};
+    page_reads_.Reset(layers_, total_pages);
     // What pass 2 reads back: per layer of the current chunk, or per chunk and layer when the
     // fill keeps them.
     const size_t saved =
@@ -91,6 +92,7 @@ class CpuBackend::Impl {
     out.ops_executed = ops_;
     out.peak_arena_bytes = memory_.peak(MemSpace::kGpu);
     out.peak_host_bytes = memory_.peak(MemSpace::kHost);
+    out.page_reads = std::move(page_reads_);
     return out;
   }
 
@@ -446,6 +448,7 @@ class CpuBackend::Impl {
 
   void AttentionForward(const Op& op) {
     if (!IsLastAttentionOp(op, c_)) return;
+    if (c_.earlier_pages > 0) page_reads_.Add(op.layer, UnionPages(op));
     attn_.resize(static_cast<size_t>(T() * q_dim_));
     lse_.resize(static_cast<size_t>(T() * m_.num_attention_heads));
     PagedKv<float> e = Earlier(op, false);
@@ -460,6 +463,7 @@ class CpuBackend::Impl {
 
   void AttentionBackward(const Op& op) {
     if (!IsLastAttentionOp(op, c_)) return;
+    if (c_.earlier_pages > 0) page_reads_.Add(op.layer, UnionPages(op));
     const size_t l = L(op), saved = S(op);
     dq_.resize(static_cast<size_t>(T() * q_dim_));
     dk_.resize(static_cast<size_t>(T() * kv_dim_));
@@ -705,6 +709,7 @@ class CpuBackend::Impl {
   int64_t labelled_ = 0;
   uint64_t ops_ = 0;
   PlanMemoryTally memory_;
+  PageReads page_reads_;
 };
 
 CpuBackend::CpuBackend(const ModelSpec& model, ModelWeights& weights, ModelWeights& grads,

@@ -573,6 +573,7 @@ class TypedImpl final : public CudaBackend::Impl {
     table_user_[0] = table_user_[1] = kNoOp;
     table_staged_[0] = table_staged_[1] = own_table_staged_[0] =
         own_table_staged_[1] = {-1, -1, -1};
+    page_reads_.Reset(layers_, total_pages_);
   }
 
   StepOutputs EndStep() override {
@@ -595,6 +596,7 @@ class TypedImpl final : public CudaBackend::Impl {
     out.peak_arena_bytes = memory_.peak(MemSpace::kGpu);
     out.peak_host_bytes = memory_.peak(MemSpace::kHost);
     out.page_unions = std::move(page_unions_);
+    out.page_reads = std::move(page_reads_);
     return out;
   }
 
@@ -1156,6 +1158,7 @@ class TypedImpl final : public CudaBackend::Impl {
 
   void AttentionForward(const Op& op) {
     if (!IsLastAttentionOp(op, c_)) return;
+    if (c_.earlier_pages > 0) page_reads_.Add(op.layer, UnionPages(op));
     attn_ptr_ = Saves(op) ? saved_attn_[S(op)].get() : attn_.get();
     float* lse = Saves(op) ? saved_lse_[S(op)].get() : lse_.get();
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
@@ -1166,6 +1169,7 @@ class TypedImpl final : public CudaBackend::Impl {
 
   void AttentionBackward(const Op& op) {
     if (!IsLastAttentionOp(op, c_)) return;
+    if (c_.earlier_pages > 0) page_reads_.Add(op.layer, UnionPages(op));
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
     PagedKv<G> de = Earlier<G>(op.layer, true);
     PageSelection selection = Selection(op);
@@ -1546,6 +1550,7 @@ class TypedImpl final : public CudaBackend::Impl {
   std::array<int32_t, 3> own_table_staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
   std::vector<int32_t> union_;
   std::vector<StepOutputs::PageUnion> page_unions_;  // this step's, for its trace
+  PageReads page_reads_;                             // this step's (page_reads.h)
   // Sparse backward: the union's page list on the device, its pinned staging, and an event after
   // each upload (so the host rewrites a staging buffer only once its copy is done), per parity.
   DeviceArray<int32_t> union_dev_[2];

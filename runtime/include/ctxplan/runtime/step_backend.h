@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/page_reads.h"
 #include "ctxplan/runtime/step_plan.h"
 
 namespace ctxplan {
@@ -41,6 +42,8 @@ struct StepOutputs {
     int64_t pages;
   };
   std::vector<PageUnion> page_unions;
+  // How often each page of each layer was attended (page_reads.h): the GPU tier's evidence.
+  PageReads page_reads;
   double mean_loss() const { return labelled > 0 ? loss_sum / static_cast<double>(labelled) : 0; }
 };
 
