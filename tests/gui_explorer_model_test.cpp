@@ -159,10 +159,39 @@ TEST_F(ExplorerModelTest, CurveIsLogSpacedAndMonotone) {
         EXPECT_FALSE(r.curve[i].fits());
       }
     }
-    // The fit marks agree with the max-context search.
-    for (const CurvePoint& p : r.curve)
+    // The fit marks agree with the max-context search; where the step fits its speed is the
+    // analytic path's, step time and tokens/s consistent; where it does not, none is claimed.
+    for (const CurvePoint& p : r.curve) {
       EXPECT_EQ(p.fits(), p.context_tokens <= r.max_context_tokens) << p.context_tokens;
+      if (p.fits()) {
+        EXPECT_GT(p.tokens_per_second, 0) << p.context_tokens;
+        EXPECT_NEAR(p.tokens_per_second * p.step_seconds, static_cast<double>(p.context_tokens),
+                    1e-6 * p.context_tokens);
+      } else {
+        EXPECT_EQ(p.tokens_per_second, 0) << p.context_tokens;
+      }
+    }
   }
+}
+
+// The GPU tier (issue 12): auto holds pages in the GPU memory the plan leaves free, so the
+// host holds fewer and the max context grows; a bad setting is refused with the library's line.
+TEST_F(ExplorerModelTest, GpuTierMovesTheHostLimit) {
+  ExplorerModel model;
+  const ExplorerResult off = model.ComputeNow();
+  ASSERT_TRUE(off.ok()) << off.error;
+  ASSERT_TRUE(model.SetGpuTier("auto"));
+  const ExplorerResult tiered = model.ComputeNow();
+  ASSERT_TRUE(tiered.ok()) << tiered.error;
+  EXPECT_GT(tiered.max_context_tokens, off.max_context_tokens + 300'000);
+  EXPECT_LT(tiered.report.host_peak, off.report.host_peak);
+  EXPECT_GE(tiered.report.tokens_per_second, off.report.tokens_per_second);
+  QString error;
+  QObject::connect(&model, &ExplorerModel::errorOccurred,
+                   [&error](const QString& message) { error = message; });
+  EXPECT_FALSE(model.SetGpuTier("lots"));
+  EXPECT_TRUE(error.contains("GPU tier")) << error.toStdString();
+  EXPECT_EQ(model.selection().gpu_tier_text, "auto");
 }
 
 TEST_F(ExplorerModelTest, AsyncDeliversOnlyTheNewestGeneration) {

@@ -30,6 +30,7 @@ const QColor kGpuColor(0x1f, 0x77, 0xb4);
 const QColor kHostColor(0xff, 0x7f, 0x0e);
 const QColor kNoFitColor(0xd6, 0x27, 0x28);
 const QColor kMaxColor(0x2c, 0xa0, 0x2c);
+const QColor kSpeedColor(0x94, 0x67, 0xbd);
 
 // One colour per memory category, so the stacked bars stay readable with eleven of them.
 const std::array<QColor, kMemCategoryCount> kCategoryColors = {
@@ -86,7 +87,7 @@ QChartView* NewView(QChart* chart) {
 ChartAdapter::ChartAdapter() {
   // --- memory against context ---
   curve_chart_ = new QChart;
-  curve_chart_->setTitle("Peak memory against context");
+  curve_chart_->setTitle("Peak memory and speed against context");
   gpu_ = NewLine("GPU (device level)", kGpuColor, Qt::SolidLine, 2.0);
   gpu_->setPointsVisible(true);
   host_ = NewLine("host pinned", kHostColor, Qt::SolidLine, 2.0);
@@ -119,6 +120,15 @@ ChartAdapter::ChartAdapter() {
     series->attachAxis(context_axis);
     series->attachAxis(memory_axis_);
   }
+  speed_ = NewLine("tokens/s (right)", kSpeedColor, Qt::SolidLine, 2.0);
+  speed_->setPointsVisible(true);
+  speed_axis_ = new QValueAxis;
+  speed_axis_->setTitleText("tokens/s");
+  speed_axis_->setLabelFormat("%.0f");
+  curve_chart_->addAxis(speed_axis_, Qt::AlignRight);
+  curve_chart_->addSeries(speed_);
+  speed_->attachAxis(context_axis);
+  speed_->attachAxis(speed_axis_);
   curve_chart_->legend()->setAlignment(Qt::AlignBottom);
   curve_view_ = NewView(curve_chart_);
 
@@ -162,10 +172,15 @@ void ChartAdapter::Show(const ExplorerResult& result) {
   const sim::PlanReport& report = result.report;
 
   // --- memory against context ---
-  QList<QPointF> gpu, host, no_fit;
+  QList<QPointF> gpu, host, no_fit, speed;
   double top = std::max(GiB(report.gpu_capacity), GiB(report.host_capacity));
+  double fastest = 0;
   for (const CurvePoint& point : result.curve) {
     const double x = Log2(point.context_tokens);
+    if (point.tokens_per_second > 0) {
+      speed.append(QPointF(x, point.tokens_per_second));
+      fastest = std::max(fastest, point.tokens_per_second);
+    }
     gpu.append(QPointF(x, GiB(point.gpu_device)));
     host.append(QPointF(x, GiB(point.host_peak)));
     if (!point.fits_gpu) no_fit.append(gpu.back());
@@ -187,6 +202,9 @@ void ChartAdapter::Show(const ExplorerResult& result) {
     max_context_->clear();
   memory_axis_->setRange(0.0, top * 1.05);
   memory_axis_->applyNiceNumbers();  // ticks at 0, 20, 40, ... rather than 0, 73, 147
+  speed_->replace(speed);
+  speed_axis_->setRange(0.0, std::max(fastest, 1.0) * 1.05);
+  speed_axis_->applyNiceNumbers();
 
   // --- categories at the peak ---
   const sim::CategoryBytes& gpu_at_peak = report.prediction.gpu.at_peak;

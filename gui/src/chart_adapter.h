@@ -1,8 +1,9 @@
 // The thin chart adapter: the only code that includes QtCharts. It turns an ExplorerResult into
 // two chart views: memory against context (GPU and host, with their capacities as horizontal
-// lines and the contexts that do not fit marked) and the memory categories at the peak as
-// stacked bars. Keeping QtCharts behind this header keeps the window's compile light and lets
-// the charting library be swapped without touching the window or the model.
+// lines and the contexts that do not fit marked) beside the predicted tokens/s where the step
+// fits, and the memory categories at the peak as stacked bars. Keeping QtCharts behind this header
+// keeps the window's compile light and lets the charting library be swapped without touching the
+// window or the model.
 #pragma once
 
 #include <QtGlobal>
@@ -51,6 +52,8 @@ class ChartAdapter {
   QLineSeries* selected_ = nullptr;
   QLineSeries* max_context_ = nullptr;
   QValueAxis* memory_axis_ = nullptr;
+  QLineSeries* speed_ = nullptr;  // tokens/s where the step fits, on its own axis (right)
+  QValueAxis* speed_axis_ = nullptr;
 
   QChartView* category_view_ = nullptr;
   QChart* category_chart_ = nullptr;

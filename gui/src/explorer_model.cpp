@@ -36,7 +36,7 @@ bool SameOptions(const RunOptions& a, const RunOptions& b) {
 
 bool SameSelection(const ExplorerSelection& a, const ExplorerSelection& b) {
   return a.model_name == b.model_name && a.machine_name == b.machine_name &&
-         SameOptions(a.options, b.options);
+         SameOptions(a.options, b.options) && a.gpu_tier_text == b.gpu_tier_text;
 }
 
 MachineSpec LoadUsableMachine(const std::string& name) {
@@ -163,6 +163,13 @@ bool ExplorerModel::SetOffload(bool on) {
   return Accept([&](ExplorerSelection& s) { s.options.offload = on; });
 }
 
+bool ExplorerModel::SetGpuTier(const QString& text) {
+  return Accept([&](ExplorerSelection& s) {
+    s.gpu_tier = sim::ParseGpuTierSetting(text.toStdString(), "2GiB", "GPU tier");
+    s.gpu_tier_text = text.toStdString();
+  });
+}
+
 bool ExplorerModel::SetGradDtype(const QString& name) {
   return Accept([&](ExplorerSelection& s) {
     s.options.grad_dtype = ParseGradDtype(name.toStdString(), "grad dtype");
@@ -244,29 +251,38 @@ ExplorerResult ExplorerModel::Compute(const ExplorerSelection& selection, uint64
     const ModelSpec& model = selection.model;
     const MachineSpec& machine = selection.machine;
     const sim::KernelTimeModel time_model(machine);
-    const PlanGeometry geometry(model, selection.options);
+    const sim::GpuTierSetting& tier = selection.gpu_tier;
+    const PlanGeometry geometry(model, sim::WithGpuTier(model, machine, selection.options, tier));
     result.report =
         sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
     if (abandoned()) return result;
 
-    const sim::CapacityResult capacity = sim::FindMaxContext(model, machine, selection.options);
+    const sim::CapacityResult capacity =
+        sim::FindMaxContext(model, machine, selection.options, tier);
     result.max_context_tokens = capacity.max_context_tokens;
     result.limit = capacity.limit;
     result.at_max = capacity.at_max;
     if (abandoned()) return result;
 
-    // Memory only, as the max-context search probes it: closed-form and O(chunks) per point.
+    // Memory as the max-context search probes it (closed-form, O(chunks) a point); where the
+    // step fits, its time on the analytic path too.
+    const sim::AnalyticModel analytic(time_model);
     for (const int64_t context : CurveContexts()) {
       RunOptions options = selection.options;
       options.context_tokens = context;
-      const PlanGeometry point_geometry(model, options);
+      const PlanGeometry point_geometry(model, sim::WithGpuTier(model, machine, options, tier));
       const sim::MemoryPrediction memory = sim::AnalyticModel::PredictMemory(point_geometry);
       sim::StepPrediction prediction;
       prediction.gpu = memory.gpu;
       prediction.host = memory.host;
-      const sim::PlanReport report = sim::MakeReport(point_geometry, machine, prediction);
+      sim::PlanReport report = sim::MakeReport(point_geometry, machine, prediction);
+      if (report.fits())
+        report = sim::MakeReport(point_geometry, machine, analytic.Predict(point_geometry));
       result.curve.push_back({context, report.gpu_memory.allocated, report.gpu_memory.device,
-                              report.host_peak, report.fits_gpu, report.fits_host});
+                              report.host_peak, report.fits_gpu, report.fits_host,
+                              report.fits() ? report.tokens_per_second : 0.0,
+                              report.fits() ? report.prediction.step_seconds() : 0.0});
+      if (abandoned()) return result;
     }
   } catch (const InputError& e) {
     result.error = e.what();
@@ -287,7 +303,8 @@ void ExplorerModel::ExportTimeline(const QString& path) {
     bool ok = false;
     QString message;
     try {
-      const StepPlan plan(selection.model, selection.options);
+      const StepPlan plan(selection.model, sim::WithGpuTier(selection.model, selection.machine,
+                                                            selection.options, selection.gpu_tier));
       const sim::KernelTimeModel time_model(selection.machine);
       AtomicFileWriter file(file_path);
       sim::StepPrediction prediction;

@@ -24,6 +24,7 @@
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/run_options.h"
 #include "ctxplan/sim/capacity.h"
+#include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"
 
 namespace ctxplan::gui {
@@ -36,9 +37,14 @@ struct ExplorerSelection {
   ModelSpec model;
   MachineSpec machine;
   RunOptions options;  // options.context_tokens is the context being looked at
+  // The page store's GPU tier (with offload), sized for each context planned; its text as
+  // chosen ("off", "auto", "32GiB").
+  sim::GpuTierSetting gpu_tier;
+  std::string gpu_tier_text = "off";
 };
 
-// One point of the memory-vs-context curve (analytic memory model only: no step time).
+// One point of the curves against context: memory, and the speed where the step fits (the
+// analytic path, as `ctxplan sweep` predicts it).
 struct CurvePoint {
   int64_t context_tokens = 0;
   int64_t gpu_allocated = 0;  // our arena's peak
@@ -46,6 +52,8 @@ struct CurvePoint {
   int64_t host_peak = 0;      // pinned host memory; compared with the usable host RAM
   bool fits_gpu = false;
   bool fits_host = false;
+  double tokens_per_second = 0;  // 0 where it does not fit
+  double step_seconds = 0;
 
   bool fits() const { return fits_gpu && fits_host; }
 };
@@ -103,6 +111,7 @@ class ExplorerModel : public QObject {
   bool SetGradDtype(const QString& name);       // bf16 | fp32
   bool SetOptimizer(const QString& name);       // adamw-gpu | adamw-host | none
   bool SetSelectionModel(const QString& text);  // shared | disjoint | overlap:F
+  bool SetGpuTier(const QString& text);         // off | auto | a size, e.g. 32GiB
 
   // Requests a computation of the current selection on the worker thread.
   void Refresh();

@@ -53,6 +53,7 @@ class MainWindow : public QMainWindow {
   QComboBox* page_box_ = nullptr;
   QSpinBox* budget_box_ = nullptr;
   QCheckBox* offload_box_ = nullptr;
+  QComboBox* gpu_tier_box_ = nullptr;
   QComboBox* grad_box_ = nullptr;
   QComboBox* optimizer_box_ = nullptr;
   QComboBox* selection_box_ = nullptr;
