@@ -194,6 +194,30 @@ TEST_F(ExplorerModelTest, GpuTierMovesTheHostLimit) {
   EXPECT_EQ(model.selection().gpu_tier_text, "auto");
 }
 
+// Recommend (issue 15): the search runs on the worker and selects the fastest settings that fit,
+// which then compute at least as fast as what was selected before.
+TEST_F(ExplorerModelTest, RecommendSelectsTheFastestSettings) {
+  ExplorerModel model;
+  ASSERT_TRUE(model.SetContextTokens(32 * 1024));
+  const ExplorerResult before = model.ComputeNow();
+  ASSERT_TRUE(before.ok()) << before.error;
+  const std::optional<RunOptions> best = ExplorerModel::RecommendedOptions(model.selection());
+  ASSERT_TRUE(best.has_value());
+  bool applied = false;
+  QObject::connect(&model, &ExplorerModel::recommendationDone,
+                   [&applied](bool ok, const QString&) { applied = ok; });
+  model.Recommend();
+  model.WaitForWorkers();  // the search, then the refresh it requested
+  model.WaitForWorkers();
+  ASSERT_TRUE(applied);
+  EXPECT_EQ(model.selection().options.chunk_tokens, best->chunk_tokens);
+  EXPECT_EQ(model.selection().options.page_tokens, best->page_tokens);
+  EXPECT_EQ(model.selection().options.offload, best->offload);
+  const ExplorerResult after = model.ComputeNow();
+  ASSERT_TRUE(after.ok()) << after.error;
+  EXPECT_GE(after.report.tokens_per_second, before.report.tokens_per_second);
+}
+
 TEST_F(ExplorerModelTest, AsyncDeliversOnlyTheNewestGeneration) {
   ExplorerModel model;
   Recorder recorder(model);

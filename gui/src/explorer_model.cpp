@@ -15,6 +15,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/kernel_time_model.h"
+#include "ctxplan/sim/recommend.h"
 #include "ctxplan/sim/timeline_writer.h"
 #include "ctxplan/traces/atomic_file.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
@@ -201,6 +202,50 @@ void ExplorerModel::Refresh() {
     if (stale()) return;
     QMetaObject::invokeMethod(
         this, [this, result = std::move(result)]() mutable { Apply(std::move(result)); },
+        Qt::QueuedConnection);
+  });
+}
+
+std::optional<RunOptions> ExplorerModel::RecommendedOptions(const ExplorerSelection& selection) {
+  const sim::Recommendation r =
+      sim::Recommend(selection.model, selection.machine, selection.options, selection.gpu_tier);
+  if (!r.fastest) return std::nullopt;
+  return r.fastest->options;
+}
+
+void ExplorerModel::Recommend() {
+  SetBusy(true);
+  compute_pool_.start([this, selection = selection_]() {
+    std::optional<RunOptions> options;
+    std::string error;
+    try {
+      options = RecommendedOptions(selection);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    QMetaObject::invokeMethod(
+        this,
+        [this, selection, options, error]() {
+          SetBusy(false);
+          if (!SameSelection(selection, selection_)) {
+            emit recommendationDone(false, "the selection changed while searching");
+          } else if (!error.empty()) {
+            emit recommendationDone(false, QString::fromStdString(error));
+          } else if (!options) {
+            emit recommendationDone(false, "nothing fits at this context");
+          } else {
+            const RunOptions o = *options;
+            Accept([&](ExplorerSelection& s) {
+              s.options.chunk_tokens = o.chunk_tokens;
+              s.options.page_tokens = o.page_tokens;
+              s.options.offload = o.offload;
+              s.options.keep_layer_inputs = o.keep_layer_inputs;
+              s.options.optimizer = o.optimizer;
+              s.options.query_tile = o.query_tile;
+            });
+            emit recommendationDone(true, "the fastest settings that fit are selected");
+          }
+        },
         Qt::QueuedConnection);
   });
 }

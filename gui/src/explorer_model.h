@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,12 @@ class ExplorerModel : public QObject {
 
   // Requests a computation of the current selection on the worker thread.
   void Refresh();
+  // Searches, on the worker thread, the fastest settings that fit at the selected context
+  // (`ctxplan recommend`: chunk, page, offload, kept inputs, the optimizer's placement) and,
+  // unless the selection changed meanwhile, selects them; recommendationDone() says what came of
+  // it. The search itself, pure: nullopt when nothing fits.
+  void Recommend();
+  static std::optional<RunOptions> RecommendedOptions(const ExplorerSelection& selection);
   // Computes the current selection on the calling thread and applies it as the newest
   // generation (any request in flight becomes stale). For tests and scripted use.
   ExplorerResult ComputeNow();
@@ -140,6 +147,7 @@ class ExplorerModel : public QObject {
   void errorOccurred(const QString& message);
   void busyChanged(bool busy);
   void timelineFinished(bool ok, const QString& message);
+  void recommendationDone(bool applied, const QString& message);
 
  private:
   // Applies `change` to a copy of the selection, validates the copy and, if it passes and differs,

@@ -174,6 +174,10 @@ QWidget* MainWindow::BuildControls() {
   selection_box_->setToolTip(
       "Union of the query tiles' page selections: disjoint is the worst case (safe), shared the "
       "best case, overlap:F a measured overlap");
+  recommend_button_ = new QPushButton("Recommend settings");
+  recommend_button_->setToolTip(
+      "Select the fastest chunk, page, offload, kept inputs and optimizer placement that fit at "
+      "this context (ctxplan recommend)");
   timeline_button_ = new QPushButton("Export timeline…");
   timeline_button_->setToolTip(
       "Simulate the selected step op by op and write it as Chrome trace JSON (Perfetto)");
@@ -202,6 +206,10 @@ QWidget* MainWindow::BuildControls() {
   connect(optimizer_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetOptimizer);
   connect(selection_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetSelectionModel);
   connect(timeline_button_, &QPushButton::clicked, this, [this] { ExportTimeline(); });
+  connect(recommend_button_, &QPushButton::clicked, m, &ExplorerModel::Recommend);
+  connect(m, &ExplorerModel::recommendationDone, this, [this](bool applied, const QString& text) {
+    error_label_->setText(applied ? QString() : "Recommend: " + text);
+  });
 
   auto* context_row = new QVBoxLayout;
   context_row->addWidget(context_slider_);
@@ -224,6 +232,7 @@ QWidget* MainWindow::BuildControls() {
   auto* panel = new QWidget;
   auto* layout = new QVBoxLayout(panel);
   layout->addLayout(form);
+  layout->addWidget(recommend_button_);
   layout->addWidget(timeline_button_);
   layout->addWidget(error_label_);
   layout->addStretch(1);

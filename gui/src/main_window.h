@@ -54,6 +54,7 @@ class MainWindow : public QMainWindow {
   QSpinBox* budget_box_ = nullptr;
   QCheckBox* offload_box_ = nullptr;
   QComboBox* gpu_tier_box_ = nullptr;
+  QPushButton* recommend_button_ = nullptr;
   QComboBox* grad_box_ = nullptr;
   QComboBox* optimizer_box_ = nullptr;
   QComboBox* selection_box_ = nullptr;
