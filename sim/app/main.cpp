@@ -270,7 +270,7 @@ int RunSweep(SweepFlags f) {
     text =
         "model,machine,context_tokens,chunk_tokens,page_tokens,page_budget,offload,"
         "gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits,step_seconds,"
-        "tokens_per_second,bottleneck\n";
+        "tokens_per_second,bottleneck,gpu_tier_pages\n";
   } else {
     json.BeginObject().Field("model", model.name).Field("machine", machine.name);
     json.BeginArray("results");
@@ -284,14 +284,15 @@ int RunSweep(SweepFlags f) {
     if (f.format == "csv") {
       char row[512];
       std::snprintf(
-          row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s\n",
+          row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s,%lld\n",
           model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
           static_cast<long long>(o.chunk_tokens), static_cast<long long>(o.page_tokens),
           o.dense() ? "all" : std::to_string(o.page_budget).c_str(), o.offload ? "on" : "off",
           static_cast<long long>(r.gpu_memory.allocated),
           static_cast<long long>(r.gpu_memory.device), static_cast<long long>(r.host_peak),
           r.fits() ? "yes" : "no", r.prediction.step_seconds(), r.tokens_per_second,
-          std::string(sim::BottleneckName(r.bottleneck)).c_str());
+          std::string(sim::BottleneckName(r.bottleneck)).c_str(),
+          static_cast<long long>(o.offload ? o.gpu_tier_pages : 0));
       text += row;
     } else {
       json.BeginObject();
