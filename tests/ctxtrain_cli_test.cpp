@@ -4,8 +4,16 @@
 // it records replays against the plan.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <regex>
 
 #include "ctxplan/models/catalog.h"
@@ -36,6 +44,43 @@ RunResult Ctxtrain(std::vector<std::string> args, const ScratchDir& dir) {
 
 void ExpectOneLine(const RunResult& r, int code, const std::vector<std::string>& needles) {
   test::ExpectOneLineError(r, "ctxtrain", code, needles);
+}
+
+// A long small run saving every step, started in the background: its pid (stdout and stderr to
+// files in `dir`).
+pid_t StartSavingRun(const ScratchDir& dir, const std::string& checkpoint) {
+  std::vector<std::string> argv = {CTXTRAIN_EXE};
+  argv.insert(argv.end(), kSmallRun.begin(), kSmallRun.end());
+  for (const std::string& a : {std::string("--steps"), std::string("100000"), std::string("--save"),
+                               checkpoint, std::string("--save-every"), std::string("1")})
+    argv.push_back(a);
+  std::vector<char*> c_argv;
+  for (std::string& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  const std::string out = (dir.path() / "run.out").string(),
+                    err = (dir.path() / "run.err").string();
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, c_argv[0], &actions, nullptr, c_argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool WaitForFile(const std::filesystem::path& path) {
+  for (int i = 0; i < 3000 && !std::filesystem::exists(path); ++i) ::usleep(10'000);
+  return std::filesystem::exists(path);
 }
 
 TEST(CtxtrainCli, BadWeightsDataAndCheckpointsAreOneLineErrors) {
@@ -115,6 +160,46 @@ TEST(CtxtrainCli, LoraRunResumesExactly) {
   });
   EXPECT_EQ(base_x, base_a);
   ExpectOneLine(Ctxtrain({"--lora-rank", "8", "--resume", a}, dir), 2, {"a.ckpt", "LoRA rank"});
+}
+
+// Issue 16: SIGTERM ends a run after the step in flight, with its checkpoint and one line saying
+// so (exit 128 + 15); the checkpoint resumes.
+TEST(CtxtrainCli, SigtermStopsAfterTheStepWithItsCheckpoint) {
+  ScratchDir dir;
+  const std::string checkpoint = (dir.path() / "run.ckpt").string();
+  const pid_t pid = StartSavingRun(dir, checkpoint);
+  ASSERT_TRUE(WaitForFile(checkpoint));
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid), 128 + SIGTERM);
+  const std::string err = ReadAll(dir.path() / "run.err");
+  EXPECT_NE(err.find("ctxtrain: stopped by SIGTERM after step"), std::string::npos) << err;
+  EXPECT_NE(err.find("--resume it"), std::string::npos) << err;
+  const TrainingCheckpoint saved = LoadCheckpoint(checkpoint, LoadModel("tiny"));
+  EXPECT_GE(saved.step, 1);
+  const RunResult resumed = Ctxtrain({"--resume", checkpoint, "--steps", "1"}, dir);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+}
+
+// Issue 16: SIGKILL at random moments of a run that saves every step (so often mid-write): the
+// checkpoint on disk is always a whole one, the previous or the new.
+TEST(CtxtrainCli, SigkillNeverLeavesAHalfWrittenCheckpoint) {
+  ScratchDir dir;
+  const std::string checkpoint = (dir.path() / "run.ckpt").string();
+  std::mt19937 rng(11);
+  int loaded = 0;
+  for (int i = 0; i < 12; ++i) {
+    const pid_t pid = StartSavingRun(dir, checkpoint);
+    if (i == 0) {
+      ASSERT_TRUE(WaitForFile(checkpoint));
+    }
+    ::usleep(20'000 + rng() % 300'000);
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(WaitExit(pid), 128 + SIGKILL);
+    ASSERT_TRUE(std::filesystem::exists(checkpoint));
+    EXPECT_NO_THROW(LoadCheckpoint(checkpoint, LoadModel("tiny"))) << "kill " << i;
+    ++loaded;
+  }
+  EXPECT_EQ(loaded, 12);
 }
 
 TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {

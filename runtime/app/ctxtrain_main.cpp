@@ -6,9 +6,11 @@
 //
 // Exit codes: 0 success, 2 bad input (one line), 3 the run failed (NaN loss, a CUDA error,
 // pinned memory refused), 1 an internal error. A failed run never touches an existing checkpoint.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,6 +107,7 @@ struct Flags {
   double lr = 1e-3;
   std::string trace;
   std::string save, resume;
+  int64_t save_every = 0;  // steps between checkpoints (0: after the last step only)
   bool json = false;
   bool force = false;
   std::string export_weights;  // a folder: model.safetensors + config.json of the initial weights
@@ -353,6 +356,32 @@ RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const Machin
   return o;
 }
 
+// SIGINT and SIGTERM while installed: noted, so the step in flight ends and the run stops with
+// its checkpoint rather than dying mid-step. The previous handlers come back on destruction.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = [](int signal) { received_.store(signal); };
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &previous_int_);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int received() const { return received_.load(); }
+
+ private:
+  static inline std::atomic<int> received_{0};
+  struct sigaction previous_int_ {};
+  struct sigaction previous_term_ {};
+};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler stores into it");
+
 int Main(int argc, char** argv) {
   CLI::App app{"ctxtrain: chunk-recurrent long-context training on the step plan"};
   Flags f;
@@ -374,6 +403,10 @@ int Main(int argc, char** argv) {
   app.add_option("--trace", f.trace,
                  "trace the last step: FILE.ctxtrace (compact) or FILE.json (Perfetto)");
   app.add_option("--save", f.save, "write a checkpoint after the last step (atomically)");
+  app.add_option("--save-every", f.save_every,
+                 "with --save, also write it every N steps (each write replaces the last "
+                 "atomically); SIGINT / SIGTERM end the run after the step in flight, saved")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--resume", f.resume, "resume from a checkpoint");
   app.add_flag("--json", f.json, "print the result as JSON");
   app.add_flag("--force", f.force, "run even if the planner predicts it will not fit");
@@ -554,6 +587,37 @@ int Main(int argc, char** argv) {
     sampler->Begin();
   }
 #endif
+  // The checkpoint after `steps_done` optimizer steps, written atomically to --save.
+  auto save = [&](int64_t steps_done) {
+    TrainingCheckpoint checkpoint;
+    checkpoint.step = steps_done;
+    checkpoint.seed = f.seed;
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
+#endif
+    if (!cuda) checkpoint.weights = weights;
+    if (lora) {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+      if (cuda_backend) checkpoint.lora = cuda_backend->DownloadLora();
+#endif
+      if (!cuda) {
+        checkpoint.lora = lora->weights;
+        if (options.optimizer != OptimizerKind::kNone) {
+          checkpoint.lora_m = lora->m;
+          checkpoint.lora_v = lora->v;
+        }
+      }
+    } else if (!cuda && options.optimizer != OptimizerKind::kNone) {
+      checkpoint.adam_m = optimizer.m;
+      checkpoint.adam_v = optimizer.v;
+    }
+    RunMetadata metadata;
+    AddRunOptions(options, metadata);
+    checkpoint.options = metadata;
+    SaveCheckpoint(f.save, model, checkpoint);
+  };
+  bool saved_after_last = false;
+  StopSignals stop_signals;
   for (int64_t s = first_step; s < first_step + f.steps; ++s) {
     const TokenSequence inputs = data.Step(s);
     if (!cuda) {  // the CUDA backend zeroes its own (below)
@@ -683,36 +747,27 @@ int Main(int argc, char** argv) {
     if (!f.json && isatty(STDERR_FILENO) != 1)
       std::fprintf(stderr, "step %lld: loss %.6f, %.3f s\n", static_cast<long long>(s), last_loss,
                    seconds);
+    const int64_t done = s + 1 - first_step;  // this run's steps so far
+    const bool last_step = done == f.steps;
+    const bool due = !f.save.empty() && f.save_every > 0 && done % f.save_every == 0;
+    if (due) {
+      save(s + 1);
+      saved_after_last = last_step;
+    }
+    if (const int signal = stop_signals.received(); signal != 0 && !last_step) {
+      if (!f.save.empty() && !due) save(s + 1);
+      std::fprintf(stderr, "ctxtrain: stopped by %s after step %lld of %lld: %s\n",
+                   signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(done),
+                   static_cast<long long>(f.steps),
+                   f.save.empty() ? "nothing saved (no --save)"
+                                  : ("checkpoint of step " + std::to_string(s + 1) + " in " +
+                                     f.save + " (--resume it)")
+                                        .c_str());
+      return 128 + signal;
+    }
   }
 
-  if (!f.save.empty()) {
-    TrainingCheckpoint checkpoint;
-    checkpoint.step = first_step + f.steps;
-    checkpoint.seed = f.seed;
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-    if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
-#endif
-    if (!cuda) checkpoint.weights = weights;
-    if (lora) {
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-      if (cuda_backend) checkpoint.lora = cuda_backend->DownloadLora();
-#endif
-      if (!cuda) {
-        checkpoint.lora = lora->weights;
-        if (options.optimizer != OptimizerKind::kNone) {
-          checkpoint.lora_m = lora->m;
-          checkpoint.lora_v = lora->v;
-        }
-      }
-    } else if (!cuda && options.optimizer != OptimizerKind::kNone) {
-      checkpoint.adam_m = optimizer.m;
-      checkpoint.adam_v = optimizer.v;
-    }
-    RunMetadata metadata;
-    AddRunOptions(options, metadata);
-    checkpoint.options = metadata;
-    SaveCheckpoint(f.save, model, checkpoint);
-  }
+  if (!f.save.empty() && !saved_after_last) save(first_step + f.steps);
 
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   if (sampler) {
