@@ -2,6 +2,8 @@
 // against itself and against a different plan.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -120,18 +122,27 @@ TEST_F(OpTraceTest, DamagedFilesAreClearErrors) {
   };
   expect_error("not a trace at all", "not a ctxplan op trace");
   expect_error(good + "x", "bytes after the footer");
+  uint32_t metadata_bytes = 0;
+  std::memcpy(&metadata_bytes, good.data() + 8, 4);
+  const size_t record = 8 + 4 + metadata_bytes;  // the first record, after magic and metadata
   std::string bad_tag = good;
-  bad_tag[8 + 4 + 9] = 7;  // the first record's tag, after magic, length and "{"k":"v"}"
+  bad_tag[record] = 7;
   expect_error(bad_tag, "unknown record tag 7");
   std::string backwards = good;
-  backwards[8 + 4 + 9 + 1 + 8] = 100;  // start_ns = 100 > end_ns = 9
+  backwards[record + 1 + 8] = 100;  // start_ns = 100 > end_ns = 9
   expect_error(backwards, "ends before it starts");
   std::string bad_metadata = good;
   bad_metadata[8 + 4] = '[';
   expect_error(bad_metadata, "metadata");
   std::string bad_count = good;
-  bad_count[good.size() - 16] = 3;  // footer claims 3 ops
+  bad_count[good.size() - 20] = 3;  // footer claims 3 ops (before its 4-byte checksum)
   expect_error(bad_count, "footer counts 3 ops");
+  // A flipped bit no structural check sees (op 0's layer) fails the checksum.
+  std::string flipped = good;
+  flipped[record + 1 + 8 + 8 + 8 + 4 + 4] ^= 0x04;
+  expect_error(flipped, "fails its CRC-32C");
+  // Cut just before its checksum: not taken for a trace from before checksums.
+  expect_error(good.substr(0, good.size() - 4), "ends before its checksum");
   EXPECT_THROW(ReadOpTrace(dir_ / "missing.ctxtrace"), InputError);
 }
 

@@ -1,5 +1,9 @@
 #include "ctxplan/traces/op_trace.h"
 
+#include <span>
+
+#include "ctxplan/traces/crc32c.h"
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -20,6 +24,10 @@ constexpr uint8_t kUnionTag = 3;
 constexpr uint8_t kFooterTag = 0xFF;
 constexpr size_t kMagicBytes = 8;
 constexpr uint32_t kMaxMetadataBytes = 1 << 20;
+// The writer's own metadata key: the footer ends with a CRC-32C of every byte before it. A trace
+// that says so must have it (a file cut just before it is not an older trace).
+constexpr char kChecksumKey[] = "trace_checksum";
+constexpr char kChecksumValue[] = "crc32c";
 
 template <typename T>
 void Put(std::string& out, T value) {
@@ -96,7 +104,8 @@ TraceMetadata ParseMetadata(std::string_view json, const std::string& path, size
 
 class OpTraceWriter::Impl {
  public:
-  Impl(const std::filesystem::path& path, const TraceMetadata& metadata) : file(path) {
+  Impl(const std::filesystem::path& path, TraceMetadata metadata) : file(path) {
+    metadata[kChecksumKey] = kChecksumValue;
     const std::string json = MetadataJson(metadata);
     buffer.append(kOpTraceMagic, kMagicBytes);
     Put<uint32_t>(buffer, static_cast<uint32_t>(json.size()));
@@ -104,12 +113,14 @@ class OpTraceWriter::Impl {
   }
   void Flush(bool force) {
     if (!force && buffer.size() < (1 << 20)) return;
+    crc = Crc32c(std::as_bytes(std::span(buffer.data(), buffer.size())), crc);
     file.stream().write(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     buffer.clear();
   }
 
   AtomicFileWriter file;
   std::string buffer;
+  uint32_t crc = 0;  // of every byte written so far
   uint64_t ops = 0;
   uint64_t memory = 0;
   bool finished = false;
@@ -165,6 +176,9 @@ void OpTraceWriter::Finish() {
   Put<uint8_t>(impl_->buffer, kFooterTag);
   Put<uint64_t>(impl_->buffer, impl_->ops);
   Put<uint64_t>(impl_->buffer, impl_->memory);
+  impl_->Flush(true);
+  // The CRC-32C of every byte before it (absent from traces written before 2026-11-25).
+  Put<uint32_t>(impl_->buffer, impl_->crc);
   impl_->Flush(true);
   impl_->file.Commit();
   impl_->finished = true;
@@ -225,7 +239,25 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
         cursor.Fail("footer counts " + std::to_string(ops) + " ops and " + std::to_string(memory) +
                     " memory records, the file holds " + std::to_string(trace.ops.size()) +
                     " and " + std::to_string(trace.memory.size()));
-      if (!cursor.done()) cursor.Fail("bytes after the footer");
+      const auto declared = trace.metadata.find(kChecksumKey);
+      const bool checksummed = declared != trace.metadata.end();
+      if (checksummed) {
+        if (declared->second != kChecksumValue)
+          cursor.Fail(std::string("metadata '") + kChecksumKey + "' is '" + declared->second +
+                      "'; accepted: " + kChecksumValue);
+        trace.metadata.erase(declared);
+        if (cursor.done()) cursor.Fail("ends before its checksum (cut short?)");
+      }
+      if (!cursor.done()) {
+        const size_t checked = cursor.offset();
+        const uint32_t stored = cursor.Get<uint32_t>("the footer's checksum");
+        if (!cursor.done()) cursor.Fail("bytes after the footer");
+        const uint32_t computed = Crc32c(std::as_bytes(std::span(bytes.data(), checked)));
+        if (stored != computed)
+          throw InputError(path.string() + ": fails its CRC-32C (stored " + Crc32cHex(stored) +
+                           ", computed " + Crc32cHex(computed) +
+                           "): the trace is corrupt; accepted: an intact .ctxtrace");
+      }
       return trace;
     } else {
       cursor.Fail("unknown record tag " + std::to_string(tag));

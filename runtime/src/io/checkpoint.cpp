@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/crc32c.h"
+#include "ctxplan/traces/crc32c.h"
 #include "ctxplan/runtime/safetensors.h"
 
 namespace ctxplan {

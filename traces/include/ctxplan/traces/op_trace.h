@@ -17,7 +17,9 @@
 //     tag 3, union:  u8 phase, i32 chunk, i32 layer, i32 pages                   (13 bytes)
 //                    (a page-sparse layer's union of its query tiles' selections, as the run
 //                    drew it; written after the step's ops; absent before 2026-11-25)
-//   tag 0xFF, footer: u64 op records, u64 memory records   (a missing footer = truncated file)
+//   tag 0xFF, footer: u64 op records, u64 memory records   (a missing footer = truncated file),
+//                    then u32 CRC-32C of every byte before it: traces written since 2026-11-25,
+//                    whose metadata says trace_checksum = crc32c (the reader checks, drops the key)
 // Times share one clock, in nanoseconds from the step's start.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/crc32c.h"
+#include "ctxplan/traces/crc32c.h"
 
 #include <array>
 #include <cstdio>
