@@ -188,17 +188,21 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path.string() + ": cannot read file");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Cursor cursor(bytes, path.string());
+  return ParseOpTrace(bytes, path.string());
+}
+
+OpTrace ParseOpTrace(std::string_view bytes, const std::string& name) {
+  Cursor cursor(bytes, name);
   if (cursor.Take(std::min(bytes.size(), kMagicBytes), "the magic") !=
       std::string_view(kOpTraceMagic, kMagicBytes))
-    throw InputError(path.string() + ": not a ctxplan op trace (no " + kOpTraceMagic +
+    throw InputError(name + ": not a ctxplan op trace (no " + kOpTraceMagic +
                      " header); accepted: a .ctxtrace file written by ctxtrain or ctxplan");
   const uint32_t metadata_bytes = cursor.Get<uint32_t>("the metadata length");
   if (metadata_bytes > kMaxMetadataBytes) cursor.Fail("metadata larger than 1 MiB");
   OpTrace trace;
   const size_t metadata_offset = cursor.offset();
   trace.metadata =
-      ParseMetadata(cursor.Take(metadata_bytes, "the metadata"), path.string(), metadata_offset);
+      ParseMetadata(cursor.Take(metadata_bytes, "the metadata"), name, metadata_offset);
   while (true) {
     if (cursor.done()) cursor.Fail("ends without its footer (the run stopped while writing?)");
     const uint8_t tag = cursor.Get<uint8_t>("a record tag");
@@ -254,7 +258,7 @@ OpTrace ReadOpTrace(const std::filesystem::path& path) {
         if (!cursor.done()) cursor.Fail("bytes after the footer");
         const uint32_t computed = Crc32c(std::as_bytes(std::span(bytes.data(), checked)));
         if (stored != computed)
-          throw InputError(path.string() + ": fails its CRC-32C (stored " + Crc32cHex(stored) +
+          throw InputError(name + ": fails its CRC-32C (stored " + Crc32cHex(stored) +
                            ", computed " + Crc32cHex(computed) +
                            "): the trace is corrupt; accepted: an intact .ctxtrace");
       }

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/traces/crc32c.h"
 #include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/traces/crc32c.h"
 
 namespace ctxplan {
 
@@ -211,11 +211,14 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
       Fail(path, "tensor " + QuoteName(info.name) + " is " + info.dtype + "; checkpoints are F32");
   }
   for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights);
-  for (const auto& [prefix, state] : lora_parts)
-    state->ForEachShaped(
+  for (const auto& part : lora_parts) {
+    const std::string prefix(
+        part.first);  // a lambda may not capture a structured binding (clang 14)
+    part.second->ForEachShaped(
         [&](const std::string& name, const std::array<int64_t, 2>& shape, std::vector<float>& t) {
-          file.ReadF32(std::string(prefix) + name, shape, t);
+          file.ReadF32(prefix + name, shape, t);
         });
+  }
   if (checksummed) {
     // The tensors as read, laid out as they were written (F32 round trips exactly), against the
     // checksums taken when they were written.

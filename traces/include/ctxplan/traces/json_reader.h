@@ -41,14 +41,23 @@ inline constexpr size_t kMaxJsonDepth = 64;
 // gigabytes; real headers hold ~10 values per tensor and at most ~10^5 tensors.
 inline constexpr size_t kMaxJsonValues = size_t{2} << 20;
 
+struct JsonMember;
+
 struct JsonValue {
   enum class Kind : uint8_t { kNull, kBool, kNumber, kString, kArray, kObject };
   Kind kind = Kind::kNull;
   bool boolean = false;
   std::string text;  // a string's value, or a number's literal text
   std::vector<JsonValue> items;
-  std::vector<std::pair<std::string, JsonValue>> members;  // in file order, keys unique
-  size_t offset = 0;  // where the value starts in the JSON text
+  std::vector<JsonMember> members;  // in file order, keys unique
+  size_t offset = 0;                // where the value starts in the JSON text
+};
+
+// An object's key and value (a struct, not std::pair: a pair may not hold the incomplete
+// JsonValue, and libc++ / clang refuse it where libstdc++ / GCC let it pass).
+struct JsonMember {
+  std::string first;
+  JsonValue second;
 };
 
 inline const char* KindName(JsonValue::Kind kind) {
@@ -139,7 +148,7 @@ class JsonParser {
         Expect(':');
         SkipSpace();
         JsonValue member = ParseValue(depth + 1);
-        value.members.emplace_back(std::move(key), std::move(member));
+        value.members.push_back({std::move(key), std::move(member)});
         SkipSpace();
         if (pos_ < text_.size() && text_[pos_] == ',') {
           ++pos_;

@@ -91,5 +91,7 @@ class OpTraceWriter {
 // Reads and validates a whole trace. A missing, truncated or malformed file throws InputError
 // naming the file, the byte offset and what was expected.
 OpTrace ReadOpTrace(const std::filesystem::path& path);
+// The same over a trace's bytes; `name` stands for the file in messages.
+OpTrace ParseOpTrace(std::string_view bytes, const std::string& name);
 
 }  // namespace ctxplan

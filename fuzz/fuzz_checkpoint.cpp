@@ -1,0 +1,36 @@
+// libFuzzer target: safetensors headers and checkpoints (tiny model), read from a file as ctxtrain
+// reads them (pread). Anything but InputError (a damaged file) is a bug.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/checkpoint.h"
+#include "ctxplan/runtime/safetensors.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const ctxplan::ModelSpec model = ctxplan::LoadModel("tiny");
+  static const std::string path =
+      (std::filesystem::temp_directory_path() / ("ctxplan-fuzz-" + std::to_string(::getpid())))
+          .string();
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  }
+  try {
+    const ctxplan::SafetensorsFile file(path);
+    for (const ctxplan::SafetensorsTensorInfo& t : file.tensors())
+      if (t.elements() <= (int64_t{1} << 16)) (void)file.ReadF32(t.name);
+  } catch (const ctxplan::InputError&) {
+  }
+  try {
+    (void)ctxplan::LoadCheckpoint(path, model);
+  } catch (const ctxplan::InputError&) {
+  }
+  return 0;
+}
