@@ -20,11 +20,11 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/checkpoint.h"
-#include "ctxplan/traces/crc32c.h"
 #include "ctxplan/runtime/model_weights.h"
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
 #include "ctxplan/runtime/token_data.h"
+#include "ctxplan/traces/crc32c.h"
 
 namespace ctxplan {
 namespace {

@@ -1,5 +1,5 @@
-// CRC-32C (Castagnoli), the checksum of checkpoint tensors and of traces: the SSE4.2 instruction where the CPU
-// has it (several GB/s, so a 7B checkpoint's 84 GB check in seconds), else a table.
+// CRC-32C (Castagnoli), the checksum of checkpoint tensors and of traces: the SSE4.2 instruction
+// where the CPU has it (several GB/s, so a 7B checkpoint's 84 GB check in seconds), else a table.
 #pragma once
 
 #include <cstddef>
