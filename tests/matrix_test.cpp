@@ -30,6 +30,7 @@
 #include "ctxplan/sim/plan_report.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/traces/op_trace.h"
+#include "support/csv.h"
 
 namespace ctxplan {
 namespace {
@@ -60,21 +61,9 @@ bool IsValidation(const MatrixRun& r) {
 }
 
 std::vector<MatrixRun> ReadMatrix() {
-  std::ifstream in(kDir + "matrix.csv");
-  EXPECT_TRUE(in.good()) << kDir << "matrix.csv";
   std::vector<MatrixRun> runs;
-  std::string line;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (header) {
-      header = false;
-      continue;
-    }
-    std::vector<std::string> f;
-    std::stringstream fields(line);
-    for (std::string cell; std::getline(fields, cell, ',');) f.push_back(cell);
-    if (!line.empty() && line.back() == ',') f.emplace_back();
+  for (const std::vector<std::string>& f : test::ReadCsvRows(kDir + "matrix.csv")) {
+    const std::string line = test::CsvLine(f);
     EXPECT_EQ(f.size(), 25u) << line;
     if (f.size() != 25) continue;
     MatrixRun r;
@@ -396,20 +385,8 @@ TEST(Matrix, PageUnionRuleIsTheCalibrationFit) {
     double union_pages;  // sink included
   };
   std::vector<Chunk> chunks;
-  std::ifstream in(kDir + "matrix/unions.csv");
-  ASSERT_TRUE(in.good()) << kDir << "matrix/unions.csv";
-  std::string line;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (header) {
-      header = false;
-      continue;
-    }
-    std::vector<std::string> f;
-    std::stringstream row(line);
-    for (std::string cell; std::getline(row, cell, ',');) f.push_back(cell);
-    ASSERT_EQ(f.size(), 9u) << line;
+  for (const std::vector<std::string>& f : test::ReadCsvRows(kDir + "matrix/unions.csv")) {
+    ASSERT_EQ(f.size(), 9u) << test::CsvLine(f);
     chunks.push_back({f[0], f[1] == "calibration", std::stoll(f[4]), std::stoll(f[5]),
                       std::stoll(f[6]), std::stod(f[8])});
   }

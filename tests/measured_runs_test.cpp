@@ -16,6 +16,7 @@
 #include "ctxplan/runtime/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/plan_report.h"
+#include "support/csv.h"
 
 namespace ctxplan {
 namespace {
@@ -29,20 +30,9 @@ struct MeasuredRun {
 
 std::vector<MeasuredRun> ReadRuns() {
   const std::string path = std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/h200-7b-runs.csv";
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
   std::vector<MeasuredRun> runs;
-  std::string line;
-  bool header = true;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (header) {
-      header = false;
-      continue;
-    }
-    std::vector<std::string> f;
-    std::stringstream fields(line);
-    for (std::string cell; std::getline(fields, cell, ',');) f.push_back(cell);
+  for (const std::vector<std::string>& f : test::ReadCsvRows(path)) {
+    const std::string line = test::CsvLine(f);
     EXPECT_EQ(f.size(), 12u) << line;
     if (f.size() != 12) continue;
     MeasuredRun r;

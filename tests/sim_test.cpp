@@ -293,7 +293,7 @@ TEST(Capacity, GpuTierHoldsPagesBesideTheHost) {
   const PlanReport report = MakeReport(g, H200(), memory);
   EXPECT_TRUE(report.fits());
   // Within the margin (2 GiB) and one tier page of the device's memory.
-  const int64_t tier_page = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
+  const int64_t tier_page = g.tier_page_bytes();
   EXPECT_LE(report.gpu_memory.device, report.gpu_capacity - automatic.margin_bytes + tier_page);
   EXPECT_GT(report.gpu_memory.device,
             report.gpu_capacity - automatic.margin_bytes - 3 * tier_page -

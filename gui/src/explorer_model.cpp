@@ -32,7 +32,8 @@ bool SameOptions(const RunOptions& a, const RunOptions& b) {
          a.sink_pages == b.sink_pages && a.query_tile == b.query_tile && a.offload == b.offload &&
          a.grad_dtype == b.grad_dtype && a.optimizer == b.optimizer && a.lora_rank == b.lora_rank &&
          a.selection.kind == b.selection.kind &&
-         a.selection.overlap_fraction == b.selection.overlap_fraction;
+         a.selection.overlap_fraction == b.selection.overlap_fraction &&
+         a.keep_layer_inputs == b.keep_layer_inputs;
 }
 
 bool SameSelection(const ExplorerSelection& a, const ExplorerSelection& b) {

@@ -67,11 +67,10 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
     // The page store's two tiers: the GPU tier's pages never cross PCIe.
     const PlanGeometry g(c.model, c.options);
     const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
-    const int64_t page_bytes = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
-    s += "Page store: GPU tier " + FormatGiB(tier * page_bytes) + " (the first " +
+    s += "Page store: GPU tier " + FormatGiB(g.gpu_tier_bytes()) + " (the first " +
          FormatCount(tier) + " of " + FormatCount(g.total_pages()) +
          " pages a layer, KV and dKV), " + "host tier up to " +
-         FormatGiB((g.total_pages() - tier) * page_bytes) +
+         FormatGiB((g.total_pages() - tier) * g.tier_page_bytes()) +
          "; over PCIe: GPU tier 0, host tier H2D " +
          FormatGiB(static_cast<int64_t>(r.prediction.h2d_bytes)) + ", D2H " +
          FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
@@ -157,12 +156,11 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
   if (o.offload) {
     const PlanGeometry g(c.model, o);
     const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
-    const int64_t page_bytes = g.num_layers() * (g.kv_page_bytes() + g.dkv_page_bytes());
     j.BeginObject("page_store")
         .Field("pages_per_layer", g.total_pages())
         .Field("gpu_tier_pages_per_layer", tier)
-        .Field("gpu_tier_bytes", tier * page_bytes)
-        .Field("host_tier_max_bytes", (g.total_pages() - tier) * page_bytes)
+        .Field("gpu_tier_bytes", g.gpu_tier_bytes())
+        .Field("host_tier_max_bytes", (g.total_pages() - tier) * g.tier_page_bytes())
         .Field("host_tier_h2d_bytes", r.prediction.h2d_bytes)
         .Field("host_tier_d2h_bytes", r.prediction.d2h_bytes)
         .EndObject();

@@ -46,8 +46,6 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
   options.gpu_tier_pages = 0;
   if (setting.off() || !options.offload) return options;
   const PlanGeometry plain(model, options);
-  const int64_t page_bytes =
-      plain.num_layers() * (plain.kv_page_bytes() + plain.dkv_page_bytes());  // a tier page
   int64_t bytes = setting.size_bytes;
   if (setting.kind == GpuTierSetting::Kind::kAuto) {
     StepPrediction memory_only;
@@ -57,7 +55,8 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
     const PlanReport report = MakeReport(plain, machine, memory_only);
     bytes = report.gpu_capacity - report.gpu_memory.device - setting.margin_bytes;
   }
-  options.gpu_tier_pages = std::clamp<int64_t>(bytes / page_bytes, 0, plain.total_pages());
+  options.gpu_tier_pages =
+      std::clamp<int64_t>(bytes / plain.tier_page_bytes(), 0, plain.total_pages());
   return options;
 }
 

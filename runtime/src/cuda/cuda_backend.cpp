@@ -1169,14 +1169,15 @@ class TypedImpl final : public CudaBackend::Impl {
 
   void AttentionBackward(const Op& op) {
     if (!IsLastAttentionOp(op, c_)) return;
-    if (c_.earlier_pages > 0) page_reads_.Add(op.layer, UnionPages(op));
+    const std::vector<int32_t> pages =
+        c_.earlier_pages > 0 ? UnionPages(op) : std::vector<int32_t>{};
+    page_reads_.Add(op.layer, pages);
     PagedKv<bf16> e = Earlier<bf16>(op.layer, false);
     PagedKv<G> de = Earlier<G>(op.layer, true);
     PageSelection selection = Selection(op);
     if (c_.sparse) {
       // The backward launches key blocks over the union of the tiles' selections only. Its
       // pinned staging was last read by the copy two layers ago: wait for that before rewriting.
-      const std::vector<int32_t> pages = UnionPages(op);
       CTXPLAN_CUDA_CHECK(cudaEventSynchronize(union_copied_[parity_]));
       std::copy(pages.begin(), pages.end(), union_host_[parity_].get());
       gpu::CopyBySms(union_host_[parity_].get(), union_dev_[parity_].get(),

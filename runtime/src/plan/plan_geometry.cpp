@@ -280,9 +280,12 @@ int64_t PlanGeometry::page_slot_bytes() const {
   return 2 * (max_host_union_pages() + own) * (kv_page_bytes() + dkv_page_bytes());
 }
 
+int64_t PlanGeometry::tier_page_bytes() const {
+  return num_layers() * (kv_page_bytes() + dkv_page_bytes());
+}
+
 int64_t PlanGeometry::gpu_tier_bytes() const {
-  return std::min(gpu_tier_pages(), total_pages()) * num_layers() *
-         (kv_page_bytes() + dkv_page_bytes());
+  return std::min(gpu_tier_pages(), total_pages()) * tier_page_bytes();
 }
 
 }  // namespace ctxplan

@@ -142,6 +142,8 @@ class PlanGeometry {
   int64_t max_union_pages() const;
   // The same in the host tier: the union pages the slots stage.
   int64_t max_host_union_pages() const;
+  // One page position in a tier: its KV and dKV in every layer.
+  int64_t tier_page_bytes() const;
   // The GPU tier with offload on: KV and dKV of its pages of every layer (allocated up front).
   int64_t gpu_tier_bytes() const;
 
