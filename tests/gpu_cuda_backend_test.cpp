@@ -137,7 +137,7 @@ TEST(CudaBackend, GpuTierOffPartialFullAgree) {
     const StepOutputs want = RunStep(plain, {tokens, labels}, untiered);
     ModelWeights want_grads = untiered.DownloadGrads();
     const int64_t pinned = untiered.Memory().pinned_pages_peak_bytes;
-    for (const int64_t tier : {int64_t{3}, int64_t{10}, int64_t{20}}) {
+    for (const int64_t tier : {int64_t{3}, int64_t{5}, int64_t{10}, int64_t{20}}) {
       RunOptions o = Options(budget, true, false);
       o.gpu_tier_pages = tier;
       const StepPlan plan(model, o);

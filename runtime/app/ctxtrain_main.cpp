@@ -440,10 +440,6 @@ int Main(int argc, char** argv) {
   const MachineSpec machine = cli::ResolveMachine(f.run);
   const sim::GpuTierSetting tier =
       sim::ParseGpuTierSetting(f.run.gpu_tier, f.run.gpu_tier_margin, "--gpu-tier");
-  if (cuda && !tier.off())
-    throw InputError("--gpu-tier: '" + f.run.gpu_tier +
-                     "': the CUDA backend keeps every offloaded page on the host for now (the CPU "
-                     "backend and the planner keep a GPU tier); accepted: off");
   if (cuda) CudaDefaults(app, f.run);
   RunOptions options =
       sim::WithGpuTier(model, machine, ResolveOptions(f.run, model, /*with_context=*/true), tier);
@@ -798,6 +794,10 @@ int Main(int argc, char** argv) {
     pinned = memory.host_bytes;
   }
 #endif
+  // The GPU tier the run kept (the earliest pages of every layer), 0 when off.
+  const int64_t geometry_pages = PlanGeometry(model, options).total_pages();
+  const int64_t tier_pages =
+      options.offload ? std::min(options.gpu_tier_pages, geometry_pages) : int64_t{0};
   // The steps' own time, start-up excluded: the first step (one-time costs: cuBLASLt plans, first
   // touches) and the mean of the steps after it.
   const double after_first = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;
@@ -832,7 +832,8 @@ int Main(int argc, char** argv) {
         "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
         "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
         "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
-        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"page_read_shares\":%s}\n",
+        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"gpu_tier_pages\":%lld,"
+        "\"page_read_shares\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
         static_cast<long long>(allocated), static_cast<long long>(reserved),
@@ -843,7 +844,7 @@ int Main(int argc, char** argv) {
         first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
         sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
         board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null",
-        shares_json.c_str());
+        static_cast<long long>(tier_pages), shares_json.c_str());
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
@@ -865,6 +866,9 @@ int Main(int argc, char** argv) {
     else
       std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
+    if (tier_pages > 0)
+      std::printf("  page store: GPU tier of the first %lld of %lld pages a layer (KV and dKV)\n",
+                  static_cast<long long>(tier_pages), static_cast<long long>(geometry_pages));
     if (!shares_text.empty())
       std::printf(
           "  page reads kept off PCIe by a GPU tier of each layer's pages (earliest / most-read "

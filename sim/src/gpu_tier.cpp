@@ -46,17 +46,29 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
   options.gpu_tier_pages = 0;
   if (setting.off() || !options.offload) return options;
   const PlanGeometry plain(model, options);
-  int64_t bytes = setting.size_bytes;
-  if (setting.kind == GpuTierSetting::Kind::kAuto) {
+  const int64_t page_bytes = plain.tier_page_bytes();
+  if (setting.kind == GpuTierSetting::Kind::kSize) {
+    options.gpu_tier_pages =
+        std::clamp<int64_t>(setting.size_bytes / page_bytes, 0, plain.total_pages());
+    return options;
+  }
+  // Auto: the tier takes what the plan leaves free. A larger tier leaves fewer pages in the host
+  // tier, so fewer staging slots: what the first sizing freed is taken again, until less than a
+  // page is left. Growing by the free bytes never overshoots, since the slots only shrink.
+  for (int round = 0; round < 8; ++round) {
     StepPrediction memory_only;
-    const MemoryPrediction memory = AnalyticModel::PredictMemory(plain);
+    const PlanGeometry geometry(model, options);
+    const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry);
     memory_only.gpu = memory.gpu;
     memory_only.host = memory.host;
-    const PlanReport report = MakeReport(plain, machine, memory_only);
-    bytes = report.gpu_capacity - report.gpu_memory.device - setting.margin_bytes;
+    const PlanReport report = MakeReport(geometry, machine, memory_only);
+    const int64_t free = report.gpu_capacity - report.gpu_memory.device - setting.margin_bytes;
+    const int64_t grown =
+        std::clamp<int64_t>(options.gpu_tier_pages + free / page_bytes, 0, plain.total_pages());
+    if (grown == options.gpu_tier_pages) break;
+    options.gpu_tier_pages = grown;
+    if (free < 0) break;  // the plan does not fit even without a tier
   }
-  options.gpu_tier_pages =
-      std::clamp<int64_t>(bytes / plain.tier_page_bytes(), 0, plain.total_pages());
   return options;
 }
 

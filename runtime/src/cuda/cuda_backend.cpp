@@ -290,6 +290,8 @@ class TypedImpl final : public CudaBackend::Impl {
         want.Want(tier_own_table_[p], static_cast<size_t>(own_capacity_), MemCategory::kPageSlots,
                   "own page table [own pages]");
       }
+      want.Want(tier_table_, static_cast<size_t>(std::max<int64_t>(total_pages_, 1)),
+                MemCategory::kPageSlots, "GPU tier page table [pages]");
     } else if (o_.offload) {
       for (int p = 0; p < 2; ++p) {
         const auto slots = static_cast<size_t>(slot_capacity_ * pe_);
@@ -571,8 +573,8 @@ class TypedImpl final : public CudaBackend::Impl {
     final_norm_rows_ = 0;
     layer_key_ = {-1, -1, -1};
     table_user_[0] = table_user_[1] = kNoOp;
-    table_staged_[0] = table_staged_[1] = own_table_staged_[0] =
-        own_table_staged_[1] = {-1, -1, -1};
+    table_staged_[0] = table_staged_[1] = own_table_staged_[0] = own_table_staged_[1] =
+        tier_table_staged_ = {-1, -1, -1};
     page_reads_.Reset(layers_, total_pages_);
   }
 
@@ -1066,23 +1068,30 @@ class TypedImpl final : public CudaBackend::Impl {
     return tier_own_table_[parity].get();
   }
 
-  // The earlier pages of `layer` in the pool: the layer's copy in wrote the table (CopyIn); a
-  // layer whose pages are all in the tier has no copy, and its table is filled here.
+  // The earlier pages of `layer` in the pool: the layer's copy in wrote the parity's table
+  // (CopyIn). A layer whose pages are all in the tier has no copy; its table is filled on the
+  // compute stream into a table of its own. Not into the parity's: the H2D stream may already be
+  // writing that one for a later layer's copy, which the plan orders after the last layer that
+  // copied, not after this one.
   template <typename T>
   PagedKv<T> EarlierInTier(int32_t layer, bool dkv) {
+    const int32_t* table = slot_table_[parity_].get();
     if (table_staged_[parity_] != layer_key_) {
       CTXPLAN_CHECK(c_.earlier_pages <= tier_pages_,
                     "CUDA backend: a layer with pages in the host tier attended before its copy");
-      table_staged_[parity_] = layer_key_;
-      gpu::FillPageTable(slot_table_[parity_].get(), c_.earlier_pages, 0, tier_pages_,
-                         TierBase(layer), 0, compute_);
+      if (tier_table_staged_ != layer_key_) {
+        tier_table_staged_ = layer_key_;
+        gpu::FillPageTable(tier_table_.get(), c_.earlier_pages, 0, tier_pages_, TierBase(layer), 0,
+                           compute_);
+      }
+      table = tier_table_.get();
     }
     PagedKv<T> p;
     p.shape = shape_;
     p.num_pages = c_.earlier_pages;
     p.pool = reinterpret_cast<T*>(dkv ? static_cast<void*>(tier_dkv_pool_.get())
                                       : static_cast<void*>(tier_kv_pool_.get()));
-    p.page_slot = slot_table_[parity_].get();
+    p.page_slot = table;
     return p;
   }
 
@@ -1547,6 +1556,8 @@ class TypedImpl final : public CudaBackend::Impl {
   DeviceArray<bf16> tier_kv_pool_;
   DeviceArray<G> tier_dkv_pool_;
   DeviceArray<int32_t> tier_own_table_[2];
+  DeviceArray<int32_t> tier_table_;  // [pages]: a layer's earlier pages, all in the tier
+  std::array<int32_t, 3> tier_table_staged_{-1, -1, -1};
   std::array<int32_t, 3> table_staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
   std::array<int32_t, 3> own_table_staged_[2] = {{-1, -1, -1}, {-1, -1, -1}};
   std::vector<int32_t> union_;
