@@ -7,6 +7,8 @@
 # the runs are planned with and recorded under, e.g. h200-125g); logs and traces go under $OUT.
 # HOST_ADAMW_GPARAMS, when set: this host's AdamW rate as `ctxplan-measure --only host` measured
 # it in the same session (recorded with each row: the lent hosts differ by 25% there).
+# GPU_TIER, when set: every run's --gpu-tier (off, auto or a size); the row records the pages a
+# layer the run kept in the GPU tier (0: none).
 set -uo pipefail
 bin=${1:?bin dir holding ctxtrain}
 machine=${2:?machine preset, e.g. h200-125g}
@@ -24,6 +26,7 @@ grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload
         --grad-dtype $grad --optimizer $opt"
   [ "$lora" != 0 ] && args="$args --lora-rank $lora"
   [ -n "${trace:-}" ] && args="$args --trace $out/$trace"
+  [ -n "${GPU_TIER:-}" ] && args="$args --gpu-tier $GPU_TIER"
   name=$model-$ctx-$chunk-$page-$budget-$keep-$offload-$grad-$opt-$lora
   log=$out/logs/$name.log
   mkdir -p "$out/logs"
@@ -38,6 +41,7 @@ grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload
   startup=$(grep -oE "start-up [0-9.]+ s" "$log" | tail -1 | awk '{print $2}')
   clock=$(grep -oE "SM clock [0-9.]+ MHz" "$log" | tail -1 | awk '{print $3}')
   watts=$(grep -oE "board power [0-9.]+ W" "$log" | tail -1 | awk '{print $3}')
-  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-},${clock:-},${watts:-},${HOST_ADAMW_GPARAMS:-}" \
+  tier=$(grep -oE "GPU tier of the first [0-9]+" "$log" | tail -1 | awk '{print $6}')
+  echo "ROW,$machine,$model,$ctx,$chunk,$page,$budget,$keep,$offload,$grad,$opt,$lora,$steps,${tps:-},${arena:-},${device:-},${host:-},${startup:-},$gpu,$driver,$commit,$date,${trace:-},${clock:-},${watts:-},${HOST_ADAMW_GPARAMS:-},${tier:-0}" \
        "(rc $rc, wall $wall s)"
 done

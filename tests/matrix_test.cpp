@@ -64,8 +64,8 @@ std::vector<MatrixRun> ReadMatrix() {
   std::vector<MatrixRun> runs;
   for (const std::vector<std::string>& f : test::ReadCsvRows(kDir + "matrix.csv")) {
     const std::string line = test::CsvLine(f);
-    EXPECT_EQ(f.size(), 25u) << line;
-    if (f.size() != 25) continue;
+    EXPECT_EQ(f.size(), 26u) << line;
+    if (f.size() != 26) continue;
     MatrixRun r;
     r.line = line;
     r.machine = f[0];
@@ -90,6 +90,7 @@ std::vector<MatrixRun> ReadMatrix() {
     r.trace = f[21];
     r.sm_clock_mhz = f[22].empty() ? 0 : std::stod(f[22]);
     r.host_adamw_gparams = f[24].empty() ? 0 : std::stod(f[24]);
+    o.gpu_tier_pages = std::stoll(f[25]);
     r.validation = IsValidation(r);
     runs.push_back(r);
   }
