@@ -442,6 +442,18 @@ TEST(CliTest, RecommendAndTheGpuTier) {
   ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
   EXPECT_GE(JsonInt(r.out, "max_context_tokens"), 1'450'000) << r.out.substr(0, 300);
   EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+  // Issue 12: with no optimizer state the tier holds more, and beyond the full tiered store the
+  // GPU grows by the page summaries alone (2.8 MB per 10K tokens; the acceptance allows 10).
+  args = {"max-context", "--gpu-tier", "auto", "--optimizer", "none", "--json"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_GE(JsonInt(r.out, "max_context_tokens"), 1'800'000) << r.out.substr(0, 300);
+  std::smatch slope;
+  ASSERT_TRUE(std::regex_search(r.out, slope,
+                                std::regex("\"gpu_memory_slope_mb_per_10k_tokens\":([0-9.eE+-]+)")))
+      << r.out.substr(0, 300);
+  EXPECT_GT(std::stod(slope[1]), 0.5);
+  EXPECT_LT(std::stod(slope[1]), 10.0);
 }
 
 // The four-GPU host's 512 GiB hold about four times the pages.

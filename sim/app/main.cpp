@@ -191,12 +191,20 @@ int RunMaxContext(const CapacityFlags& f) {
 
   // The GPU-memory slope over the upper half of the reachable range: what one more token costs
   // on the GPU once the fixed buffers are paid. With a GPU tier, the tier of the maximum held
-  // fixed and only beyond the context that fills it.
+  // fixed and only beyond the context where the tiered store is full: the tier full, and the
+  // host tier holding at least a chunk's largest union, so that the staging slots (which
+  // stage the union's host pages only) have their full size. Up to there the slots grow, by at
+  // most two parities of the largest union.
   double slope = 0.0;
   int64_t from = 0, to = 0;
   if (result.max_context_tokens >= 2 * options.chunk_tokens) {
     to = result.max_context_tokens;
-    from = std::max(to / 2, at_max.offload ? at_max.gpu_tier_pages * at_max.page_tokens : 0);
+    const int64_t full_store =
+        at_max.offload && at_max.gpu_tier_pages > 0
+            ? (at_max.gpu_tier_pages + PlanGeometry(model, at_max).max_union_pages()) *
+                  at_max.page_tokens
+            : 0;
+    from = std::max(to / 2, full_store);
     if (from < to - options.chunk_tokens) {
       RunOptions lower = at_max;
       lower.context_tokens = from;
