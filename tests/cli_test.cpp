@@ -177,7 +177,7 @@ const std::vector<BadInputCase>& BadInputCases() {
       // The GPU tier of the page store.
       {"GpuTierNotASetting",
        {"plan", "--gpu-tier", "most"},
-       {"--gpu-tier", "'most' is not a setting", "accepted: off, auto or a size"}},
+       {"--gpu-tier", "'most' is not a setting", "accepted: off, auto, all or a size"}},
       {"GpuTierMarginNotASize",
        {"max-context", "--gpu-tier", "auto", "--gpu-tier-margin", "lots"},
        {"--gpu-tier-margin"}},

@@ -320,6 +320,12 @@ TEST(Capacity, GpuTierHoldsPagesBesideTheHost) {
   RunOptions no_offload = o;
   no_offload.offload = false;
   EXPECT_EQ(WithGpuTier(model, H200(), no_offload, automatic).gpu_tier_pages, 0);
+  // The far end of the one setting: every page on the GPU is offload off.
+  const GpuTierSetting all = ParseGpuTierSetting("all", "2GiB", "--gpu-tier");
+  EXPECT_EQ(all.kind, GpuTierSetting::Kind::kAll);
+  const RunOptions everything = WithGpuTier(model, H200(), o, all);
+  EXPECT_FALSE(everything.offload);
+  EXPECT_EQ(everything.gpu_tier_pages, 0);
 
   const CapacityResult off = FindMaxContext(model, H200(), o);
   const CapacityResult with_tier = FindMaxContext(model, H200(), o, automatic);

@@ -47,7 +47,7 @@ void AddRunFlags(CLI::App& app, RunFlags& f, bool with_context, bool lists) {
       ->capture_default_str();
   app.add_option("--gpu-tier", f.gpu_tier,
                  "with offload, keep the earliest pages' KV and dKV in GPU memory: off | auto "
-                 "(what the plan leaves free) | a size, e.g. 40GiB")
+                 "(what the plan leaves free) | a size, e.g. 40GiB | all (= --offload off)")
       ->capture_default_str();
   app.add_option("--gpu-tier-margin", f.gpu_tier_margin,
                  "device memory --gpu-tier auto leaves free beside the tier")

@@ -681,7 +681,6 @@ int RunRecommend(const RecommendFlags& f) {
          "; max context " + FormatTokens(c.max_context_tokens) + " tokens\n";
     s += "  " + sim::CtxtrainCommand(model, machine_flags, o, f.run.gpu_tier) + "\n";
   }
-  if (!tier.off()) s += "\n(ctxtrain's CUDA backend does not keep a GPU tier yet: issue 12)\n";
   Emit(s, f.out.output);
   return 0;
 }

@@ -19,12 +19,16 @@ GpuTierSetting ParseGpuTierSetting(std::string_view text, std::string_view margi
     s.kind = GpuTierSetting::Kind::kAuto;
     return s;
   }
+  if (text == "all") {
+    s.kind = GpuTierSetting::Kind::kAll;
+    return s;
+  }
   s.kind = GpuTierSetting::Kind::kSize;
   try {
     s.size_bytes = ParseBytes(text, flag);
   } catch (const InputError&) {
     throw InputError(std::string(flag) + ": '" + std::string(text) +
-                     "' is not a setting; accepted: off, auto or a size such as 40GiB");
+                     "' is not a setting; accepted: off, auto, all or a size such as 40GiB");
   }
   return s;
 }
@@ -37,6 +41,8 @@ std::string DescribeGpuTierSetting(const GpuTierSetting& s) {
       return "auto (margin " + FormatGiB(s.margin_bytes) + ")";
     case GpuTierSetting::Kind::kSize:
       return FormatGiB(s.size_bytes);
+    case GpuTierSetting::Kind::kAll:
+      return "all (offload off)";
   }
   return "?";
 }
@@ -44,6 +50,11 @@ std::string DescribeGpuTierSetting(const GpuTierSetting& s) {
 RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOptions options,
                        const GpuTierSetting& setting) {
   options.gpu_tier_pages = 0;
+  if (setting.kind == GpuTierSetting::Kind::kAll) {
+    // Every page on the GPU: the plain device page store, with no host homes and no copies.
+    options.offload = false;
+    return options;
+  }
   if (setting.off() || !options.offload) return options;
   const PlanGeometry plain(model, options);
   const int64_t page_bytes = plain.tier_page_bytes();
