@@ -437,6 +437,18 @@ TEST(CliTest, RecommendAndTheGpuTier) {
       << r.out.substr(0, 300);
   EXPECT_GT(JsonInt(r.out, "fitting"), 0);
   EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
+  // At 1M the pages outgrow the GPU: with no --gpu-tier given the tier is searched, and the
+  // fastest keeps one (the first "ctxtrain" is the fastest's).
+  args = {"recommend", "--context", "1M", "--json"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_NE(JsonString(r.out, "ctxtrain").find("--offload on"), std::string::npos);
+  EXPECT_NE(JsonString(r.out, "ctxtrain").find("--gpu-tier auto"), std::string::npos)
+      << JsonString(r.out, "ctxtrain");
+  args = {"recommend", "--context", "1M", "--gpu-tier", "off", "--json"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(JsonString(r.out, "ctxtrain").find("--gpu-tier"), std::string::npos);
   args = {"max-context", "--gpu-tier", "auto", "--json"};
   r = RunCtxplan(args, dir.path());
   ASSERT_EQ(r.exit_code, 0) << Describe(args, r);

@@ -59,8 +59,9 @@ RunResult Ctxtrain(const std::vector<std::string>& extra, const ScratchDir& dir,
                                    "--keep-layer-inputs",
                                    "off"};
   // Fixed, so that ctxtrain's CUDA defaults (the planner's recommendation) do not choose them.
-  for (const auto& [flag, value] :
-       {std::pair<std::string, std::string>{"--grad-dtype", "fp32"}, {"--optimizer", "adamw-gpu"}})
+  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"--grad-dtype", "fp32"},
+                                    {"--optimizer", "adamw-gpu"},
+                                    {"--gpu-tier", "off"}})
     if (std::find(extra.begin(), extra.end(), flag) == extra.end()) {
       argv.push_back(flag);
       argv.push_back(value);

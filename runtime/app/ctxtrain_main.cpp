@@ -330,12 +330,15 @@ void CudaDefaults(const CLI::App& app, RunFlags& run) {
 // On CUDA, chunk, page, offload, keeping layer inputs and the optimizer's placement, where the
 // user gave none, are the fastest that fits as `ctxplan recommend` finds it; printed.
 RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const MachineSpec& machine,
-                       const RunOptions& given, const sim::GpuTierSetting& tier) {
+                       const RunOptions& given, const sim::GpuTierSetting& tier,
+                       std::string_view margin) {
   sim::RecommendSpace space;
   const bool chunk = app.count("--chunk") > 0, page = app.count("--page") > 0;
   const bool offload = app.count("--offload") > 0, keep = app.count("--keep-layer-inputs") > 0;
   const bool optimizer = app.count("--optimizer") > 0;
-  if (chunk && page && offload && keep && optimizer) return given;
+  const bool gpu_tier = app.count("--gpu-tier") > 0;
+  if (chunk && page && offload && keep && optimizer && gpu_tier) return given;
+  if (!gpu_tier) space.gpu_tiers = sim::SearchedGpuTiers(margin);
   if (chunk) space.chunks = {given.chunk_tokens};
   if (page) space.pages = {given.page_tokens};
   if (offload) space.offload = {given.offload};
@@ -347,11 +350,15 @@ RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const Machin
   std::fprintf(
       stderr,
       "ctxtrain: the planner's fastest settings for %s on %s at %lld tokens (ctxplan recommend, "
-      "%.0f tokens/s predicted): chunk %lld, page %lld, offload %s, layer inputs %s, optimizer "
-      "%s\n",
+      "%.0f tokens/s predicted): chunk %lld, page %lld, offload %s%s, layer inputs %s, "
+      "optimizer %s\n",
       model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
       r.fastest->report.tokens_per_second, static_cast<long long>(o.chunk_tokens),
       static_cast<long long>(o.page_tokens), o.offload ? "on" : "off",
+      o.offload && o.gpu_tier_pages > 0 ? (" (GPU tier " + r.fastest->gpu_tier_flag + ", " +
+                                           std::to_string(o.gpu_tier_pages) + " pages a layer)")
+                                              .c_str()
+                                        : "",
       o.keep_layer_inputs ? "kept" : "recomputed", std::string(OptimizerName(o.optimizer)).c_str());
   return o;
 }
@@ -443,7 +450,7 @@ int Main(int argc, char** argv) {
   if (cuda) CudaDefaults(app, f.run);
   RunOptions options =
       sim::WithGpuTier(model, machine, ResolveOptions(f.run, model, /*with_context=*/true), tier);
-  if (cuda) options = Recommended(app, model, machine, options, tier);
+  if (cuda) options = Recommended(app, model, machine, options, tier, f.run.gpu_tier_margin);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
   PlanMachine plan_machine;

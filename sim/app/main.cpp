@@ -601,6 +601,7 @@ int RunReplay(ReplayFlags f) {
 struct RecommendFlags {
   RunFlags run;
   OutputFlags out;
+  bool gpu_tier_given = false;  // else recommend searches the tier too
 };
 
 std::string MachineFlagsOf(const RunFlags& f) {
@@ -615,7 +616,12 @@ int RunRecommend(const RecommendFlags& f) {
   const MachineSpec machine = ResolveMachine(f.run);
   const RunOptions base = ResolveOptions(f.run, model, true);
   const sim::GpuTierSetting tier = GpuTierOf(f.run);
-  const sim::Recommendation r = sim::Recommend(model, machine, base, tier);
+  // No --gpu-tier given: the tier is one of the choices searched.
+  sim::RecommendSpace space;
+  space.gpu_tiers = f.gpu_tier_given
+                        ? std::vector<sim::RecommendSpace::Tier>{{tier, f.run.gpu_tier}}
+                        : sim::SearchedGpuTiers(f.run.gpu_tier_margin);
+  const sim::Recommendation r = sim::Recommend(model, machine, base, tier, space);
   const std::string machine_flags = MachineFlagsOf(f.run);
   auto fmt = [](const char* format, double value) {
     char text[64];
@@ -644,7 +650,7 @@ int RunRecommend(const RecommendFlags& f) {
       json.BeginObject(p.key);
       PlanJson(json, PlanContext{model, machine, c.options, "analytic"}, c.report);
       json.Field("max_context_tokens", c.max_context_tokens)
-          .Field("ctxtrain", sim::CtxtrainCommand(model, machine_flags, c.options, f.run.gpu_tier))
+          .Field("ctxtrain", sim::CtxtrainCommand(model, machine_flags, c.options, c.gpu_tier_flag))
           .EndObject();
     }
     json.EndObject();
@@ -654,7 +660,9 @@ int RunRecommend(const RecommendFlags& f) {
   std::string s = "ctxplan recommend: " + model.name + " on " + machine.name + " at " +
                   FormatTokens(base.context_tokens) + " tokens\n";
   s += "  searched chunk, page, offload" +
-       (tier.off() ? std::string() : " (GPU tier " + sim::DescribeGpuTierSetting(tier) + ")") +
+       (!f.gpu_tier_given ? std::string(" (GPU tier off and auto)")
+        : tier.off()      ? std::string()
+                          : " (GPU tier " + sim::DescribeGpuTierSetting(tier) + ")") +
        ", keeping layer inputs and the optimizer's placement: " + FormatCount(r.evaluated) +
        " configurations, " + FormatCount(r.fitting) + " fit\n";
   s += "  kept as given: " + DescribeOptions(base) + "\n";
@@ -679,7 +687,7 @@ int RunRecommend(const RecommendFlags& f) {
          fmt("%.2f s", c.report.prediction.step_seconds()) + ", GPU " +
          FormatGiB(c.report.gpu_memory.device) + ", pinned host " + FormatGiB(c.report.host_peak) +
          "; max context " + FormatTokens(c.max_context_tokens) + " tokens\n";
-    s += "  " + sim::CtxtrainCommand(model, machine_flags, o, f.run.gpu_tier) + "\n";
+    s += "  " + sim::CtxtrainCommand(model, machine_flags, o, c.gpu_tier_flag) + "\n";
   }
   Emit(s, f.out.output);
   return 0;
@@ -780,7 +788,10 @@ int Main(int argc, char** argv) {
   if (sweep_cmd->parsed()) return RunSweep(sweep);
   if (timeline_cmd->parsed()) return RunTimeline(timeline);
   if (replay_cmd->parsed()) return RunReplay(replay);
-  if (recommend_cmd->parsed()) return RunRecommend(recommend);
+  if (recommend_cmd->parsed()) {
+    recommend.gpu_tier_given = recommend_cmd->count("--gpu-tier") > 0;
+    return RunRecommend(recommend);
+  }
   if (list_cmd->parsed()) return RunList();
   if (calibrate_cmd->parsed()) return RunCalibrate(calibrate, argv[0]);
   return 2;

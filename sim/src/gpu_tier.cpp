@@ -47,6 +47,20 @@ std::string DescribeGpuTierSetting(const GpuTierSetting& s) {
   return "?";
 }
 
+std::string GpuTierFlag(const GpuTierSetting& s) {
+  switch (s.kind) {
+    case GpuTierSetting::Kind::kOff:
+      return "off";
+    case GpuTierSetting::Kind::kAuto:
+      return "auto";
+    case GpuTierSetting::Kind::kSize:
+      return std::to_string(s.size_bytes) + "B";
+    case GpuTierSetting::Kind::kAll:
+      return "all";
+  }
+  return "off";
+}
+
 RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOptions options,
                        const GpuTierSetting& setting) {
   options.gpu_tier_pages = 0;

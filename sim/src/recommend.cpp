@@ -17,43 +17,54 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
     optimizers = {OptimizerKind::kAdamWGpu, OptimizerKind::kAdamWHost};
   const KernelTimeModel time_model(machine);
   const AnalyticModel analytic(time_model);
+  std::vector<RecommendSpace::Tier> tiers = space.gpu_tiers;
+  if (tiers.empty()) tiers.push_back({gpu_tier, GpuTierFlag(gpu_tier)});
   Recommendation r;
   for (const int64_t chunk : space.chunks)
     for (const int64_t page : space.pages)
       for (const bool offload : space.offload)
         for (const bool keep : space.keep_layer_inputs)
-          for (const OptimizerKind optimizer : optimizers) {
-            RunOptions o = base;
-            o.chunk_tokens = chunk;
-            o.page_tokens = page;
-            o.offload = offload;
-            o.keep_layer_inputs = keep;
-            o.optimizer = optimizer;
-            o.query_tile = std::min(base.query_tile, chunk);
-            if (chunk % page != 0) continue;
-            // A chunk beyond the context is the same plan as one of the context's length.
-            if (chunk > base.context_tokens && chunk != space.chunks.front()) continue;
-            o = WithGpuTier(model, machine, o, gpu_tier);
-            const PlanGeometry geometry(model, o);
-            ++r.evaluated;
-            const PlanReport report = MakeReport(geometry, machine, analytic.Predict(geometry));
-            if (!report.fits()) continue;
-            ++r.fitting;
-            RecommendCandidate c{o, report, 0};
-            c.max_context_tokens = FindMaxContext(model, machine, o, gpu_tier).max_context_tokens;
-            if (!r.fastest || report.tokens_per_second > r.fastest->report.tokens_per_second)
-              r.fastest = c;
-            if (!r.longest || c.max_context_tokens > r.longest->max_context_tokens ||
-                (c.max_context_tokens == r.longest->max_context_tokens &&
-                 report.tokens_per_second > r.longest->report.tokens_per_second))
-              r.longest = c;
-            if (!r.least_memory ||
-                report.gpu_memory.device < r.least_memory->report.gpu_memory.device ||
-                (report.gpu_memory.device == r.least_memory->report.gpu_memory.device &&
-                 report.tokens_per_second > r.least_memory->report.tokens_per_second))
-              r.least_memory = c;
-          }
+          for (const OptimizerKind optimizer : optimizers)
+            for (const RecommendSpace::Tier& tier : tiers) {
+              // Without offload every page is on the GPU: one plan, whatever the tier.
+              if (!offload && &tier != &tiers.front()) continue;
+              RunOptions o = base;
+              o.chunk_tokens = chunk;
+              o.page_tokens = page;
+              o.offload = offload;
+              o.keep_layer_inputs = keep;
+              o.optimizer = optimizer;
+              o.query_tile = std::min(base.query_tile, chunk);
+              if (chunk % page != 0) continue;
+              // A chunk beyond the context is the same plan as one of the context's length.
+              if (chunk > base.context_tokens && chunk != space.chunks.front()) continue;
+              o = WithGpuTier(model, machine, o, tier.setting);
+              const PlanGeometry geometry(model, o);
+              ++r.evaluated;
+              const PlanReport report = MakeReport(geometry, machine, analytic.Predict(geometry));
+              if (!report.fits()) continue;
+              ++r.fitting;
+              RecommendCandidate c{o, report, 0, tier.flag};
+              c.max_context_tokens =
+                  FindMaxContext(model, machine, o, tier.setting).max_context_tokens;
+              if (!r.fastest || report.tokens_per_second > r.fastest->report.tokens_per_second)
+                r.fastest = c;
+              if (!r.longest || c.max_context_tokens > r.longest->max_context_tokens ||
+                  (c.max_context_tokens == r.longest->max_context_tokens &&
+                   report.tokens_per_second > r.longest->report.tokens_per_second))
+                r.longest = c;
+              if (!r.least_memory ||
+                  report.gpu_memory.device < r.least_memory->report.gpu_memory.device ||
+                  (report.gpu_memory.device == r.least_memory->report.gpu_memory.device &&
+                   report.tokens_per_second > r.least_memory->report.tokens_per_second))
+                r.least_memory = c;
+            }
   return r;
+}
+
+std::vector<RecommendSpace::Tier> SearchedGpuTiers(std::string_view margin) {
+  return {{ParseGpuTierSetting("off", margin, "--gpu-tier"), "off"},
+          {ParseGpuTierSetting("auto", margin, "--gpu-tier"), "auto"}};
 }
 
 std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_flags,

@@ -30,6 +30,8 @@ struct GpuTierSetting {
 GpuTierSetting ParseGpuTierSetting(std::string_view text, std::string_view margin,
                                    std::string_view flag);
 std::string DescribeGpuTierSetting(const GpuTierSetting& setting);
+// The --gpu-tier text that parses back to `setting` (its margin aside).
+std::string GpuTierFlag(const GpuTierSetting& setting);
 
 // `options` with gpu_tier_pages for `setting`: 0 when off or offload is off; a size's whole pages
 // (at most the context's); auto: the pages that fit in the device memory the plan leaves free,

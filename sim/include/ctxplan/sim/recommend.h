@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ctxplan/models/gpu_spec.h"
@@ -27,12 +28,23 @@ struct RecommendSpace {
   std::vector<bool> keep_layer_inputs = {false, true};
   // AdamW on the GPU or the host where the base trains with AdamW; else the base's optimizer.
   bool search_optimizer_placement = true;
+  // The GPU tier settings tried with offload on (each with its --gpu-tier text); empty: the one
+  // Recommend is given.
+  struct Tier {
+    GpuTierSetting setting;
+    std::string flag;
+  };
+  std::vector<Tier> gpu_tiers;
 };
+
+// What recommend searches when the user names no GPU tier: none, and what the plan leaves free.
+std::vector<RecommendSpace::Tier> SearchedGpuTiers(std::string_view margin);
 
 struct RecommendCandidate {
   RunOptions options;  // gpu_tier_pages resolved
   PlanReport report;   // at the context, analytic path
   int64_t max_context_tokens = 0;
+  std::string gpu_tier_flag = "off";  // the --gpu-tier text that sizes options' tier
 };
 
 struct Recommendation {
@@ -49,7 +61,8 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
                          const GpuTierSetting& gpu_tier, const RecommendSpace& space = {});
 
 // The ctxtrain command line that runs `options` (machine_flags: "--machine h200-125g" or
-// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: the --gpu-tier text, "off" for none).
+// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: the --gpu-tier text, "off" for none; a margin
+// other than the default goes with it).
 std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_flags,
                             const RunOptions& options, const std::string& gpu_tier);
 
