@@ -1,11 +1,13 @@
-// libFuzzer target: safetensors headers and checkpoints (tiny model), read from a file as ctxtrain
-// reads them (pread). Anything but InputError (a damaged file) is a bug.
+// libFuzzer target: safetensors headers and checkpoints (of fuzz/fuzz-model.yaml, whose checkpoints
+// are a few KiB), read from a file as ctxtrain reads them (pread). Anything but InputError (a
+// damaged file) is a bug.
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "ctxplan/models/catalog.h"
@@ -14,7 +16,11 @@
 #include "ctxplan/runtime/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const ctxplan::ModelSpec model = ctxplan::LoadModel("tiny");
+  static const ctxplan::ModelSpec model = [] {
+    std::ifstream in(CTXPLAN_FUZZ_MODEL);
+    const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return ctxplan::ParseModelYaml(yaml, CTXPLAN_FUZZ_MODEL);
+  }();
   static const std::string path =
       (std::filesystem::temp_directory_path() / ("ctxplan-fuzz-" + std::to_string(::getpid())))
           .string();

@@ -2,7 +2,7 @@
 # Fuzzes the parsers of user files (issue 16): builds the libFuzzer targets of fuzz/ with clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer into build-fuzz/, seeds them from the catalogue
 # and from files the main build writes (a trace, a checkpoint), and runs each for SECONDS
-# (default 60; CI runs 60, `scripts/fuzz.sh 3600` runs them long). Fails on any crash, hang or
+# (default 60; CI runs 40, `scripts/fuzz.sh 3600` runs them long). Fails on any crash, hang or
 # sanitizer report; the input that caused it is left in build-fuzz/ (crash-*, timeout-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,12 +16,15 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" \
     -DCTXPLAN_CUDA=OFF -DCTXPLAN_GUI=OFF -DBUILD_TESTING=OFF -DCTXPLAN_FUZZ=ON > /dev/null
 fi
-cmake --build build-fuzz --parallel "$(nproc)" --target fuzz_model_config fuzz_ctxtrace fuzz_checkpoint
+targets="model_config ctxtrace checkpoint safetensors_index token_file json run_flags"
+cmake --build build-fuzz --parallel "$(nproc)" --target $(printf 'fuzz_%s ' $targets)
 
-# Seeds: the catalogue's files (the parser is chosen by the first byte), a trace and a checkpoint
-# written by the main build when it is there.
+# Seeds: the small corpora of fuzz/seeds/, the catalogue's files (the parser is chosen by the
+# first byte), a trace and a checkpoint written by the main build when it is there.
 seeds=build-fuzz/seeds
-rm -rf "$seeds" && mkdir -p "$seeds"/{model_config,ctxtrace,checkpoint}
+rm -rf "$seeds"
+for target in $targets; do mkdir -p "$seeds/$target"; done
+for d in fuzz/seeds/*/; do cp "$d"* "$seeds/$(basename "$d")/"; done
 i=0
 for f in models/llm/*.yaml; do printf '\x00' | cat - "$f" > "$seeds/model_config/m$((i++))"; done
 for f in models/gpu/*.yaml; do printf '\x02' | cat - "$f" > "$seeds/model_config/g$((i++))"; done
@@ -32,12 +35,16 @@ if [ -x build/sim/ctxplan ]; then
     --query-tile 64 --format ctxtrace -o "$seeds/ctxtrace/tiny.ctxtrace" 2> /dev/null || true
 fi
 if [ -x build/runtime/ctxtrain ]; then
-  build/runtime/ctxtrain --backend cpu --model tiny --context 256 --chunk 128 --page 64 \
-    --steps 1 --save "$seeds/checkpoint/tiny.ckpt" > /dev/null 2>&1 || true
+  # The fuzz target's own small model (fuzz/fuzz-model.yaml): with AdamW state and without.
+  for optimizer in adamw-gpu none; do
+    build/runtime/ctxtrain --backend cpu --model fuzz/fuzz-model.yaml --context 64 --chunk 32 \
+      --page 16 --budget all --query-tile 16 --optimizer $optimizer --steps 1 \
+      --save "$seeds/checkpoint/$optimizer.ckpt" > /dev/null 2>&1 || true
+  done
 fi
 
 status=0
-for target in model_config ctxtrace checkpoint; do
+for target in $targets; do
   corpus=build-fuzz/corpus/$target
   mkdir -p "$corpus"
   log=build-fuzz/fuzz_$target.log
