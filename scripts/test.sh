@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README command 2 (and CI): set up, build with tests, run every test that needs no GPU, run them
-# again under ASan + UBSan (scripts/sanitize.sh, clang), then fuzz the parsers of user files a
+# again under ASan + UBSan (scripts/sanitize.sh, clang), then fuzz the parsers of user files
 # 40 s each (scripts/fuzz.sh).
 # GPU tests carry the ctest label `gpu` and skip themselves without one.
 set -euo pipefail
