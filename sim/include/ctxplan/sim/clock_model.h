@@ -51,6 +51,11 @@ namespace ctxplan::sim {
 // within 2.2% / 7.8% (5.2% / 9.2%), but the calibration runs' step time goes 2.0% -> 2.9% median
 // (exponents 2-5 re-chosen on them: 3.3-3.7%); energy by kernel time rather than by FLOPs at
 // the full rate: 4.2-5.9%. Rejected on the calibration runs.
+// Also tried and not adopted (2026-11-25, after the GPU-tier rows, whose clocks the model puts
+// 4-5% above NVML's: 1671 / 1588 MHz at 1M): sparse attention drawing its kind's watts for its
+// whole time (not only its FLOPs at the full rate): calibration step time 2.1% -> 2.3% median;
+// at 0.8 of the time 3.1%; the attention kinds' watts x1.4: 3.3%. The GPU-tier steps' clock gap
+// is still open.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;
