@@ -293,6 +293,42 @@ TEST_F(ExplorerModelTest, DestroyingTheModelWithWorkInFlightIsSafe) {
   QCoreApplication::processEvents();  // nothing is left to deliver to a dead model
 }
 
+// The selection changes on this thread while both workers run (a recommendation search and a
+// timeline export), and this thread computes as well: the jobs read only their own copies, and
+// the planner runs on several threads at once. scripts/tsan.sh runs this under ThreadSanitizer,
+// which reports a job that reads the model's own state.
+TEST_F(ExplorerModelTest, EditingWhileTheWorkersRunIsSafe) {
+  ExplorerModel model;
+  ASSERT_TRUE(model.SetContextTokens(16 * 1024));
+  model.WaitForWorkers();
+  bool recommended = true, exported = false;
+  QString recommendation;
+  QObject::connect(&model, &ExplorerModel::recommendationDone,
+                   [&](bool applied, const QString& message) {
+                     recommended = applied;
+                     recommendation = message;
+                   });
+  QObject::connect(&model, &ExplorerModel::timelineFinished,
+                   [&](bool, const QString&) { exported = true; });
+  const QString path = QString::fromUtf8(CTXPLAN_BINARY_DIR) + "/gui_explorer_edit_timeline.json";
+  model.Recommend();
+  model.ExportTimeline(path);
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(model.SetContextTokens(int64_t{32 * 1024} << (i % 3)));
+    ASSERT_TRUE(model.SetOffload(i % 2 == 0));
+    const ExplorerResult now = model.ComputeNow();
+    EXPECT_TRUE(now.ok()) << now.error;
+  }
+  ASSERT_TRUE(SpinUntil([&] { return exported && !recommendation.isEmpty(); }));
+  model.WaitForWorkers();
+  QCoreApplication::processEvents();
+  EXPECT_FALSE(recommended);
+  EXPECT_EQ(recommendation.toStdString(), "the selection changed while searching");
+  EXPECT_EQ(model.result().generation, model.generation());
+  EXPECT_EQ(model.result().report.context_tokens, 64 * 1024);
+  std::remove(path.toUtf8().constData());
+}
+
 TEST_F(ExplorerModelTest, TimelineIsWrittenAsChromeTrace) {
   ExplorerModel model;
   ASSERT_TRUE(model.SetContextTokens(16 * 1024));

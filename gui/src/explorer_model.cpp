@@ -106,7 +106,47 @@ ExplorerModel::~ExplorerModel() {
   timeline_pool_.clear();
   compute_pool_.waitForDone();
   timeline_pool_.waitForDone();
-  // Results the jobs queued for this object are discarded with it (~QObject drops its events).
+  // Results the jobs queued for this object are discarded with it (~QObject drops its events,
+  // ~Mailbox the tasks).
+}
+
+ExplorerModel::Mailbox::~Mailbox() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  tasks_.clear();
+}
+
+void ExplorerModel::Mailbox::Push(std::function<void()> task) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  tasks_.push_back(std::move(task));
+}
+
+std::function<void()> ExplorerModel::Mailbox::Pop() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (tasks_.empty()) return {};
+  std::function<void()> task = std::move(tasks_.front());
+  tasks_.pop_front();
+  return task;
+}
+
+void ExplorerModel::StartJob(QThreadPool& pool, Mailbox& jobs, std::function<void()> job) {
+  jobs.Push(std::move(job));
+  // The pool's job carries no data of ours, only where to find it; each runs the oldest job
+  // waiting (one per start; the destructor's clear() drops the rest with the mailbox).
+  pool.start([&jobs] {
+    if (std::function<void()> next = jobs.Pop()) next();
+  });
+}
+
+void ExplorerModel::Post(std::function<void()> task) {
+  posted_.Push(std::move(task));
+  // Queued by name, so that Qt allocates and frees the call: dropped if this object is gone.
+  QMetaObject::invokeMethod(this, "RunPosted", Qt::QueuedConnection);
+}
+
+void ExplorerModel::RunPosted() {
+  // One call may find several tasks (and later calls none): one at a time, outside the lock, as
+  // a task may post or start more.
+  while (std::function<void()> task = posted_.Pop()) task();
 }
 
 bool ExplorerModel::Accept(const std::function<void(ExplorerSelection&)>& change) {
@@ -194,16 +234,13 @@ void ExplorerModel::Refresh() {
   const uint64_t generation = latest_->fetch_add(1) + 1;
   SetBusy(true);
   std::shared_ptr<std::atomic<uint64_t>> latest = latest_;
-  // Runs on the worker: the selection is copied in, the result goes back to the GUI thread as
-  // a queued call on this object (dropped by Qt if the object is gone by then).
-  compute_pool_.start([this, latest, generation, selection = selection_]() {
+  // Runs on the worker: the selection is copied in, the result goes back to the GUI thread.
+  StartJob(compute_pool_, compute_jobs_, [this, latest, generation, selection = selection_]() {
     auto stale = [&] { return latest->load() != generation; };
     if (stale()) return;  // a newer request is queued behind this one
     ExplorerResult result = Compute(selection, generation, stale);
     if (stale()) return;
-    QMetaObject::invokeMethod(
-        this, [this, result = std::move(result)]() mutable { Apply(std::move(result)); },
-        Qt::QueuedConnection);
+    Post([this, result = std::move(result)]() mutable { Apply(std::move(result)); });
   });
 }
 
@@ -216,7 +253,7 @@ std::optional<RunOptions> ExplorerModel::RecommendedOptions(const ExplorerSelect
 
 void ExplorerModel::Recommend() {
   SetBusy(true);
-  compute_pool_.start([this, selection = selection_]() {
+  StartJob(compute_pool_, compute_jobs_, [this, selection = selection_]() {
     std::optional<RunOptions> options;
     std::string error;
     try {
@@ -224,30 +261,27 @@ void ExplorerModel::Recommend() {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    QMetaObject::invokeMethod(
-        this,
-        [this, selection, options, error]() {
-          SetBusy(false);
-          if (!SameSelection(selection, selection_)) {
-            emit recommendationDone(false, "the selection changed while searching");
-          } else if (!error.empty()) {
-            emit recommendationDone(false, QString::fromStdString(error));
-          } else if (!options) {
-            emit recommendationDone(false, "nothing fits at this context");
-          } else {
-            const RunOptions o = *options;
-            Accept([&](ExplorerSelection& s) {
-              s.options.chunk_tokens = o.chunk_tokens;
-              s.options.page_tokens = o.page_tokens;
-              s.options.offload = o.offload;
-              s.options.keep_layer_inputs = o.keep_layer_inputs;
-              s.options.optimizer = o.optimizer;
-              s.options.query_tile = o.query_tile;
-            });
-            emit recommendationDone(true, "the fastest settings that fit are selected");
-          }
-        },
-        Qt::QueuedConnection);
+    Post([this, selection, options, error]() {
+      SetBusy(false);
+      if (!SameSelection(selection, selection_)) {
+        emit recommendationDone(false, "the selection changed while searching");
+      } else if (!error.empty()) {
+        emit recommendationDone(false, QString::fromStdString(error));
+      } else if (!options) {
+        emit recommendationDone(false, "nothing fits at this context");
+      } else {
+        const RunOptions o = *options;
+        Accept([&](ExplorerSelection& s) {
+          s.options.chunk_tokens = o.chunk_tokens;
+          s.options.page_tokens = o.page_tokens;
+          s.options.offload = o.offload;
+          s.options.keep_layer_inputs = o.keep_layer_inputs;
+          s.options.optimizer = o.optimizer;
+          s.options.query_tile = o.query_tile;
+        });
+        emit recommendationDone(true, "the fastest settings that fit are selected");
+      }
+    });
   });
 }
 
@@ -342,8 +376,7 @@ ExplorerResult ExplorerModel::Compute(const ExplorerSelection& selection, uint64
 void ExplorerModel::ExportTimeline(const QString& path) {
   const uint64_t number = latest_timeline_->fetch_add(1) + 1;
   std::shared_ptr<std::atomic<uint64_t>> latest = latest_timeline_;
-  timeline_pool_.start([this, latest, number, selection = selection_,
-                        file_path = path.toStdString()]() {
+  auto job = [this, latest, number, selection = selection_, file_path = path.toStdString()]() {
     auto stale = [&] { return latest->load() != number; };
     if (stale()) return;
     bool ok = false;
@@ -380,9 +413,9 @@ void ExplorerModel::ExportTimeline(const QString& path) {
       message = QString("timeline: internal error: ") + e.what();
     }
     if (stale()) return;
-    QMetaObject::invokeMethod(
-        this, [this, ok, message] { emit timelineFinished(ok, message); }, Qt::QueuedConnection);
-  });
+    Post([this, ok, message] { emit timelineFinished(ok, message); });
+  };
+  StartJob(timeline_pool_, timeline_jobs_, std::move(job));
 }
 
 }  // namespace ctxplan::gui

@@ -7,6 +7,12 @@
 // between stages, and a result that arrives for an old generation is dropped. So dragging the
 // context slider costs at most one computation in flight, and the window only ever shows the
 // answer to the newest selection.
+//
+// What crosses between threads (a job's selection, a job's answer) goes through a Mailbox under a
+// std::mutex, never in the closure of a Qt pool job or queued call: Qt's own locks are futexes
+// inside libQt6Core, which ThreadSanitizer does not see, so it would take every such hand-off for
+// a data race and could not check the rest (scripts/tsan.sh). Qt only starts the worker and wakes
+// this object's thread.
 #pragma once
 
 #include <QObject>
@@ -15,8 +21,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -150,6 +158,23 @@ class ExplorerModel : public QObject {
   void recommendationDone(bool applied, const QString& message);
 
  private:
+  // Tasks handed from one thread to another, oldest first.
+  class Mailbox {
+   public:
+    ~Mailbox();  // takes the lock: the last thread to touch the queue may be another one
+    void Push(std::function<void()> task);
+    std::function<void()> Pop();  // empty when there is none
+   private:
+    std::mutex mutex_;
+    std::deque<std::function<void()>> tasks_;
+  };
+
+  // Runs `job` on `pool`'s thread, after the jobs started on it before.
+  static void StartJob(QThreadPool& pool, Mailbox& jobs, std::function<void()> job);
+  // From a worker: runs `task` on this object's thread (never, if the object is gone by then).
+  void Post(std::function<void()> task);
+  Q_INVOKABLE void RunPosted();
+
   // Applies `change` to a copy of the selection, validates the copy and, if it passes and differs,
   // makes it the selection; see the setters.
   bool Accept(const std::function<void(ExplorerSelection&)>& change);
@@ -164,6 +189,11 @@ class ExplorerModel : public QObject {
   // generation (jobs compare theirs against it) and the newest timeline export's number.
   std::shared_ptr<std::atomic<uint64_t>> latest_;
   std::shared_ptr<std::atomic<uint64_t>> latest_timeline_;
+  // Jobs waiting for the pools' threads, and what the jobs hand back to this object's thread.
+  // Declared before the pools, so that they outlive the pools' threads.
+  Mailbox compute_jobs_;
+  Mailbox timeline_jobs_;
+  Mailbox posted_;
   // One thread each: computations queue behind each other (stale ones then return at once),
   // and a long timeline export never delays the charts.
   QThreadPool compute_pool_;
