@@ -26,8 +26,10 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
         for (const bool keep : space.keep_layer_inputs)
           for (const OptimizerKind optimizer : optimizers)
             for (const RecommendSpace::Tier& tier : tiers) {
-              // Without offload every page is on the GPU: one plan, whatever the tier.
+              // Without offload every page is on the GPU: one plan, whatever the tier; and a
+              // tier of every page is offload off.
               if (!offload && &tier != &tiers.front()) continue;
+              if (offload && tier.setting.kind == GpuTierSetting::Kind::kAll) continue;
               RunOptions o = base;
               o.chunk_tokens = chunk;
               o.page_tokens = page;
