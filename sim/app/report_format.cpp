@@ -217,6 +217,13 @@ std::string CapacityText(const PlanContext& c, const sim::CapacityResult& result
   s += "  pinned host memory there: " + FormatGiB(r.host_peak) + " of " +
        FormatGiB(r.host_capacity) + " usable (" + FormatGiB(c.machine.host_ram_bytes) +
        " installed)\n";
+  if (c.options.offload && c.options.gpu_tier_pages > 0) {
+    const PlanGeometry g(c.model, c.options);
+    s += "  GPU tier there: the first " +
+         FormatCount(std::min(c.options.gpu_tier_pages, g.total_pages())) + " of " +
+         FormatCount(g.total_pages()) + " pages a layer (" + FormatGiB(g.gpu_tier_bytes()) +
+         ", KV and dKV)\n";
+  }
   if (slope_to > slope_from)
     s += "  GPU memory slope: " + Printf("%.2f MB per 10K tokens", slope_mb_per_10k) + " (from " +
          FormatTokens(slope_from) + " to " + FormatTokens(slope_to) + " tokens)\n";
