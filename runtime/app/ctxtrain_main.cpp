@@ -802,9 +802,8 @@ int Main(int argc, char** argv) {
   }
 #endif
   // The GPU tier the run kept (the earliest pages of every layer), 0 when off.
-  const int64_t geometry_pages = PlanGeometry(model, options).total_pages();
-  const int64_t tier_pages =
-      options.offload ? std::min(options.gpu_tier_pages, geometry_pages) : int64_t{0};
+  const int64_t geometry_pages = plan.geometry().total_pages();
+  const int64_t tier_pages = plan.geometry().gpu_tier_pages();
   // The steps' own time, start-up excluded: the first step (one-time costs: cuBLASLt plans, first
   // touches) and the mean of the steps after it.
   const double after_first = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;

@@ -66,7 +66,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   if (c.options.offload) {
     // The page store's two tiers: the GPU tier's pages never cross PCIe.
     const PlanGeometry g(c.model, c.options);
-    const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
+    const int64_t tier = g.gpu_tier_pages();
     s += "Page store: GPU tier " + FormatGiB(g.gpu_tier_bytes()) + " (the first " +
          FormatCount(tier) + " of " + FormatCount(g.total_pages()) +
          " pages a layer, KV and dKV), " + "host tier up to " +
@@ -155,7 +155,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
   j.EndObject().EndObject();
   if (o.offload) {
     const PlanGeometry g(c.model, o);
-    const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages());
+    const int64_t tier = g.gpu_tier_pages();
     j.BeginObject("page_store")
         .Field("pages_per_layer", g.total_pages())
         .Field("gpu_tier_pages_per_layer", tier)
@@ -217,10 +217,8 @@ std::string CapacityText(const PlanContext& c, const sim::CapacityResult& result
   s += "  pinned host memory there: " + FormatGiB(r.host_peak) + " of " +
        FormatGiB(r.host_capacity) + " usable (" + FormatGiB(c.machine.host_ram_bytes) +
        " installed)\n";
-  if (c.options.offload && c.options.gpu_tier_pages > 0) {
-    const PlanGeometry g(c.model, c.options);
-    s += "  GPU tier there: the first " +
-         FormatCount(std::min(c.options.gpu_tier_pages, g.total_pages())) + " of " +
+  if (const PlanGeometry g(c.model, c.options); g.gpu_tier_pages() > 0) {
+    s += "  GPU tier there: the first " + FormatCount(g.gpu_tier_pages()) + " of " +
          FormatCount(g.total_pages()) + " pages a layer (" + FormatGiB(g.gpu_tier_bytes()) +
          ", KV and dKV)\n";
   }

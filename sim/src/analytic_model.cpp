@@ -467,7 +467,7 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   }
   MemoryState& kv_space = o.offload ? host : gpu;
   // The GPU tier of the page store (offload with one), allocated up front.
-  if (const int64_t tier = std::min(g.gpu_tier_pages(), g.total_pages()); tier > 0) {
+  if (const int64_t tier = g.gpu_tier_pages(); tier > 0) {
     gpu[MemCategory::kKvPages] = tier * layers * g.kv_page_bytes();
     gpu[MemCategory::kDkvPages] = tier * layers * g.dkv_page_bytes();
   }

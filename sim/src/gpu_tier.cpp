@@ -90,9 +90,8 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
     const int64_t free = report.gpu_capacity - report.gpu_memory.device - setting.margin_bytes;
     const int64_t grown =
         std::clamp<int64_t>(options.gpu_tier_pages + free / page_bytes, 0, plain.total_pages());
-    if (grown == options.gpu_tier_pages) break;
+    if (grown == options.gpu_tier_pages) break;  // also: nothing free even without a tier
     options.gpu_tier_pages = grown;
-    if (free < 0) break;  // the plan does not fit even without a tier
   }
   return options;
 }

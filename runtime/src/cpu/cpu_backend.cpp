@@ -57,7 +57,7 @@ class CpuBackend::Impl {
     summaries_.assign(static_cast<size_t>(layers_),
                       std::vector<float>(static_cast<size_t>(total_pages * kv_dim_), 0.0f));
     // With offload: one pool each for KV and dKV, [tier | union slots | own slots] (pool_slots).
-    tier_pages_ = std::min(geometry_->gpu_tier_pages(), total_pages);
+    tier_pages_ = geometry_->gpu_tier_pages();
     slot_capacity_ = geometry_->max_host_union_pages();
     const int64_t own_capacity = o_.chunk_tokens / o_.page_tokens;
     kv_pool_.clear();

@@ -137,7 +137,7 @@ class TypedImpl final : public CudaBackend::Impl {
     // The GPU tier (offload with RunOptions::gpu_tier_pages): one pool each for KV and dKV holds
     // the tier's pages of every layer, then the union slots and own slots of both parities
     // (TierPool); page tables index it. Its slots stage the host tier's pages only.
-    tier_pages_ = o_.offload ? std::min(g_.gpu_tier_pages(), total_pages_) : 0;
+    tier_pages_ = g_.gpu_tier_pages();
     host_slot_capacity_ = std::max<int64_t>(g_.max_host_union_pages(), 1);
 
     for (cudaStream_t* s : {&compute_, &h2d_, &d2h_})

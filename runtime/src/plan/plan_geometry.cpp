@@ -285,7 +285,7 @@ int64_t PlanGeometry::tier_page_bytes() const {
 }
 
 int64_t PlanGeometry::gpu_tier_bytes() const {
-  return std::min(gpu_tier_pages(), total_pages()) * tier_page_bytes();
+  return gpu_tier_pages() * tier_page_bytes();
 }
 
 }  // namespace ctxplan

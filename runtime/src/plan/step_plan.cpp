@@ -125,7 +125,7 @@ class PlanWriter {
     gpu(MemCategory::kWorkspace, g_.workspace_bytes());
     gpu(MemCategory::kPageSlots, g_.page_slot_bytes());
     // The GPU tier of the page store: KV and dKV of its pages of every layer, up front.
-    if (const int64_t tier = std::min(g_.gpu_tier_pages(), g_.total_pages()); tier > 0) {
+    if (const int64_t tier = g_.gpu_tier_pages(); tier > 0) {
       gpu(MemCategory::kKvPages, tier * m_.num_hidden_layers * g_.kv_page_bytes());
       gpu(MemCategory::kDkvPages, tier * LayerDkvBytes());
     }

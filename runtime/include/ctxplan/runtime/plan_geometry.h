@@ -6,6 +6,7 @@
 // b query tile, L layers. "Pages" below are pages of ONE layer; every layer has the same.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -91,9 +92,11 @@ class PlanGeometry {
   // Whether pass 1 writes this chunk's KV pages: a later chunk reads them (never the last's).
   bool writes_pages(int32_t chunk) const { return chunk < num_chunks_ - 1; }
   int32_t num_layers() const { return static_cast<int32_t>(model_.num_hidden_layers); }
-  // Pages of every layer whose home is the GPU tier with offload on (0 with offload off: then
-  // every page is on the GPU and nothing is copied).
-  int64_t gpu_tier_pages() const { return options_.offload ? options_.gpu_tier_pages : 0; }
+  // Pages of every layer whose home is the GPU tier with offload on, at most the context's (0 with
+  // offload off: then every page is on the GPU and nothing is copied).
+  int64_t gpu_tier_pages() const {
+    return options_.offload ? std::min(options_.gpu_tier_pages, total_pages()) : 0;
+  }
   // Pages of one layer the whole context fills.
   int64_t total_pages() const;
   ChunkGeometry Chunk(int32_t index) const;

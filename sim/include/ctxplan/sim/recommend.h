@@ -61,8 +61,7 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
                          const GpuTierSetting& gpu_tier, const RecommendSpace& space = {});
 
 // The ctxtrain command line that runs `options` (machine_flags: "--machine h200-125g" or
-// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: the --gpu-tier text, "off" for none; a margin
-// other than the default goes with it).
+// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: the --gpu-tier text, "off" for none).
 std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_flags,
                             const RunOptions& options, const std::string& gpu_tier);
 
