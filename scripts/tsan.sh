@@ -28,7 +28,7 @@ if [ ! -f build-tsan/CMakeCache.txt ]; then
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     -DCTXPLAN_CUDA=OFF -DBUILD_TESTING=ON > /dev/null
 fi
-tests=(host_threads_test)
+tests=(host_threads_test dist_test)
 if grep -q '^CTXPLAN_GUI:BOOL=ON' build-tsan/CMakeCache.txt; then
   tests+=(gui_explorer_model_test)
 else

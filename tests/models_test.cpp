@@ -245,7 +245,8 @@ TEST(Catalog, EveryEntryLoadsAndNamesItsFile) {
     EXPECT_EQ(on_disk.memory_bytes(), g.memory_bytes());
   }
   const std::vector<std::string> machines = CatalogMachineNames();
-  EXPECT_EQ(machines, (std::vector<std::string>{"h100-125g", "h200-125g", "h200-512g"}));
+  EXPECT_EQ(machines, (std::vector<std::string>{"h100-125g", "h100-x8", "h200-125g", "h200-512g",
+                                                "h200-x2", "h200-x4"}));
   for (const std::string& name : machines) {
     SCOPED_TRACE(name);
     const MachineSpec m = LoadMachine(name);
@@ -716,7 +717,8 @@ TEST(MachineYaml, ValidationErrors) {
           {"ram as size string", m("host_ram_gib", "host_ram_gib: 125GiB"), 3, "host_ram_gib",
            "not a number"},
           {"missing bandwidth", m("host_memory_gbs", ""), 1, "host_memory_gbs", "missing"},
-          {"unknown key", Plus(kMachine, "gpus: 4"), 7, "gpus", "unknown key"},
+          {"unknown key", Plus(kMachine, "gpu_count: 4"), 7, "gpu_count", "unknown key"},
+          {"no gpus", Plus(kMachine, "gpus: 0"), 7, "gpus", "gpus"},
       },
       [](const std::string& path) { LoadMachine(path); });
 }

@@ -241,6 +241,12 @@ OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool o
   if (!on_host) cost.shape.memory_kernel = MemoryKernel::kAdamW;
   return cost;
 }
+OpCost BoundaryCopyCost(int64_t bytes) {
+  return Memory(MemoryKernel::kOther, 2.0 * D(bytes));  // read and write
+}
+OpCost PeerCost(int64_t bytes) {
+  return {0.0, D(bytes), RateClass::kPeer, {}};
+}
 OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies) {
   OpCost cost{
       0.0, D(bytes), host_to_device ? RateClass::kHostToDevice : RateClass::kDeviceToHost, {}};

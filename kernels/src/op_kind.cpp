@@ -12,7 +12,8 @@ constexpr std::array<std::string_view, kOpKindCount> kOpKindNames = {
     "page_topk",     "attention_fwd",    "attention_bwd",     "dkv_accumulate",
     "swiglu_fwd",    "swiglu_bwd",       "loss_fwd_bwd",      "zero_fill",
     "adamw",         "copy_h2d",         "copy_d2h",          "alloc",
-    "free"};
+    "free",          "boundary_pack",    "boundary_unpack",   "peer_send",
+    "peer_recv"};
 }  // namespace
 
 std::string_view OpKindName(OpKind kind) {
@@ -25,8 +26,11 @@ bool IsCopy(OpKind kind) {
 bool IsMemory(OpKind kind) {
   return kind == OpKind::kAlloc || kind == OpKind::kFree;
 }
+bool IsPeer(OpKind kind) {
+  return kind == OpKind::kPeerSend || kind == OpKind::kPeerRecv;
+}
 bool IsCompute(OpKind kind) {
-  return !IsCopy(kind) && !IsMemory(kind) && kind != OpKind::kCount_;
+  return !IsCopy(kind) && !IsMemory(kind) && !IsPeer(kind) && kind != OpKind::kCount_;
 }
 
 }  // namespace ctxplan

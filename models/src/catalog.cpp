@@ -430,9 +430,16 @@ constexpr std::string_view kGpuExpected =
     "expected a GPU: a mapping of name, display_name, sm_count, host_link and spec values";
 constexpr std::string_view kMachineExpected =
     "expected a machine: a mapping of name, gpu, host_ram_gib, host_reserved_gib, "
-    "host_memory_gbs, note";
+    "host_memory_gbs, gpus, peer_gbs, network_gbs, peer_latency_us, note";
 
 constexpr NumberLimit kProfileLimit{1e7};
+constexpr IntLimit kMachineGpusLimit{1024};
+constexpr NumberLimit kLinkGbsLimit{1e5};
+// A machine that names no links: PCIe Gen5 between its GPUs (~50 GB/s one way, as the pinned
+// host copies measure), a 400 Gb/s NIC a GPU between machines, NCCL's few microseconds a call.
+constexpr double kDefaultPeerGbs = 50.0;
+constexpr double kDefaultNetworkGbs = 50.0;
+constexpr double kDefaultPeerLatencyUs = 10.0;
 constexpr NumberLimit kFixedCostLimit{1e7, true};  // microseconds or nanoseconds, 0 allowed
 constexpr IntLimit kPageTokensLimit{1 << 20};
 constexpr std::string_view kKernelModelExpected =
@@ -823,7 +830,8 @@ GpuSpec ParseGpuYaml(std::string_view text, std::string_view source) {
 MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   const YAML::Node root = ParseDocument(text, source, kMachineExpected);
   const Fields f(root, source, "");
-  f.RejectUnknown({"name", "gpu", "host_ram_gib", "host_reserved_gib", "host_memory_gbs", "note"});
+  f.RejectUnknown({"name", "gpu", "host_ram_gib", "host_reserved_gib", "host_memory_gbs", "gpus",
+                   "peer_gbs", "network_gbs", "peer_latency_us", "note"});
   MachineSpec m;
   m.name = f.String("name");
   const std::string gpu = f.String("gpu");
@@ -850,6 +858,11 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   m.host_ram_bytes = std::llround(ram_gib * static_cast<double>(kGiB));
   m.host_reserved_bytes = std::llround(reserved_gib * static_cast<double>(kGiB));
   m.host_memory_gbs = f.Number("host_memory_gbs", kHostGbsLimit);
+  m.gpus = static_cast<int32_t>(f.OptionalInt("gpus", kMachineGpusLimit).value_or(1));
+  m.peer_gbs = f.OptionalNumber("peer_gbs", kLinkGbsLimit).value_or(kDefaultPeerGbs);
+  m.network_gbs = f.OptionalNumber("network_gbs", kLinkGbsLimit).value_or(kDefaultNetworkGbs);
+  m.peer_latency_us =
+      f.OptionalNumber("peer_latency_us", kFixedCostLimit).value_or(kDefaultPeerLatencyUs);
   m.note = f.OptionalString("note").value_or("");
   return m;
 }
@@ -912,6 +925,9 @@ MachineSpec MakeMachine(const GpuSpec& gpu, int64_t host_ram_bytes) {
   m.host_ram_bytes = host_ram_bytes;
   m.host_reserved_bytes = reserved;
   m.host_memory_gbs = kDefaultHostMemoryGbs;
+  m.peer_gbs = kDefaultPeerGbs;
+  m.network_gbs = kDefaultNetworkGbs;
+  m.peer_latency_us = kDefaultPeerLatencyUs;
   return m;
 }
 

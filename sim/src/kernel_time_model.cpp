@@ -74,6 +74,11 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
       std::min({gpu.host_duplex_gbs.value / 2.0, gpu.host_h2d_gbs.value, gpu.host_d2h_gbs.value}) *
       1e9;
   host_bytes_per_second_ = machine.host_memory_gbs * 1e9;
+  gpus_per_machine_ = std::max(1, machine.gpus);
+  peer_bytes_per_second_ = (machine.peer_gbs > 0 ? machine.peer_gbs : gpu.host_h2d_gbs.value) * 1e9;
+  network_bytes_per_second_ =
+      (machine.network_gbs > 0 ? machine.network_gbs : gpu.host_h2d_gbs.value) * 1e9;
+  peer_latency_seconds_ = machine.peer_latency_us * 1e-6;
   for (size_t i = 0; i < memory_kernels_.size(); ++i) {
     const std::string name(MemoryKernelName(static_cast<MemoryKernel>(i)));
     const auto fixed = profile_.memory_kernel_fixed_us.find(name);
@@ -90,6 +95,17 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
                     host_bytes_per_second_ > 0 && profile_.gemm_tile_rows > 0 &&
                     profile_.gemm_tile_cols > 0,
                 "machine spec rates must be positive");
+}
+
+Tick KernelTimeModel::Duration(const Op& op) const {
+  if (op.kind == OpKind::kPeerRecv) {
+    // From the stage before (activations) or after (their gradient): over the network when the
+    // two stages' GPUs sit in different machines (ranks fill machines in order).
+    const int peer = op.stream == Stream::kRecvPrev ? op.rank - 1 : op.rank + 1;
+    if (peer / gpus_per_machine_ != op.rank / gpus_per_machine_)
+      return SecondsToTicks(peer_latency_seconds_ + op.cost.bytes / network_bytes_per_second_);
+  }
+  return Duration(op.cost, op.phase);
 }
 
 double KernelTimeModel::GemmComputeSeconds(const KernelShape& s) const {
@@ -293,6 +309,8 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       const double calls = static_cast<double>(std::max(1, s.launches)) * k.copy_call_us * 1e-6;
       return {calls + cost.bytes / per_second, {}};
     }
+    case RateClass::kPeer:
+      return {peer_latency_seconds_ + cost.bytes / peer_bytes_per_second_, {}};
     case RateClass::kHostCompute: {
       // AdamW on the host: 12 FLOPs a parameter (kernels/cost.cpp).
       if (k.host_adamw_gparams > 0) return {cost.flops / 12.0 / (k.host_adamw_gparams * 1e9), {}};

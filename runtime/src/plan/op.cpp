@@ -5,8 +5,8 @@
 namespace ctxplan {
 
 std::string_view StreamName(Stream stream) {
-  static constexpr std::array<std::string_view, kStreamCount> kNames = {"compute", "h2d", "d2h",
-                                                                        "host"};
+  static constexpr std::array<std::string_view, kStreamCount> kNames = {
+      "compute", "h2d", "d2h", "host", "send_next", "recv_prev", "send_prev", "recv_next"};
   return kNames.at(static_cast<size_t>(stream));
 }
 

@@ -30,6 +30,41 @@ PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
     : model_(model), options_(options) {
   options_.Validate(model_);
   num_chunks_ = static_cast<int32_t>(CeilDiv(options_.context_tokens, options_.chunk_tokens));
+  // The last stage takes what leaves it level with the others after the loss; the first stages
+  // share the rest, the earlier ones the remainder (the embedding weighs nothing).
+  const int32_t g = options_.pipeline_stages, layers = num_layers();
+  const double loss = kLossLayerWeight *
+                      static_cast<double>(model_.vocab_size * model_.hidden_size) /
+                      static_cast<double>(std::max<int64_t>(model_.layer_matmul_params(), 1));
+  int32_t last = layers;
+  if (g > 1) {
+    const double level = (layers + loss) / g;
+    last = std::clamp(static_cast<int32_t>(std::lround(level - loss)), 1, layers - (g - 1));
+  }
+  stage_first_layer_.assign(static_cast<size_t>(g) + 1, 0);
+  const int32_t rest = layers - last;
+  for (int32_t r = 0; r + 1 < g; ++r)
+    stage_first_layer_[static_cast<size_t>(r) + 1] =
+        stage_first_layer_[static_cast<size_t>(r)] + rest / (g - 1) + (r < rest % (g - 1) ? 1 : 0);
+  stage_first_layer_[static_cast<size_t>(g)] = layers;
+}
+
+int32_t PlanGeometry::stage_of_layer(int32_t layer) const {
+  CTXPLAN_CHECK(layer >= 0 && layer < num_layers(), "layer out of range");
+  int32_t r = 0;
+  while (layer >= stage_first_layer(r + 1)) ++r;
+  return r;
+}
+
+int32_t PlanGeometry::Layers(int32_t stage) const {
+  return stage == kAllStages ? num_layers() : stage_layers(stage);
+}
+
+int64_t PlanGeometry::boundary_forward_bytes(const ChunkGeometry& chunk) const {
+  return 2 * chunk.tokens * model_.hidden_size * kBf16Bytes;
+}
+int64_t PlanGeometry::boundary_backward_bytes(const ChunkGeometry& chunk) const {
+  return chunk.tokens * model_.hidden_size * kBf16Bytes;
 }
 
 double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
@@ -141,30 +176,50 @@ int64_t PlanGeometry::summary_page_bytes() const {
   return model_.kv_dim() * kBf16Bytes;
 }
 
-int64_t PlanGeometry::trainable_params() const {
-  if (options_.lora_rank == 0) return model_.total_params();
+namespace {
+// The parameters a stage holds: its layers, the embedding on the first, the final norm and the
+// LM head on the last (a tied head: the last stage keeps its own copy of the embedding).
+int64_t StageParams(const ModelSpec& m, int32_t layers, bool first, bool last, bool pipelined) {
+  int64_t params = layers * m.layer_params();
+  if (first) params += m.embedding_params();
+  if (last) {
+    params += m.hidden_size + m.lm_head_params();
+    if (pipelined && m.tie_word_embeddings) params += m.embedding_params();
+  }
+  return params;
+}
+}  // namespace
+
+int64_t PlanGeometry::trainable_params(int32_t stage) const {
   const ModelSpec& m = model_;
+  if (options_.lora_rank == 0) {
+    if (stage == kAllStages) return m.total_params();
+    return StageParams(m, Layers(stage), stage == 0, stage == last_stage(), stages() > 1);
+  }
   const int64_t d = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
   // Adapters A [in x r] and B [r x out] on every projection of every layer.
   const int64_t per_layer = (d + q) + 2 * (d + kv) + (q + d) + 2 * (d + i) + (i + d);
-  return options_.lora_rank * per_layer * m.num_hidden_layers;
+  return options_.lora_rank * per_layer * Layers(stage);
 }
 
-int64_t PlanGeometry::weight_bytes() const {
-  int64_t adapters = options_.lora_rank > 0 ? trainable_params() : 0;
-  return (model_.total_params() + adapters) * kBf16Bytes;
+int64_t PlanGeometry::weight_bytes(int32_t stage) const {
+  const int64_t adapters = options_.lora_rank > 0 ? trainable_params(stage) : 0;
+  const int64_t base = stage == kAllStages ? model_.total_params()
+                                           : StageParams(model_, Layers(stage), stage == 0,
+                                                         stage == last_stage(), stages() > 1);
+  return (base + adapters) * kBf16Bytes;
 }
-int64_t PlanGeometry::grad_bytes() const {
-  return trainable_params() * options_.grad_bytes();
+int64_t PlanGeometry::grad_bytes(int32_t stage) const {
+  return trainable_params(stage) * options_.grad_bytes();
 }
-int64_t PlanGeometry::optimizer_state_bytes() const {
-  return trainable_params() * 2 * kFp32Bytes;
+int64_t PlanGeometry::optimizer_state_bytes(int32_t stage) const {
+  return trainable_params(stage) * 2 * kFp32Bytes;
 }
-int64_t PlanGeometry::host_optimizer_bytes() const {
-  return optimizer_state_bytes() + trainable_params() * kBf16Bytes;
+int64_t PlanGeometry::host_optimizer_bytes(int32_t stage) const {
+  return optimizer_state_bytes(stage) + trainable_params(stage) * kBf16Bytes;
 }
 
-int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
+int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk, int32_t stage) const {
   const ModelSpec& m = model_;
   const int64_t per_layer = chunk.tokens * (m.hidden_size + m.q_dim()) * kBf16Bytes +
                             chunk.tokens * m.num_attention_heads * kFp32Bytes;
@@ -174,7 +229,7 @@ int64_t PlanGeometry::layer_inputs_bytes(const ChunkGeometry& chunk) const {
   const int64_t page_lists = chunk.tiles * chunk.pages_per_tile * 4;
   // Kept from the fill, the top layer's output too: the loss reads it in pass 2.
   const int64_t top = options_.keep_layer_inputs ? chunk.tokens * m.hidden_size * kBf16Bytes : 0;
-  return (per_layer + page_lists) * m.num_hidden_layers + top;
+  return (per_layer + page_lists) * Layers(stage) + top;
 }
 
 int64_t PlanGeometry::activation_bytes() const {
@@ -280,12 +335,12 @@ int64_t PlanGeometry::page_slot_bytes() const {
   return 2 * (max_host_union_pages() + own) * (kv_page_bytes() + dkv_page_bytes());
 }
 
-int64_t PlanGeometry::tier_page_bytes() const {
-  return num_layers() * (kv_page_bytes() + dkv_page_bytes());
+int64_t PlanGeometry::tier_page_bytes(int32_t stage) const {
+  return Layers(stage) * (kv_page_bytes() + dkv_page_bytes());
 }
 
-int64_t PlanGeometry::gpu_tier_bytes() const {
-  return gpu_tier_pages() * tier_page_bytes();
+int64_t PlanGeometry::gpu_tier_bytes(int32_t stage) const {
+  return gpu_tier_pages() * tier_page_bytes(stage);
 }
 
 }  // namespace ctxplan

@@ -39,6 +39,11 @@ void RunOptions::Validate(const ModelSpec& model) const {
           Num(lora_rank) + " is out of range; accepted: 0 (full fine-tune) to " + Num(smallest));
   Require(gpu_tier_pages >= 0 && gpu_tier_pages <= (int64_t{1} << 31), "--gpu-tier",
           Num(gpu_tier_pages) + " pages is out of range; accepted: off, auto or a size");
+  Require(pipeline_stages >= 1 && pipeline_stages <= model.num_hidden_layers, "--gpus",
+          Num(pipeline_stages) + " is out of range; accepted: 1 to the model's " +
+              Num(model.num_hidden_layers) + " layers (one layer or more a GPU)");
+  Require(pipeline_stages == 1 || !keep_layer_inputs, "--keep-layer-inputs",
+          "not with several GPUs yet; accepted: recomputing the layer inputs (the default)");
   Require(std::isfinite(selection.overlap_fraction) && selection.overlap_fraction >= 0.0 &&
               selection.overlap_fraction <= 1.0,
           "--selection", "overlap fraction must lie in [0, 1]");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
+#include <memory>
 #include <vector>
 
 #include "ctxplan/kernels/cost.h"
@@ -16,7 +18,7 @@ namespace {
 // they are pushed so that later ops of the batch can name earlier ones as dependencies.
 class OpBatch {
  public:
-  explicit OpBatch(OpId* next_id) : next_id_(next_id) { ops_.reserve(64); }
+  OpBatch(OpId* next_id, int16_t rank) : next_id_(next_id), rank_(rank) { ops_.reserve(64); }
 
   void Clear() { ops_.clear(); }
   const std::vector<Op>& ops() const { return ops_; }
@@ -24,6 +26,7 @@ class OpBatch {
 
   OpId Push(Op op, std::initializer_list<OpId> deps = {}) {
     op.id = (*next_id_)++;
+    op.rank = rank_;
     for (OpId dep : deps) {
       if (dep == kNoOp) continue;
       CTXPLAN_CHECK(op.num_deps < Op::kMaxDeps, "too many dependencies");
@@ -38,6 +41,7 @@ class OpBatch {
 
  private:
   OpId* next_id_;
+  int16_t rank_;
   OpId last_compute_ = kNoOp;
   std::vector<Op> ops_;
 };
@@ -95,18 +99,87 @@ Op Memory(const Where& w, bool alloc, Stream stream, MemSpace space, MemCategory
   return op;
 }
 
-// Emits the ops of a step into batches; the coroutine in StepPlan::Ops() yields them.
+Op Peer(const Where& w, bool send, Stream stream, int64_t tokens, int64_t bytes, int parity) {
+  Op op;
+  op.kind = send ? OpKind::kPeerSend : OpKind::kPeerRecv;
+  op.stream = stream;
+  op.phase = w.phase;
+  op.chunk = w.chunk;
+  op.m = tokens;
+  op.bytes = bytes;
+  op.pages = parity;
+  // The transfer is timed on the receive, which waits for the send to be posted: a send is done
+  // when its receiver has the data, so the two would count the link twice.
+  op.cost = PeerCost(send ? 0 : bytes);
+  return op;
+}
+
+Op Boundary(const Where& w, bool pack, int64_t tokens, int64_t bytes, int parity) {
+  Op op = Kernel(w, pack ? OpKind::kBoundaryPack : OpKind::kBoundaryUnpack, BoundaryCopyCost(bytes),
+                 tokens);
+  op.bytes = bytes;
+  op.pages = parity;
+  return op;
+}
+
+// The sends of one stage boundary in one direction, as both ends see them: the sender's send ids
+// in order (the receiver takes them first in, first out) and, per buffer parity, the ops that
+// last used each end's buffer. Each end double-buffers, so a pack waits for the send (and the
+// receive) of two transfers ago, and a receive for the unpack of two transfers ago.
+struct BoundaryLink {
+  std::deque<OpId> sent;  // sends not yet received
+  std::array<OpId, 2> last_send{kNoOp, kNoOp}, last_recv{kNoOp, kNoOp};
+  std::array<OpId, 2> last_unpack{kNoOp, kNoOp};
+  uint64_t sends = 0, recvs = 0;
+};
+
+// Emits the ops of one pipeline stage's share of a step into batches; the coroutine in
+// StepPlan::Ops() interleaves the stages' batches and yields them. Op ids are shared.
 class PlanWriter {
  public:
-  explicit PlanWriter(const PlanGeometry& geometry)
+  PlanWriter(const PlanGeometry& geometry, int32_t rank, OpId* next_id)
       : g_(geometry),
         m_(geometry.model()),
         o_(geometry.options()),
-        batch_(&next_id_),
+        rank_(rank),
+        first_layer_(geometry.stage_first_layer(rank)),
+        end_layer_(geometry.stage_first_layer(rank + 1)),
+        next_id_(next_id),
+        batch_(next_id, static_cast<int16_t>(rank)),
         kv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp),
         dkv_home_(static_cast<size_t>(geometry.num_layers()), kNoOp) {}
 
   OpBatch& batch() { return batch_; }
+  int32_t first_layer() const { return first_layer_; }
+  int32_t end_layer() const { return end_layer_; }
+  bool first_stage() const { return rank_ == 0; }
+  bool last_stage() const { return rank_ == g_.last_stage(); }
+  // The links to the next stage (forward sends) and from it (backward sends); set by Ops().
+  BoundaryLink* forward_out = nullptr;   // this -> next
+  BoundaryLink* forward_in = nullptr;    // previous -> this
+  BoundaryLink* backward_out = nullptr;  // this -> previous
+  BoundaryLink* backward_in = nullptr;   // next -> this
+
+  // The end of this stage's forward over chunk `c` (fill or recompute): the residual stream
+  // and its pending add to the next stage.
+  void SendForward(const ChunkGeometry& c, Phase phase) {
+    Send(*forward_out, Where{phase, c.index, -1}, Stream::kSendNext, c.tokens,
+         g_.boundary_forward_bytes(c));
+  }
+  // ... and the start of the next stage's.
+  void RecvForward(const ChunkGeometry& c, Phase phase) {
+    Recv(*forward_in, Where{phase, c.index, -1}, Stream::kRecvPrev, c.tokens,
+         g_.boundary_forward_bytes(c));
+  }
+  // The end of this stage's backward over chunk `c`: the residual gradient to the previous stage.
+  void SendBackward(const ChunkGeometry& c) {
+    Send(*backward_out, Where{Phase::kBackward, c.index, -1}, Stream::kSendPrev, c.tokens,
+         g_.boundary_backward_bytes(c));
+  }
+  void RecvBackward(const ChunkGeometry& c) {
+    Recv(*backward_in, Where{Phase::kBackward, c.index, -1}, Stream::kRecvNext, c.tokens,
+         g_.boundary_backward_bytes(c));
+  }
 
   void Setup() {
     Where w{Phase::kSetup, -1, -1};
@@ -117,27 +190,27 @@ class PlanWriter {
     auto host = [&](MemCategory category, int64_t bytes) {
       if (bytes > 0) batch_.Push(Memory(w, true, Stream::kHost, MemSpace::kHost, category, bytes));
     };
-    gpu(MemCategory::kWeights, g_.weight_bytes());
-    gpu(MemCategory::kGrads, g_.grad_bytes());
+    gpu(MemCategory::kWeights, g_.weight_bytes(rank_));
+    gpu(MemCategory::kGrads, g_.grad_bytes(rank_));
     if (o_.optimizer == OptimizerKind::kAdamWGpu)
-      gpu(MemCategory::kOptimizer, g_.optimizer_state_bytes());
+      gpu(MemCategory::kOptimizer, g_.optimizer_state_bytes(rank_));
     gpu(MemCategory::kActivations, g_.activation_bytes());
     gpu(MemCategory::kWorkspace, g_.workspace_bytes());
     gpu(MemCategory::kPageSlots, g_.page_slot_bytes());
     // The GPU tier of the page store: KV and dKV of its pages of every layer, up front.
     if (const int64_t tier = g_.gpu_tier_pages(); tier > 0) {
-      gpu(MemCategory::kKvPages, tier * m_.num_hidden_layers * g_.kv_page_bytes());
+      gpu(MemCategory::kKvPages, tier * StageLayers() * g_.kv_page_bytes());
       gpu(MemCategory::kDkvPages, tier * LayerDkvBytes());
     }
     if (o_.optimizer == OptimizerKind::kAdamWHost) {
-      host(MemCategory::kOptimizer, g_.host_optimizer_bytes());
-      host(MemCategory::kGradStaging, g_.grad_bytes());
+      host(MemCategory::kOptimizer, g_.host_optimizer_bytes(rank_));
+      host(MemCategory::kGradStaging, g_.grad_bytes(rank_));
     }
   }
 
   void FillChunkStart(const ChunkGeometry& c) {
     Where w{Phase::kFill, c.index, -1};
-    const int64_t layers = m_.num_hidden_layers;
+    const int64_t layers = StageLayers();
     if (o_.keep_layer_inputs)
       batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kLayerInputs,
                          g_.layer_inputs_bytes(c)));
@@ -153,8 +226,11 @@ class PlanWriter {
         batch_.Push(
             Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kKvPages, kv_bytes));
     }
-    batch_.Push(Kernel(w, OpKind::kEmbeddingForward, EmbeddingForwardCost(c.tokens, m_.hidden_size),
-                       c.tokens));
+    if (first_stage())
+      batch_.Push(Kernel(w, OpKind::kEmbeddingForward,
+                         EmbeddingForwardCost(c.tokens, m_.hidden_size), c.tokens));
+    else
+      RecvForward(c, Phase::kFill);
   }
 
   // One layer's forward in the fill pass or the recompute.
@@ -239,9 +315,12 @@ class PlanWriter {
   void RecomputeStart(const ChunkGeometry& c) {
     Where w{Phase::kRecompute, c.index, -1};
     batch_.Push(Memory(w, true, Stream::kCompute, MemSpace::kGpu, MemCategory::kLayerInputs,
-                       g_.layer_inputs_bytes(c)));
-    batch_.Push(Kernel(w, OpKind::kEmbeddingForward, EmbeddingForwardCost(c.tokens, m_.hidden_size),
-                       c.tokens));
+                       g_.layer_inputs_bytes(c, rank_)));
+    if (first_stage())
+      batch_.Push(Kernel(w, OpKind::kEmbeddingForward,
+                         EmbeddingForwardCost(c.tokens, m_.hidden_size), c.tokens));
+    else
+      RecvForward(c, Phase::kRecompute);
   }
 
   void Loss(const ChunkGeometry& c) {
@@ -366,11 +445,15 @@ class PlanWriter {
   // After chunk `c`'s backward: its gradients reach the embedding, its pages and buffers die.
   void BackwardEnd(const ChunkGeometry& c, const DkvState& dkv) {
     Where w{Phase::kBackward, c.index, -1};
-    const int64_t layers = m_.num_hidden_layers;
-    batch_.Push(Kernel(w, OpKind::kEmbeddingBackward,
-                       EmbeddingBackwardCost(c.tokens, m_.hidden_size, o_.grad_bytes()), c.tokens));
+    const int64_t layers = StageLayers();
+    if (first_stage())
+      batch_.Push(Kernel(w, OpKind::kEmbeddingBackward,
+                         EmbeddingBackwardCost(c.tokens, m_.hidden_size, o_.grad_bytes()),
+                         c.tokens));
+    else
+      SendBackward(c);
     batch_.Push(Memory(w, false, Stream::kCompute, MemSpace::kGpu, MemCategory::kLayerInputs,
-                       g_.layer_inputs_bytes(c)));
+                       g_.layer_inputs_bytes(c, rank_)));
     const bool filled = g_.writes_pages(c.index);
     if (filled)
       batch_.Push(Memory(w, false, Stream::kCompute, MemSpace::kGpu, MemCategory::kPageSummaries,
@@ -391,7 +474,7 @@ class PlanWriter {
 
   void Optimizer() {
     Where w{Phase::kOptimizer, -1, -1};
-    const int64_t params = g_.trainable_params();
+    const int64_t params = g_.trainable_params(rank_);
     switch (o_.optimizer) {
       case OptimizerKind::kNone:
         return;
@@ -402,7 +485,7 @@ class PlanWriter {
       case OptimizerKind::kAdamWHost: {
         // Gradients home once the last kernel has written them, the update on the CPU, the
         // new weights back.
-        OpId d2h = batch_.Push(Copy(w, false, 0, g_.grad_bytes()), {batch_.last_compute()});
+        OpId d2h = batch_.Push(Copy(w, false, 0, g_.grad_bytes(rank_)), {batch_.last_compute()});
         Op update =
             Kernel(w, OpKind::kAdamW, AdamWCost(params, kBf16Bytes, o_.grad_bytes(), true), params);
         update.stream = Stream::kHost;
@@ -425,7 +508,25 @@ class PlanWriter {
                out, in, part));
   }
   int64_t PagedTokensRead(const ChunkGeometry& c) const { return g_.paged_tokens_read(c); }
-  int64_t LayerDkvBytes() const { return m_.num_hidden_layers * g_.dkv_page_bytes(); }
+  int64_t StageLayers() const { return end_layer_ - first_layer_; }
+  int64_t LayerDkvBytes() const { return StageLayers() * g_.dkv_page_bytes(); }
+
+  void Send(BoundaryLink& link, const Where& w, Stream stream, int64_t tokens, int64_t bytes) {
+    const int parity = static_cast<int>(link.sends++ & 1);
+    const OpId pack = batch_.Push(Boundary(w, true, tokens, bytes, parity),
+                                  {link.last_send[parity], link.last_recv[parity]});
+    link.last_send[parity] = batch_.Push(Peer(w, true, stream, tokens, bytes, parity), {pack});
+    link.sent.push_back(link.last_send[parity]);
+  }
+  void Recv(BoundaryLink& link, const Where& w, Stream stream, int64_t tokens, int64_t bytes) {
+    CTXPLAN_CHECK(!link.sent.empty(), "a stage receives what was never sent");
+    const int parity = static_cast<int>(link.recvs++ & 1);
+    const OpId recv = batch_.Push(Peer(w, false, stream, tokens, bytes, parity),
+                                  {link.sent.front(), link.last_unpack[parity]});
+    link.sent.pop_front();
+    link.last_recv[parity] = recv;
+    link.last_unpack[parity] = batch_.Push(Boundary(w, false, tokens, bytes, parity), {recv});
+  }
   // The last copy that brought this layer's KV (dKV) pages home: a later copy back to the GPU
   // reads what it wrote. Never binding when a chunk of compute separates the two, but the data
   // dependency is real and the CUDA backend must order it.
@@ -433,7 +534,7 @@ class PlanWriter {
   OpId DkvHome(int32_t layer) const { return Recent(dkv_home_[static_cast<size_t>(layer)]); }
   // Beyond the dependency window the copy finished long ago: in-order streams already order it.
   OpId Recent(OpId op) const {
-    return op != kNoOp && next_id_ - op <= StepPlan::kMaxDependencyDistance / 2 ? op : kNoOp;
+    return op != kNoOp && *next_id_ - op <= StepPlan::kMaxDependencyDistance / 2 ? op : kNoOp;
   }
   int NextSlotParity() { return static_cast<int>(slot_uses_++ & 1); }
   int NextOwnParity() { return static_cast<int>(own_uses_++ & 1); }
@@ -441,7 +542,9 @@ class PlanWriter {
   const PlanGeometry& g_;
   const ModelSpec& m_;
   const RunOptions& o_;
-  OpId next_id_ = 0;
+  int32_t rank_;
+  int32_t first_layer_, end_layer_;  // the stage's layers
+  OpId* next_id_;
   OpBatch batch_;
   // The op that must finish before slot buffer 0 / 1 may be refilled.
   std::array<OpId, 2> slot_release_{kNoOp, kNoOp};
@@ -456,59 +559,161 @@ class PlanWriter {
 
 StepPlan::StepPlan(const ModelSpec& model, const RunOptions& options) : geometry_(model, options) {}
 
-Generator<Op> StepPlan::Ops() const {
-  PlanWriter writer(geometry_);
-  OpBatch& batch = writer.batch();
-  const int32_t chunks = geometry_.num_chunks();
-  const int32_t layers = geometry_.num_layers();
+int32_t PipelineSchedule::WarmUp(const PlanGeometry& g, int32_t stage) {
+  if (g.options().keep_layer_inputs) return 0;
+  return std::min(g.last_stage() - stage, g.num_chunks() - 1);
+}
 
-  writer.Setup();
-  for (const Op& op : batch.ops()) co_yield op;
-
-  for (int32_t i = 0; i < geometry_.fill_chunks(); ++i) {  // pass 1
-    const ChunkGeometry chunk = geometry_.Chunk(i);
-    batch.Clear();
-    writer.FillChunkStart(chunk);
-    for (const Op& op : batch.ops()) co_yield op;
-    for (int32_t l = 0; l < layers; ++l) {
-      batch.Clear();
-      writer.LayerForward(chunk, Phase::kFill, l);
-      for (const Op& op : batch.ops()) co_yield op;
+PipelineSchedule::PipelineSchedule(const PlanGeometry& g)
+    : g_(g),
+      items_(static_cast<size_t>(g.stages())),
+      cursor_(static_cast<size_t>(g.stages()), 0),
+      filled_(static_cast<size_t>(g.stages()), 0),
+      recomputed_(static_cast<size_t>(g.stages()), g.num_chunks()),
+      backward_(static_cast<size_t>(g.stages()), g.num_chunks()),
+      forward_items_(static_cast<size_t>(g.stages()), 0),
+      backward_items_(static_cast<size_t>(g.stages()), 0) {
+  const int32_t chunks = g.num_chunks();
+  const bool recompute = !g.options().keep_layer_inputs;
+  for (int32_t r = 0; r < g.stages(); ++r) {
+    std::vector<PipelineItem>& items = items_[static_cast<size_t>(r)];
+    for (int32_t i = 0; i < g.fill_chunks(); ++i) items.push_back({r, PipelineItemKind::kFill, i});
+    int32_t next_forward = chunks - 1;
+    if (recompute)
+      for (int32_t k = 0; k <= WarmUp(g, r); ++k)
+        items.push_back({r, PipelineItemKind::kRecompute, next_forward--});
+    for (int32_t i = chunks - 1; i >= 0; --i) {
+      items.push_back({r, PipelineItemKind::kBackward, i});
+      if (recompute && next_forward >= 0)
+        items.push_back({r, PipelineItemKind::kRecompute, next_forward--});
     }
+    remaining_ += items.size();
+  }
+}
+
+bool PipelineSchedule::Ready(const PipelineItem& item) const {
+  const int32_t r = item.stage;
+  const auto s = static_cast<size_t>(r);
+  const bool last = r == g_.last_stage();
+  if (item.kind != PipelineItemKind::kBackward) {
+    if (r > 0) {
+      const bool received = item.kind == PipelineItemKind::kFill ? filled_[s - 1] > item.chunk
+                                                                 : recomputed_[s - 1] <= item.chunk;
+      if (!received) return false;
+    }
+    return last || forward_items_[s] - forward_items_[s + 1] < 2;
+  }
+  if (!last && backward_[s + 1] > item.chunk) return false;
+  return r == 0 || backward_items_[s] - backward_items_[s - 1] < 2;
+}
+
+bool PipelineSchedule::Next(PipelineItem& item) {
+  const int32_t stages = g_.stages();
+  while (remaining_ > 0) {
+    for (; turn_ < stages; ++turn_) {
+      const auto s = static_cast<size_t>(turn_);
+      if (cursor_[s] == items_[s].size() || !Ready(items_[s][cursor_[s]])) continue;
+      item = items_[s][cursor_[s]++];
+      --remaining_;
+      progressed_ = true;
+      switch (item.kind) {
+        case PipelineItemKind::kFill:
+          filled_[s] = item.chunk + 1;
+          ++forward_items_[s];
+          break;
+        case PipelineItemKind::kRecompute:
+          recomputed_[s] = item.chunk;
+          ++forward_items_[s];
+          break;
+        case PipelineItemKind::kBackward:
+          backward_[s] = item.chunk;
+          ++backward_items_[s];
+          break;
+      }
+      ++turn_;
+      return true;
+    }
+    CTXPLAN_CHECK(progressed_, "the pipeline schedule deadlocked");
+    turn_ = 0;
+    progressed_ = false;
+  }
+  return false;
+}
+
+Generator<Op> StepPlan::Ops() const {
+  const PlanGeometry& g = geometry_;
+  const int32_t stages = g.stages();
+  OpId next_id = 0;
+  std::vector<std::unique_ptr<PlanWriter>> writers;
+  for (int32_t r = 0; r < stages; ++r)
+    writers.push_back(std::make_unique<PlanWriter>(g, r, &next_id));
+  // links[2r]: stage r -> r+1 (activations), links[2r+1]: stage r+1 -> r (their gradient).
+  std::vector<BoundaryLink> links(static_cast<size_t>(2 * std::max(stages - 1, 0)));
+  for (int32_t r = 0; r + 1 < stages; ++r) {
+    BoundaryLink* forward = &links[static_cast<size_t>(2 * r)];
+    BoundaryLink* backward = &links[static_cast<size_t>(2 * r + 1)];
+    writers[static_cast<size_t>(r)]->forward_out = forward;
+    writers[static_cast<size_t>(r) + 1]->forward_in = forward;
+    writers[static_cast<size_t>(r) + 1]->backward_out = backward;
+    writers[static_cast<size_t>(r)]->backward_in = backward;
   }
 
-  int64_t selected_by_later_chunks = 0;        // T_{i+1}
-  for (int32_t i = chunks - 1; i >= 0; --i) {  // pass 2, in reverse chunk order
-    const ChunkGeometry chunk = geometry_.Chunk(i);
-    const DkvState dkv = geometry_.Dkv(chunk, selected_by_later_chunks);
-    if (!options().keep_layer_inputs) {
+  for (int32_t r = 0; r < stages; ++r) {
+    OpBatch& batch = writers[static_cast<size_t>(r)]->batch();
+    batch.Clear();
+    writers[static_cast<size_t>(r)]->Setup();
+    for (const Op& op : batch.ops()) co_yield op;
+  }
+
+  // The stages' items in the schedule's order, so each op follows what it depends on and
+  // dependencies stay close.
+  std::vector<int64_t> selected_by_later_chunks(static_cast<size_t>(stages), 0);  // T_{i+1}
+  PipelineSchedule schedule(g);
+  PipelineItem item;
+  while (schedule.Next(item)) {
+    const auto s = static_cast<size_t>(item.stage);
+    PlanWriter& writer = *writers[s];
+    OpBatch& batch = writer.batch();
+    const ChunkGeometry chunk = g.Chunk(item.chunk);
+    if (item.kind == PipelineItemKind::kBackward) {
+      const DkvState dkv = g.Dkv(chunk, selected_by_later_chunks[s]);
       batch.Clear();
-      writer.RecomputeStart(chunk);
+      if (writer.last_stage()) writer.Loss(chunk);
+      writer.BackwardStart(chunk, dkv);
+      if (!writer.last_stage()) writer.RecvBackward(chunk);
       for (const Op& op : batch.ops()) co_yield op;
-      for (int32_t l = 0; l < layers; ++l) {
+      for (int32_t l = writer.end_layer() - 1; l >= writer.first_layer(); --l) {
         batch.Clear();
-        writer.LayerForward(chunk, Phase::kRecompute, l);
+        writer.LayerBackward(chunk, dkv, l);
         for (const Op& op : batch.ops()) co_yield op;
       }
-    }
-    batch.Clear();
-    writer.Loss(chunk);
-    writer.BackwardStart(chunk, dkv);
-    for (const Op& op : batch.ops()) co_yield op;
-    for (int32_t l = layers - 1; l >= 0; --l) {
       batch.Clear();
-      writer.LayerBackward(chunk, dkv, l);
+      writer.BackwardEnd(chunk, dkv);
+      for (const Op& op : batch.ops()) co_yield op;
+      selected_by_later_chunks[s] += chunk.union_pages;
+      continue;
+    }
+    const Phase phase = item.kind == PipelineItemKind::kFill ? Phase::kFill : Phase::kRecompute;
+    batch.Clear();
+    if (phase == Phase::kFill)
+      writer.FillChunkStart(chunk);
+    else
+      writer.RecomputeStart(chunk);
+    for (const Op& op : batch.ops()) co_yield op;
+    for (int32_t l = writer.first_layer(); l < writer.end_layer(); ++l) {
+      batch.Clear();
+      writer.LayerForward(chunk, phase, l);
+      if (l + 1 == writer.end_layer() && !writer.last_stage()) writer.SendForward(chunk, phase);
       for (const Op& op : batch.ops()) co_yield op;
     }
-    batch.Clear();
-    writer.BackwardEnd(chunk, dkv);
-    for (const Op& op : batch.ops()) co_yield op;
-    selected_by_later_chunks += chunk.union_pages;
   }
 
-  batch.Clear();
-  writer.Optimizer();
-  for (const Op& op : batch.ops()) co_yield op;
+  for (int32_t r = 0; r < stages; ++r) {
+    OpBatch& batch = writers[static_cast<size_t>(r)]->batch();
+    batch.Clear();
+    writers[static_cast<size_t>(r)]->Optimizer();
+    for (const Op& op : batch.ops()) co_yield op;
+  }
 }
 
 }  // namespace ctxplan

@@ -26,6 +26,7 @@ enum class RateClass : uint8_t {
   kHostToDevice,             // copy engine, host -> device
   kDeviceToHost,             // copy engine, device -> host
   kHostCompute,              // CPU work (optimizer on the host): bytes over host DRAM bandwidth
+  kPeer,                     // GPU to GPU (NCCL send/receive): bytes over the peer link
   kNone,                     // bookkeeping, no duration
 };
 
@@ -166,5 +167,9 @@ OpCost ZeroFillCost(int64_t bytes);
 OpCost AdamWCost(int64_t params, int64_t param_bytes, int64_t grad_bytes, bool on_host);
 // `copies`: the separate cudaMemcpyAsync calls it takes (runs of pages contiguous on both sides).
 OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies = 1);
+// A pipeline stage boundary: `bytes` copied on the device into (out of) a peer buffer, and sent
+// (received) over the link between the two stages' GPUs.
+OpCost BoundaryCopyCost(int64_t bytes);
+OpCost PeerCost(int64_t bytes);
 
 }  // namespace ctxplan

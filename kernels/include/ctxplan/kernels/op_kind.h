@@ -36,6 +36,12 @@ enum class OpKind : uint8_t {
   // --- memory bookkeeping (zero duration, on the stream that owns the buffer) ---
   kAlloc,
   kFree,
+  // --- pipeline stages (several GPUs): the activations or their gradient at a stage boundary ---
+  kBoundaryPack,    // compute stream: the boundary tensor into its send buffer (device copy)
+  kBoundaryUnpack,  // compute stream: the received tensor into the stage's working buffers
+  kPeerSend,        // NCCL send to the neighbouring stage, on its own stream
+  kPeerRecv,        // NCCL receive from the neighbouring stage, on its own stream
+  // (Appended: traces store kinds by number.)
   kCount_
 };
 
@@ -45,5 +51,6 @@ std::string_view OpKindName(OpKind kind);
 bool IsCompute(OpKind kind);
 bool IsCopy(OpKind kind);
 bool IsMemory(OpKind kind);
+bool IsPeer(OpKind kind);  // kPeerSend, kPeerRecv
 
 }  // namespace ctxplan

@@ -164,7 +164,14 @@ struct MachineSpec {
   int64_t host_ram_bytes = 0;       // installed host RAM
   int64_t host_reserved_bytes = 0;  // kept for the OS, the process and its pageable buffers
   double host_memory_gbs = 0.0;     // host DRAM bandwidth, for an optimizer step on the host
-  std::string note;                 // what the preset describes; empty for a custom machine
+  // Several GPUs (DESIGN.md, "Ranks"): the GPUs of one machine share its host RAM, each has its
+  // own PCIe link; neighbouring pipeline stages exchange activations over the peer link inside
+  // a machine and over the network between machines.
+  int32_t gpus = 1;              // GPUs in the machine
+  double peer_gbs = 0.0;         // GB/s one way between two of its GPUs (NVLink, or PCIe)
+  double network_gbs = 0.0;      // GB/s one way from one GPU to another machine's
+  double peer_latency_us = 0.0;  // per transfer, either link
+  std::string note;              // what the preset describes; empty for a custom machine
 
   int64_t host_usable_bytes() const { return host_ram_bytes - host_reserved_bytes; }
 };

@@ -17,8 +17,20 @@ using OpId = uint64_t;
 inline constexpr OpId kNoOp = ~OpId{0};
 
 // In-order queues of work, as CUDA streams are: an op starts after the previous op of its stream
-// and after its dependencies (ops of other streams).
-enum class Stream : uint8_t { kCompute, kH2D, kD2H, kHost, kCount_ };
+// and after its dependencies (ops of other streams). Every rank (pipeline stage, one GPU) has
+// its own set. The four peer streams carry a stage's NCCL sends and receives, one per direction
+// and neighbour, as each is one communicator whose calls must stay in order on both sides.
+enum class Stream : uint8_t {
+  kCompute,
+  kH2D,
+  kD2H,
+  kHost,
+  kSendNext,  // activations to stage r+1 (fill and recompute)
+  kRecvPrev,  // activations from stage r-1
+  kSendPrev,  // their gradient to stage r-1 (backward)
+  kRecvNext,  // their gradient from stage r+1
+  kCount_
+};
 inline constexpr int kStreamCount = static_cast<int>(Stream::kCount_);
 
 enum class Phase : uint8_t {
@@ -74,13 +86,17 @@ struct Op {
   Phase phase = Phase::kSetup;
   OpPart part = OpPart::kNone;
   uint8_t num_deps = 0;
+  // The pipeline stage (GPU) that runs it, 0 with one GPU. Dependencies may name ops of other
+  // ranks (a receive waits for its send): a rank's backend ignores those, NCCL orders them.
+  int16_t rank = 0;
   int32_t chunk = -1;                 // -1: not tied to a chunk
   int32_t layer = -1;                 // -1: not tied to a layer
   std::array<OpId, kMaxDeps> deps{};  // ops of other streams this op waits for
 
   // Shapes. GEMMs: m tokens, n out features, k in features. Attention: m query tokens,
   // n key/value positions read. Norms, RoPE, SwiGLU, KV write: m tokens. Copies and page ops:
-  // `pages` pages of one layer.
+  // `pages` pages of one layer. Boundary and peer ops: m tokens, `bytes` the tensor's bytes,
+  // `pages` the send/receive buffer (0 or 1) it uses.
   int64_t m = 0, n = 0, k = 0;
   int64_t pages = 0;
   OpCost cost;

@@ -92,6 +92,20 @@ class PlanGeometry {
   // Whether pass 1 writes this chunk's KV pages: a later chunk reads them (never the last's).
   bool writes_pages(int32_t chunk) const { return chunk < num_chunks_ - 1; }
   int32_t num_layers() const { return static_cast<int32_t>(model_.num_hidden_layers); }
+
+  // --- pipeline stages (RunOptions::pipeline_stages; one stage with one GPU) ---
+  // Stage r runs layers [stage_first_layer(r), stage_first_layer(r + 1)); stage 0 also the
+  // embedding, the last stage the final norm and the loss. The split balances each stage's
+  // matmul work, the loss's LM head counted as the layers it weighs (kLossLayerWeight).
+  int32_t stages() const { return options_.pipeline_stages; }
+  int32_t stage_first_layer(int32_t stage) const {
+    return stage_first_layer_[static_cast<size_t>(stage)];
+  }
+  int32_t stage_layers(int32_t stage) const {
+    return stage_first_layer(stage + 1) - stage_first_layer(stage);
+  }
+  int32_t stage_of_layer(int32_t layer) const;
+  int32_t last_stage() const { return stages() - 1; }
   // Pages of every layer whose home is the GPU tier with offload on, at most the context's (0 with
   // offload off: then every page is on the GPU and nothing is copied).
   int64_t gpu_tier_pages() const {
@@ -108,16 +122,23 @@ class PlanGeometry {
   int64_t dkv_page_bytes() const;      // dK and dV, grad dtype
   int64_t summary_page_bytes() const;  // mean key, bf16
 
-  // --- parameter-sized buffers ---
-  int64_t trainable_params() const;
-  int64_t weight_bytes() const;
-  int64_t grad_bytes() const;             // on the GPU (accumulated across chunks)
-  int64_t optimizer_state_bytes() const;  // fp32 moments of the trainable parameters
+  // --- parameter-sized buffers: of the whole model (kAllStages), or of one stage's GPU ---
+  static constexpr int32_t kAllStages = -1;
+  int64_t trainable_params(int32_t stage = kAllStages) const;
+  int64_t weight_bytes(int32_t stage = kAllStages) const;
+  int64_t grad_bytes(int32_t stage = kAllStages) const;  // on the GPU (accumulated across chunks)
+  int64_t optimizer_state_bytes(int32_t stage = kAllStages) const;  // fp32 moments
   // AdamW on the host: the moments and the host's bf16 copy of the parameters it updates.
-  int64_t host_optimizer_bytes() const;
+  int64_t host_optimizer_bytes(int32_t stage = kAllStages) const;
+  // The bytes a stage boundary passes per chunk: forward, the residual stream and the pending
+  // residual add ([c][d] each, bf16: the next stage finishes the add bit for bit as one GPU
+  // would); backward, the residual gradient [c][d].
+  int64_t boundary_forward_bytes(const ChunkGeometry& chunk) const;
+  int64_t boundary_backward_bytes(const ChunkGeometry& chunk) const;
 
   // --- per-chunk buffers (O(1) in n) ---
-  int64_t layer_inputs_bytes(const ChunkGeometry& chunk) const;
+  // Of every layer (kAllStages) or of one stage's layers.
+  int64_t layer_inputs_bytes(const ChunkGeometry& chunk, int32_t stage = kAllStages) const;
   int64_t activation_bytes() const;  // the CUDA backend's: one layer, c tokens, and gradients
   int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles
   // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions of host pages (one
@@ -145,18 +166,25 @@ class PlanGeometry {
   int64_t max_union_pages() const;
   // The same in the host tier: the union pages the slots stage.
   int64_t max_host_union_pages() const;
-  // One page position in a tier: its KV and dKV in every layer.
-  int64_t tier_page_bytes() const;
-  // The GPU tier with offload on: KV and dKV of its pages of every layer (allocated up front).
-  int64_t gpu_tier_bytes() const;
+  // One page position in a tier: its KV and dKV in every layer (of one stage).
+  int64_t tier_page_bytes(int32_t stage = kAllStages) const;
+  // The GPU tier with offload on: KV and dKV of its pages of every layer (of one stage),
+  // allocated up front.
+  int64_t gpu_tier_bytes(int32_t stage = kAllStages) const;
 
   static constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
+  // The loss's share of a stage's work, in layers of the model, per LM-head parameter over a
+  // layer's matmul parameters: the loss runs the head four times (logits twice, dX, dW), a layer
+  // five times (fill, recompute, the backward's recompute, dX, dW).
+  static constexpr double kLossLayerWeight = 4.0 / 5.0;
   static constexpr int64_t kLossVocabTile = 8192;  // logits tile columns, fp32
 
  private:
   ModelSpec model_;
   RunOptions options_;
   int32_t num_chunks_ = 0;
+  std::vector<int32_t> stage_first_layer_;  // [stages + 1]
+  int32_t Layers(int32_t stage) const;      // layers of a stage, or of all
 };
 
 }  // namespace ctxplan

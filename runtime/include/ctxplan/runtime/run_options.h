@@ -51,6 +51,10 @@ struct RunOptions {
   // Keep every chunk's layer inputs from the fill pass instead of recomputing them in pass 2:
   // one forward less per step, at O(n) GPU memory (worth it at short contexts).
   bool keep_layer_inputs = false;
+  // GPUs the layers are pipelined over (DESIGN.md, "Ranks"): stage r holds a contiguous run of
+  // layers (PlanGeometry::stage_first_layer), their weights, gradients, optimizer state and
+  // pages; chunks are the micro-batches. 1: one GPU.
+  int32_t pipeline_stages = 1;
 
   bool dense() const { return page_budget == kAllPages; }
   int64_t grad_bytes() const { return grad_dtype == GradDtype::kFp32 ? 4 : 2; }

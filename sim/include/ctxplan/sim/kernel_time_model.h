@@ -25,6 +25,8 @@
 //                 the selections' read-back to the host (a stream sync)
 //   copies        bytes over the pinned link (both directions share it in the backward)
 //   host compute  AdamW on the host at host_adamw_gparams
+//   peer          a stage boundary's transfer: latency + bytes over the machine's peer link
+//                 (or the network between machines), timed on the receive
 //
 // The compute-bound parts (GEMM, loss and attention compute) are at the model's SM clock: the
 // maximum clock unless AtClock() says otherwise (the clock a step holds under the power limit,
@@ -56,8 +58,9 @@ class KernelTimeModel {
   explicit KernelTimeModel(const MachineSpec& machine);
   KernelTimeModel(const MachineSpec& machine, KernelProfile profile);
 
-  // Duration of one op in ticks; zero for memory bookkeeping.
-  Tick Duration(const Op& op) const { return Duration(op.cost, op.phase); }
+  // Duration of one op in ticks; zero for memory bookkeeping. A receive between stages on
+  // different machines crosses the network, not the peer link.
+  Tick Duration(const Op& op) const;
   // Copies in the backward share the link with copies the other way (both directions stream
   // at once there), so they get half the measured duplex bandwidth; elsewhere one direction
   // has the link to itself.
@@ -97,6 +100,10 @@ class KernelTimeModel {
   double d2h_bytes_per_second_ = 0;
   double duplex_bytes_per_second_ = 0;  // per direction while both run
   double host_bytes_per_second_ = 0;
+  int gpus_per_machine_ = 1;
+  double peer_bytes_per_second_ = 0;     // between GPUs of one machine, one way
+  double network_bytes_per_second_ = 0;  // between machines, one way per GPU
+  double peer_latency_seconds_ = 0;
   // The memory-bound kernels the profile measured apart, by MemoryKernel: their fixed cost and
   // their time over the common rate's.
   struct MemoryKernelTime {
