@@ -291,5 +291,46 @@ TEST(CpuRuntime, NonFiniteLossStopsNamingTheChunk) {
   }
 }
 
+// Issue 13: layers pipelined over GPUs change where the step runs, never what it computes. One
+// process runs every stage in the plan's interleaved order, the boundaries passing the residual
+// stream and its pending add forward and their gradient back: gradients and loss bit for bit
+// equal to one GPU's, dense and sparse, offload on and off, with a GPU tier, over 2 to 4 stages
+// (a 4-layer tiny model) and fewer chunks than stages.
+TEST(CpuRuntime, PipelineStagesEqualOneGpuExactly) {
+  ModelSpec model = Tiny();
+  model.num_hidden_layers = 4;
+  const ModelWeights weights = RandomWeights(model, 41);
+  struct Case {
+    int64_t n, chunk, budget;
+    bool offload;
+    int64_t tier;
+  };
+  for (const Case c : {Case{96, 16, 2, true, 0}, Case{96, 16, RunOptions::kAllPages, false, 0},
+                       Case{96, 16, 2, true, 5}, Case{40, 16, RunOptions::kAllPages, true, 0},
+                       Case{16, 16, 2, true, 0}}) {
+    const Data data = RandomData(c.n, 7 + c.n, model.vocab_size);
+    auto run = [&](int32_t stages) {
+      RunOptions o = Options(c.n, c.chunk, 4, c.budget, c.offload);
+      o.gpu_tier_pages = c.tier;
+      o.pipeline_stages = stages;
+      ModelWeights w = weights;
+      Result r{{}, ZeroWeights(model)};
+      CpuBackend backend(model, w, r.grads, nullptr);
+      r.out = RunStep(StepPlan(model, o), {data.tokens, data.labels}, backend);
+      return r;
+    };
+    Result one = run(1);
+    for (int32_t stages : {2, 3, 4}) {
+      Result piped = run(stages);
+      const std::string where = "n " + std::to_string(c.n) + " budget " + std::to_string(c.budget) +
+                                " offload " + std::to_string(c.offload) + " tier " +
+                                std::to_string(c.tier) + " stages " + std::to_string(stages);
+      EXPECT_EQ(piped.out.loss_sum, one.out.loss_sum) << where;
+      EXPECT_EQ(piped.out.labelled, one.out.labelled) << where;
+      EXPECT_EQ(Flatten(piped.grads), Flatten(one.grads)) << where;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ctxplan

@@ -359,5 +359,67 @@ TEST(StepPlan, BudgetAllEqualsDenseOpForOp) {
   EXPECT_GT(count, 1000u);
 }
 
+// Issue 13: the layers split over pipeline stages balancing matmul work (the LM head weighs
+// about two of Qwen2.5-7B's layers, so the last stage takes fewer), every op on the stage of its
+// layer, the embedding on the first, the loss on the last; each receive waits for its own send
+// (same chunk, pass and bytes, from the neighbour); each stage's allocations return to its fixed
+// buffers, and the stages' weights add up to the model's.
+TEST(StepPlan, PipelineStagesOwnTheirLayersAndPassTheirBoundaries) {
+  for (int32_t stages : {2, 3, 4, 7}) {
+    RunOptions o = Options(150'000, 16);
+    o.pipeline_stages = stages;
+    const PlanGeometry g(Qwen7B(), o);
+    ASSERT_EQ(g.stage_first_layer(0), 0);
+    ASSERT_EQ(g.stage_first_layer(stages), 28);
+    int64_t weights = 0;
+    for (int32_t r = 0; r < stages; ++r) {
+      EXPECT_GE(g.stage_layers(r), 1);
+      weights += g.weight_bytes(r);
+    }
+    EXPECT_EQ(weights, g.weight_bytes());
+    if (stages == 2) {
+      EXPECT_EQ(g.stage_layers(0), 15);
+      EXPECT_EQ(g.stage_layers(1), 13);
+    }
+    std::map<OpId, Op> sends;
+    std::vector<int64_t> gpu(static_cast<size_t>(stages), 0), fixed(gpu);
+    int receives = 0;
+    const StepPlan plan(Qwen7B(), o);
+    auto ops = plan.Ops();
+    while (ops.Next()) {
+      const Op& op = ops.Current();
+      ASSERT_GE(op.rank, 0);
+      ASSERT_LT(op.rank, stages);
+      if (op.layer >= 0) EXPECT_EQ(op.rank, g.stage_of_layer(op.layer)) << op.id;
+      if (op.kind == OpKind::kEmbeddingForward || op.kind == OpKind::kEmbeddingBackward)
+        EXPECT_EQ(op.rank, 0);
+      if (op.kind == OpKind::kLossForwardBackward) EXPECT_EQ(op.rank, stages - 1);
+      for (int d = 0; d < op.num_deps; ++d) EXPECT_LT(op.deps[d], op.id);
+      if (op.kind == OpKind::kPeerSend) sends[op.id] = op;
+      if (op.kind == OpKind::kPeerRecv) {
+        ++receives;
+        ASSERT_GE(op.num_deps, 1);
+        const auto send = sends.find(op.deps[0]);
+        ASSERT_NE(send, sends.end()) << "receive " << op.id << " waits for no send";
+        const bool forward = op.stream == Stream::kRecvPrev;
+        EXPECT_EQ(send->second.rank, forward ? op.rank - 1 : op.rank + 1);
+        EXPECT_EQ(send->second.stream, forward ? Stream::kSendNext : Stream::kSendPrev);
+        EXPECT_EQ(send->second.chunk, op.chunk);
+        EXPECT_EQ(send->second.phase, op.phase);
+        EXPECT_EQ(send->second.bytes, op.bytes);
+        sends.erase(send);
+      }
+      if (IsMemory(op.kind) && op.space == MemSpace::kGpu) {
+        gpu[static_cast<size_t>(op.rank)] += op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+        if (op.phase == Phase::kSetup) fixed[static_cast<size_t>(op.rank)] = gpu[op.rank];
+      }
+    }
+    EXPECT_TRUE(sends.empty());
+    // Fill, recompute and backward: one crossing a chunk and boundary each.
+    EXPECT_EQ(receives, (stages - 1) * (2 * g.num_chunks() - 1 + g.num_chunks()));
+    EXPECT_EQ(gpu, fixed);
+  }
+}
+
 }  // namespace
 }  // namespace ctxplan

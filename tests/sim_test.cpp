@@ -68,6 +68,7 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     int64_t lora;
     bool keep = false;
     int64_t gpu_tier = 0;  // pages
+    int32_t stages = 1;    // GPUs the layers are pipelined over
   };
   std::vector<Case> grid;
   for (const std::string model : {"qwen2.5-7b", "qwen2.5-0.5b", "llama-3.1-8b"})
@@ -97,6 +98,15 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     for (int64_t budget : {int64_t{16}, RunOptions::kAllPages})
       grid.push_back({"qwen2.5-7b", 150'000, 4096, 128, budget, true, "disjoint", "adamw-gpu",
                       "bf16", 0, false, tier});
+  // Layers pipelined over GPUs (issue 13): fewer chunks than stages, many, sparse and dense,
+  // offload on and off, a GPU tier, the host optimizer.
+  for (int32_t stages : {2, 3, 4, 8})
+    for (int64_t context : {int64_t{5000}, int64_t{70'001}, int64_t{150'000}})
+      for (int64_t budget : {int64_t{16}, RunOptions::kAllPages})
+        for (bool offload : {true, false})
+          grid.push_back({"qwen2.5-7b", context, 4096, 128, budget, offload, "disjoint",
+                          stages == 3 ? "adamw-host" : "adamw-gpu", "bf16", 0, false,
+                          stages == 4 && offload ? 100 : 0, stages});
   ASSERT_GE(grid.size(), 200u);
 
   const KernelTimeModel time_model(H200());
@@ -112,13 +122,14 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     o.lora_rank = c.lora;
     o.keep_layer_inputs = c.keep;
     o.gpu_tier_pages = c.gpu_tier;
+    o.pipeline_stages = c.stages;
     const Both both = PredictBoth(Model(c.model), H200(), o);
-    const std::string where = c.model + " n=" + std::to_string(c.context) +
-                              " c=" + std::to_string(c.chunk) + " p=" + std::to_string(c.page) +
-                              " k=" + std::to_string(c.budget) +
-                              " offload=" + std::to_string(c.offload) + " " + c.selection + " " +
-                              c.optimizer + " " + c.grad + " lora=" + std::to_string(c.lora) +
-                              (c.keep ? " keep" : "") + " tier=" + std::to_string(c.gpu_tier);
+    const std::string where =
+        c.model + " n=" + std::to_string(c.context) + " c=" + std::to_string(c.chunk) +
+        " p=" + std::to_string(c.page) + " k=" + std::to_string(c.budget) +
+        " offload=" + std::to_string(c.offload) + " " + c.selection + " " + c.optimizer + " " +
+        c.grad + " lora=" + std::to_string(c.lora) + (c.keep ? " keep" : "") +
+        " tier=" + std::to_string(c.gpu_tier) + " stages=" + std::to_string(c.stages);
     EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;

@@ -52,6 +52,11 @@ void AddRunFlags(CLI::App& app, RunFlags& f, bool with_context, bool lists) {
   app.add_option("--gpu-tier-margin", f.gpu_tier_margin,
                  "device memory --gpu-tier auto leaves free beside the tier")
       ->capture_default_str();
+  app.add_option("--gpus", f.gpus,
+                 "GPUs the layers are pipelined over, chunks as micro-batches (more than the "
+                 "machine has: several such machines)" +
+                     list)
+      ->capture_default_str();
 }
 
 int64_t ParseNonNegative(const std::string& text, const std::string& flag) {
@@ -158,6 +163,10 @@ RunOptions ResolveOptions(const RunFlags& f, const ModelSpec& model, bool with_c
   o.lora_rank = ParseNonNegative(f.lora_rank, "--lora-rank");
   o.selection = ParseSelectionModel(f.selection, "--selection");
   o.keep_layer_inputs = ParseOnOff(f.keep_layer_inputs, "--keep-layer-inputs");
+  const int64_t gpus = ParseNonNegative(f.gpus, "--gpus");
+  if (gpus < 1 || gpus > 4096)
+    throw InputError("--gpus: '" + f.gpus + "' is out of range; accepted: 1 to 4096 GPUs");
+  o.pipeline_stages = static_cast<int32_t>(gpus);
   o.Validate(model);
   return o;
 }
@@ -175,6 +184,7 @@ std::string DescribeOptions(const RunOptions& o) {
   s += ", optimizer " + std::string(OptimizerName(o.optimizer));
   s += o.lora_rank > 0 ? ", LoRA rank " + std::to_string(o.lora_rank) : ", full fine-tune";
   if (o.keep_layer_inputs) s += ", layer inputs kept";
+  if (o.pipeline_stages > 1) s += ", pipelined over " + std::to_string(o.pipeline_stages) + " GPUs";
   return s;
 }
 

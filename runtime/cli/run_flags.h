@@ -34,6 +34,9 @@ struct RunFlags {
   // machine by the planner (sim/gpu_tier.h), not by ResolveOptions.
   std::string gpu_tier = "off";
   std::string gpu_tier_margin = "2GiB";
+  // GPUs the layers are pipelined over (RunOptions::pipeline_stages); more than the machine has
+  // spans several machines like it.
+  std::string gpus = "1";
 };
 
 // `with_context`: max-context searches the context itself. `lists`: sweep takes comma lists.

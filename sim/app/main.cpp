@@ -256,11 +256,10 @@ int RunSweep(SweepFlags f) {
     std::string RunFlags::*field;
     std::vector<std::string> values;
   };
-  std::vector<Axis> axes = {{&RunFlags::context, SplitList(f.run.context)},
-                            {&RunFlags::chunk, SplitList(f.run.chunk)},
-                            {&RunFlags::page, SplitList(f.run.page)},
-                            {&RunFlags::budget, SplitList(f.run.budget)},
-                            {&RunFlags::offload, SplitList(f.run.offload)}};
+  std::vector<Axis> axes = {
+      {&RunFlags::context, SplitList(f.run.context)}, {&RunFlags::chunk, SplitList(f.run.chunk)},
+      {&RunFlags::page, SplitList(f.run.page)},       {&RunFlags::budget, SplitList(f.run.budget)},
+      {&RunFlags::offload, SplitList(f.run.offload)}, {&RunFlags::gpus, SplitList(f.run.gpus)}};
   std::vector<RunOptions> grid;
   std::vector<size_t> index(axes.size(), 0);
   while (true) {
@@ -278,7 +277,7 @@ int RunSweep(SweepFlags f) {
     text =
         "model,machine,context_tokens,chunk_tokens,page_tokens,page_budget,offload,"
         "gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits,step_seconds,"
-        "tokens_per_second,bottleneck,gpu_tier_pages\n";
+        "tokens_per_second,bottleneck,gpu_tier_pages,gpus\n";
   } else {
     json.BeginObject().Field("model", model.name).Field("machine", machine.name);
     json.BeginArray("results");
@@ -292,7 +291,7 @@ int RunSweep(SweepFlags f) {
     if (f.format == "csv") {
       char row[512];
       std::snprintf(
-          row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s,%lld\n",
+          row, sizeof row, "%s,%s,%lld,%lld,%lld,%s,%s,%lld,%lld,%lld,%s,%.6f,%.1f,%s,%lld,%d\n",
           model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
           static_cast<long long>(o.chunk_tokens), static_cast<long long>(o.page_tokens),
           o.dense() ? "all" : std::to_string(o.page_budget).c_str(), o.offload ? "on" : "off",
@@ -300,7 +299,7 @@ int RunSweep(SweepFlags f) {
           static_cast<long long>(r.gpu_memory.device), static_cast<long long>(r.host_peak),
           r.fits() ? "yes" : "no", r.prediction.step_seconds(), r.tokens_per_second,
           std::string(sim::BottleneckName(r.bottleneck)).c_str(),
-          static_cast<long long>(o.offload ? o.gpu_tier_pages : 0));
+          static_cast<long long>(o.offload ? o.gpu_tier_pages : 0), o.pipeline_stages);
       text += row;
     } else {
       json.BeginObject();

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
 #include <vector>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/lora.h"
+#include "ctxplan/runtime/step_plan.h"
 
 namespace ctxplan::sim {
 
@@ -108,12 +110,19 @@ struct StreamClock {
 
 class TimeRecurrence {
  public:
-  TimeRecurrence(const PlanGeometry& geometry, const KernelTimeModel& model, StepPrediction& result)
+  TimeRecurrence(const PlanGeometry& geometry, const KernelTimeModel& model, StepPrediction& result,
+                 int32_t stage)
       : g_(geometry),
         m_(geometry.model()),
         o_(geometry.options()),
         model_(model),
-        result_(result) {}
+        result_(result),
+        stage_(stage),
+        layers_(geometry.stage_layers(stage)) {}
+
+  // The compute stream waits for an input that arrives at `when` (a stage boundary).
+  void WaitUntil(Tick when) { clock_.compute() = std::max(clock_.compute(), when); }
+  Tick ComputeEnd() { return clock_.compute(); }
 
   ForwardLayer Forward(const ChunkGeometry& c, Phase phase) const {
     const int64_t t = c.tokens, d = m_.hidden_size, q = m_.q_dim(), kv = m_.kv_dim();
@@ -243,7 +252,7 @@ class TimeRecurrence {
   // Runs the layers of one forward pass over a chunk.
   void RunForward(const ForwardLayer& f) {
     RunLayers([&] { ForwardStep(f); }, ActiveTerms(f.copy_in, f.copy_out));
-    const int64_t layers = m_.num_hidden_layers;
+    const int64_t layers = layers_;
     const Tick compute = f.pre.ticks + f.kv_write.ticks + f.summary.ticks + f.select.ticks +
                          f.attn_own.ticks + f.attn_paged.ticks + f.post.ticks;
     result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
@@ -263,7 +272,7 @@ class TimeRecurrence {
 
   void RunBackward(const BackwardLayer& b) {
     RunLayers([&] { BackwardStep(b); }, ActiveTerms(b.copy_in, false));
-    const int64_t layers = m_.num_hidden_layers;
+    const int64_t layers = layers_;
     const Tick compute = b.zero.ticks + b.before_attention.ticks + b.attn_own.ticks +
                          b.attn_paged.ticks + b.dkv_accumulate.ticks + b.after.ticks;
     result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += layers * compute;
@@ -282,7 +291,7 @@ class TimeRecurrence {
   }
 
   void Optimizer() {
-    const int64_t params = g_.trainable_params();
+    const int64_t params = g_.trainable_params(stage_);
     switch (o_.optimizer) {
       case OptimizerKind::kNone:
         return;
@@ -290,7 +299,7 @@ class TimeRecurrence {
         Kernel(AdamWCost(params, kBf16Bytes, o_.grad_bytes(), false), Phase::kOptimizer);
         return;
       case OptimizerKind::kAdamWHost: {
-        const OpCost d2h = CopyCost(g_.grad_bytes(), false);
+        const OpCost d2h = CopyCost(g_.grad_bytes(stage_), false);
         const OpCost update = AdamWCost(params, kBf16Bytes, o_.grad_bytes(), true);
         const OpCost h2d = CopyCost(params * kBf16Bytes, true);
         const Tick d2h_ticks = model_.Duration(d2h, Phase::kOptimizer);
@@ -324,7 +333,7 @@ class TimeRecurrence {
   // uniformly on its active terms (and the parities are back), the remainder is extrapolated.
   template <typename Step>
   void RunLayers(Step step, const std::array<bool, StreamClock::kTerms>& active) {
-    const int64_t layers = m_.num_hidden_layers;
+    const int64_t layers = layers_;
     int64_t done = 0;
     StreamClock two_back;
     Tick last_shift = -1;
@@ -428,6 +437,8 @@ class TimeRecurrence {
   const RunOptions& o_;
   const KernelTimeModel& model_;
   StepPrediction& result_;
+  int32_t stage_;
+  int64_t layers_;  // the stage's
   StreamClock clock_;
   Tick host_ = 0;
   // Segments that depend on a chunk's token count alone, for the last count timed.
@@ -443,27 +454,32 @@ class TimeRecurrence {
 // The layers one pass over the chunks built at the maximum clock, kept so that the pass at the
 // sustained clock slows them instead of timing every op again.
 struct LayerCache {
-  std::vector<ForwardLayer> forward;
+  // By chunk: every pipeline stage runs the same layers on a chunk.
+  std::vector<ForwardLayer> fill, recompute;
   std::vector<BackwardLayer> backward;
+  std::vector<bool> fill_built, recompute_built, backward_built;
 };
 
-MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
+namespace {
+
+// One pipeline stage's GPU and host memory over the step (the whole model with one GPU).
+MemoryPrediction StageMemory(const PlanGeometry& g, int32_t stage) {
   const RunOptions& o = g.options();
-  const int64_t layers = g.model().num_hidden_layers;
+  const int64_t layers = g.stage_layers(stage);
   const int32_t chunks = g.num_chunks();
   MemoryPrediction p;
 
   MemoryState gpu, host;
-  gpu[MemCategory::kWeights] = g.weight_bytes();
-  gpu[MemCategory::kGrads] = g.grad_bytes();
+  gpu[MemCategory::kWeights] = g.weight_bytes(stage);
+  gpu[MemCategory::kGrads] = g.grad_bytes(stage);
   if (o.optimizer == OptimizerKind::kAdamWGpu)
-    gpu[MemCategory::kOptimizer] = g.optimizer_state_bytes();
-  gpu[MemCategory::kActivations] = g.activation_bytes();
+    gpu[MemCategory::kOptimizer] = g.optimizer_state_bytes(stage);
+  gpu[MemCategory::kActivations] = g.activation_bytes() + g.boundary_buffer_bytes(stage);
   gpu[MemCategory::kWorkspace] = g.workspace_bytes();
   gpu[MemCategory::kPageSlots] = g.page_slot_bytes();
   if (o.optimizer == OptimizerKind::kAdamWHost) {
-    host[MemCategory::kOptimizer] = g.host_optimizer_bytes();
-    host[MemCategory::kGradStaging] = g.grad_bytes();
+    host[MemCategory::kOptimizer] = g.host_optimizer_bytes(stage);
+    host[MemCategory::kGradStaging] = g.grad_bytes(stage);
   }
   MemoryState& kv_space = o.offload ? host : gpu;
   // The GPU tier of the page store (offload with one), allocated up front.
@@ -487,26 +503,33 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   kv_space[MemCategory::kKvPages] = kv_pages * layers * g.kv_page_bytes();
   if (o.keep_layer_inputs)
     for (int32_t i = 0; i < chunks; ++i)
-      gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i));
+      gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(i), stage);
   Observe(p.gpu, gpu);
   Observe(p.host, host);
 
   // Pass 2: per chunk, layer inputs then dKV pages come alive; at its end they die with the
-  // chunk's pages.
+  // chunk's pages. A pipeline stage recomputes its warm-up's chunks ahead, whose inputs live
+  // while it runs this chunk's backward.
+  const int32_t warm_up = PipelineSchedule::WarmUp(g, stage);
   const int64_t dkv_layer_bytes = layers * g.dkv_page_bytes();
   int64_t selected_by_later_chunks = 0;
   for (int32_t i = chunks - 1; i >= 0; --i) {
     const ChunkGeometry c = g.Chunk(i);
     const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
     if (!o.keep_layer_inputs) {
-      gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c);
+      gpu[MemCategory::kLayerInputs] = g.layer_inputs_bytes(c, stage);
+      for (int32_t j = std::max(0, i - warm_up); j < i; ++j)
+        gpu[MemCategory::kLayerInputs] += g.layer_inputs_bytes(g.Chunk(j), stage);
       Observe(p.gpu, gpu);
     }
     kv_space[MemCategory::kDkvPages] =
         (o.offload ? dkv.live_host_pages : dkv.live_pages) * dkv_layer_bytes;
     Observe(p.gpu, gpu);
     Observe(p.host, host);
-    gpu[MemCategory::kLayerInputs] -= g.layer_inputs_bytes(c);
+    if (o.keep_layer_inputs)
+      gpu[MemCategory::kLayerInputs] -= g.layer_inputs_bytes(c, stage);
+    else
+      gpu[MemCategory::kLayerInputs] = 0;
     if (g.writes_pages(i)) {
       gpu[MemCategory::kPageSummaries] -= c.own_pages * layers * g.summary_page_bytes();
       kv_space[MemCategory::kKvPages] -=
@@ -523,18 +546,42 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g) {
   return p;
 }
 
+}  // namespace
+
+MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g, int gpus_per_machine) {
+  if (g.stages() == 1) return StageMemory(g, 0);
+  // The GPU with the highest peak; the machine whose stages hold the most host memory, their
+  // peaks summed (they come together, at the start of pass 2).
+  MemoryPrediction p;
+  MemoryPeak machine;
+  for (int32_t r = 0; r < g.stages(); ++r) {
+    const MemoryPrediction stage = StageMemory(g, r);
+    p.gpu_peak_by_stage.push_back(stage.gpu.peak_bytes);
+    if (stage.gpu.peak_bytes >= p.gpu.peak_bytes) p.gpu = stage.gpu;
+    machine.peak_bytes += stage.host.peak_bytes;
+    machine.end_bytes += stage.host.end_bytes;
+    for (size_t c = 0; c < machine.at_peak.size(); ++c) machine.at_peak[c] += stage.host.at_peak[c];
+    if ((r + 1) % std::max(1, gpus_per_machine) == 0 || r == g.last_stage()) {
+      if (machine.peak_bytes >= p.host.peak_bytes) p.host = machine;
+      machine = {};
+    }
+  }
+  return p;
+}
+
 namespace {
 // A prediction holding the plan's memory peaks, its time still to come.
 StepPrediction WithMemory(const MemoryPrediction& memory) {
   StepPrediction result;
   result.gpu = memory.gpu;
   result.host = memory.host;
+  result.gpu_peak_by_rank = memory.gpu_peak_by_stage;
   return result;
 }
 }  // namespace
 
 StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
-  StepPrediction result = WithMemory(PredictMemory(g));
+  StepPrediction result = WithMemory(PredictMemory(g, time_model_.gpus_per_machine()));
   // The step at the maximum clock, and what its work draws; then again at the clock whose
   // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
   LayerCache layers;
@@ -544,7 +591,7 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
 }
 
 StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock_fraction) const {
-  StepPrediction result = WithMemory(PredictMemory(g));
+  StepPrediction result = WithMemory(PredictMemory(g, time_model_.gpus_per_machine()));
   LayerCache layers;
   PredictTime(g, time_model_.AtClock(clock_fraction), result, layers, /*reuse=*/false);
   return result;
@@ -567,67 +614,142 @@ double AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& resu
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,
                                 StepPrediction& result, LayerCache& layers, bool reuse) {
-  const double slower = 1.0 / time_model.clock_fraction();
-  size_t next_forward = 0, next_backward = 0;
-  // The pass at the sustained clock slows the cached layers in place: it is their last use.
+  const int32_t chunks = g.num_chunks();
+  const auto n = static_cast<size_t>(chunks);
+  if (reuse) {
+    // The pass at the sustained clock slows the cached layers in place: it is their last use.
+    const double slower = 1.0 / time_model.clock_fraction();
+    for (ForwardLayer& f : layers.fill) f.Slow(slower);
+    for (ForwardLayer& f : layers.recompute) f.Slow(slower);
+    for (BackwardLayer& b : layers.backward) b.Slow(slower);
+  } else {
+    layers.fill.assign(n, {});
+    layers.recompute.assign(n, {});
+    layers.backward.assign(n, {});
+    layers.fill_built.assign(n, false);
+    layers.recompute_built.assign(n, false);
+    layers.backward_built.assign(n, false);
+  }
+  // T_{i+1} of each chunk: the pages later chunks selected (their dKV pages).
+  std::vector<int64_t> selected_after(n + 1, 0);
+  for (int32_t i = chunks - 1; i >= 0; --i)
+    selected_after[static_cast<size_t>(i)] =
+        selected_after[static_cast<size_t>(i) + 1] + g.Chunk(i).union_pages;
   auto forward = [&](const ChunkGeometry& c, Phase phase,
                      TimeRecurrence& time) -> const ForwardLayer& {
-    if (reuse) {
-      ForwardLayer& f = layers.forward[next_forward++];
-      f.Slow(slower);
-      return f;
+    const auto i = static_cast<size_t>(c.index);
+    auto& cache = phase == Phase::kFill ? layers.fill : layers.recompute;
+    auto&& built = phase == Phase::kFill ? layers.fill_built[i] : layers.recompute_built[i];
+    if (!reuse && !built) {
+      cache[i] = time.Forward(c, phase);
+      built = true;
     }
-    layers.forward.push_back(time.Forward(c, phase));
-    return layers.forward.back();
+    return cache[i];
   };
   auto backward = [&](const ChunkGeometry& c, const DkvState& dkv,
                       TimeRecurrence& time) -> const BackwardLayer& {
-    if (reuse) {
-      BackwardLayer& b = layers.backward[next_backward++];
-      b.Slow(slower);
-      return b;
+    const auto i = static_cast<size_t>(c.index);
+    if (!reuse && !layers.backward_built[i]) {
+      layers.backward[i] = time.Backward(c, dkv);
+      layers.backward_built[i] = true;
     }
-    layers.backward.push_back(time.Backward(c, dkv));
-    return layers.backward.back();
+    return layers.backward[i];
   };
-  if (!reuse) {
-    layers.forward.reserve(static_cast<size_t>(2 * g.num_chunks()));
-    layers.backward.reserve(static_cast<size_t>(g.num_chunks()));
-  }
+
   const MemoryPeak gpu = result.gpu, host = result.host;
+  const std::vector<int64_t> by_rank = result.gpu_peak_by_rank;
   result = StepPrediction{};
   result.gpu = gpu;
   result.host = host;
+  result.gpu_peak_by_rank = by_rank;
   result.sm_clock_fraction = time_model.clock_fraction();
   const ModelSpec& m = g.model();
   const RunOptions& o = g.options();
-  const int32_t chunks = g.num_chunks();
-  TimeRecurrence time(g, time_model, result);
+  const int32_t stages = g.stages();
+  std::vector<StepPrediction> partial(static_cast<size_t>(stages));
+  std::vector<TimeRecurrence> time;
+  time.reserve(static_cast<size_t>(stages));
+  for (int32_t r = 0; r < stages; ++r)
+    time.emplace_back(g, time_model, partial[static_cast<size_t>(r)], r);
+  // What crossed each boundary and when it arrives: forward[r] from stage r to r + 1, backward[r]
+  // from r + 1 to r, first in first out as the plan's sends are.
+  std::vector<std::deque<Tick>> forward_arrivals(static_cast<size_t>(stages));
+  std::vector<std::deque<Tick>> backward_arrivals(static_cast<size_t>(stages));
+  // The send is posted (its latency on the sender's stream), the receive carries the bytes.
+  auto send = [&](TimeRecurrence& t, int32_t from, int32_t to, int64_t bytes, Phase phase,
+                  std::deque<Tick>& arrivals) {
+    t.Kernel(BoundaryCopyCost(bytes), phase);  // pack
+    const Tick transfer = time_model.PeerDuration(bytes, from, to);
+    arrivals.push_back(t.ComputeEnd() + transfer);
+    const bool forward = to > from;
+    partial[static_cast<size_t>(from)]
+        .busy_ticks[static_cast<size_t>(forward ? Stream::kSendNext : Stream::kSendPrev)] +=
+        time_model.Duration(PeerCost(0), phase);
+    partial[static_cast<size_t>(to)]
+        .busy_ticks[static_cast<size_t>(forward ? Stream::kRecvPrev : Stream::kRecvNext)] +=
+        transfer;
+  };
+  auto receive = [&](TimeRecurrence& t, int64_t bytes, Phase phase, std::deque<Tick>& arrivals) {
+    t.WaitUntil(arrivals.front());
+    arrivals.pop_front();
+    t.Kernel(BoundaryCopyCost(bytes), phase);  // unpack
+  };
 
-  for (int32_t i = 0; i < g.fill_chunks(); ++i) {
-    const ChunkGeometry c = g.Chunk(i);
-    time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kFill);
-    time.RunForward(forward(c, Phase::kFill, time));
-  }
-  int64_t selected_by_later_chunks = 0;
-  for (int32_t i = chunks - 1; i >= 0; --i) {
-    const ChunkGeometry c = g.Chunk(i);
-    const DkvState dkv = g.Dkv(c, selected_by_later_chunks);
-    if (!o.keep_layer_inputs) {
-      time.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), Phase::kRecompute);
-      time.RunForward(forward(c, Phase::kRecompute, time));
+  PipelineSchedule schedule(g);
+  PipelineItem item;
+  while (schedule.Next(item)) {
+    const int32_t r = item.stage;
+    const auto s = static_cast<size_t>(r);
+    TimeRecurrence& t = time[s];
+    const ChunkGeometry c = g.Chunk(item.chunk);
+    if (item.kind == PipelineItemKind::kBackward) {
+      const DkvState dkv = g.Dkv(c, selected_after[static_cast<size_t>(item.chunk) + 1]);
+      if (r == g.last_stage()) {
+        t.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
+        t.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
+                                         o.grad_bytes()),
+                 Phase::kLoss);
+        t.Kernel(RmsNormBackwardCost(c.tokens, m.hidden_size), Phase::kLoss);
+      } else {
+        receive(t, g.boundary_backward_bytes(c), Phase::kBackward, backward_arrivals[s]);
+      }
+      t.RunBackward(backward(c, dkv, t));
+      if (r == 0)
+        t.Kernel(EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes()), Phase::kBackward);
+      else
+        send(t, r, r - 1, g.boundary_backward_bytes(c), Phase::kBackward, backward_arrivals[s - 1]);
+      continue;
     }
-    time.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
-    time.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
-                                        o.grad_bytes()),
-                Phase::kLoss);
-    time.Kernel(RmsNormBackwardCost(c.tokens, m.hidden_size), Phase::kLoss);
-    time.RunBackward(backward(c, dkv, time));
-    time.Kernel(EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes()), Phase::kBackward);
-    selected_by_later_chunks += c.union_pages;
+    const Phase phase = item.kind == PipelineItemKind::kFill ? Phase::kFill : Phase::kRecompute;
+    if (r == 0)
+      t.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), phase);
+    else
+      receive(t, g.boundary_forward_bytes(c), phase, forward_arrivals[s - 1]);
+    t.RunForward(forward(c, phase, t));
+    if (r < g.last_stage())
+      send(t, r, r + 1, g.boundary_forward_bytes(c), phase, forward_arrivals[s]);
   }
-  time.Optimizer();
-  result.step_ticks = time.End();
+
+  // The busiest stage's streams and energy (its power sets the clock); the model's FLOPs and
+  // copies in all; the step ends with the last stage's optimizer.
+  double most_joules = -1;
+  for (int32_t r = 0; r < stages; ++r) {
+    TimeRecurrence& t = time[static_cast<size_t>(r)];
+    t.Optimizer();
+    const StepPrediction& p = partial[static_cast<size_t>(r)];
+    result.step_ticks = std::max(result.step_ticks, t.End());
+    for (size_t k = 0; k < p.busy_ticks.size(); ++k)
+      result.busy_ticks[k] = std::max(result.busy_ticks[k], p.busy_ticks[k]);
+    result.flops += p.flops;
+    result.h2d_bytes += p.h2d_bytes;
+    result.d2h_bytes += p.d2h_bytes;
+    result.gpu_idle_tail_ticks = std::max(result.gpu_idle_tail_ticks, p.gpu_idle_tail_ticks);
+    const double joules = p.energy.clock_joules + p.energy.fixed_joules;
+    if (joules > most_joules) {
+      most_joules = joules;
+      result.energy = p.energy;
+    }
+  }
 }
 
 }  // namespace ctxplan::sim

@@ -35,7 +35,7 @@ class Search {
     RunOptions o = options_;
     o.context_tokens = context;
     PlanGeometry geometry(model_, WithGpuTier(model_, machine_, o, gpu_tier_));
-    const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry);
+    const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry, machine_.gpus);
     StepPrediction prediction;
     prediction.gpu = memory.gpu;
     prediction.host = memory.host;

@@ -25,9 +25,12 @@ class StreamState final : public Event {
  public:
   StreamState() : Event(EventPriority::kOpComplete) {}
   void Process() override;
-  std::string Name() const override { return "stream " + std::string(StreamName(stream)); }
+  std::string Name() const override {
+    return "rank " + std::to_string(rank) + " stream " + std::string(StreamName(stream));
+  }
 
   Engine* engine = nullptr;
+  int rank = 0;
   Stream stream = Stream::kCompute;
   std::deque<Op> waiting;
   bool busy = false;
@@ -38,15 +41,23 @@ class StreamState final : public Event {
 
 class Engine {
  public:
+  // Every rank (pipeline stage) has its own GPU: its own streams and GPU memory. The ranks of
+  // one machine share its host memory; ranks fill machines in order.
   Engine(const StepPlan& plan, const KernelTimeModel& time_model, SimObserver* observer)
       : ops_(plan.Ops()),
         time_model_(time_model),
         observer_(observer),
+        ranks_(plan.geometry().stages()),
+        gpus_per_machine_(time_model.gpus_per_machine()),
+        streams_(static_cast<size_t>(ranks_ * kStreamCount)),
+        gpu_memory_(static_cast<size_t>(ranks_)),
+        host_memory_(static_cast<size_t>((ranks_ + gpus_per_machine_ - 1) / gpus_per_machine_)),
         done_id_(kCompletionRing, kNoOp),
         done_at_(kCompletionRing, 0) {
-    for (int s = 0; s < kStreamCount; ++s) {
-      streams_[s].engine = this;
-      streams_[s].stream = static_cast<Stream>(s);
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      streams_[i].engine = this;
+      streams_[i].rank = static_cast<int>(i / kStreamCount);
+      streams_[i].stream = static_cast<Stream>(i % kStreamCount);
     }
   }
 
@@ -55,16 +66,22 @@ class Engine {
     StartAll();
     while (!queue_.Empty()) queue_.ServiceOne();
     for (const StreamState& s : streams_)
-      CTXPLAN_CHECK(s.waiting.empty() && !s.busy, "simulation stalled with ops waiting on stream " +
-                                                      std::string(StreamName(s.stream)));
+      CTXPLAN_CHECK(s.waiting.empty() && !s.busy,
+                    "simulation stalled with ops waiting on " + s.Name());
     CTXPLAN_CHECK(exhausted_, "simulation ended before the plan did");
-    for (int s = 0; s < kStreamCount; ++s) result_.busy_ticks[s] = streams_[s].busy_ticks;
-    result_.gpu.peak_bytes = memory_[0].peak();
-    result_.gpu.at_peak = memory_[0].at_peak();
-    result_.gpu.end_bytes = memory_[0].total();
-    result_.host.peak_bytes = memory_[1].peak();
-    result_.host.at_peak = memory_[1].at_peak();
-    result_.host.end_bytes = memory_[1].total();
+    // Of the busiest rank, per stream: its utilisation is the pipeline's.
+    for (const StreamState& s : streams_) {
+      Tick& busy = result_.busy_ticks[static_cast<size_t>(s.stream)];
+      busy = std::max(busy, s.busy_ticks);
+    }
+    // The GPU with the highest peak, the machine with the most host memory at its peak.
+    auto largest = [](const std::vector<MemoryTracker>& trackers, MemoryPeak& out) {
+      for (const MemoryTracker& m : trackers)
+        if (m.peak() >= out.peak_bytes) out = {m.peak(), m.at_peak(), m.total()};
+    };
+    largest(gpu_memory_, result_.gpu);
+    largest(host_memory_, result_.host);
+    for (const MemoryTracker& m : gpu_memory_) result_.gpu_peak_by_rank.push_back(m.peak());
     return result_;
   }
 
@@ -87,7 +104,9 @@ class Engine {
         break;
       }
       const Op& op = ops_.Current();
-      streams_[static_cast<size_t>(op.stream)].waiting.push_back(op);
+      CTXPLAN_CHECK(op.rank >= 0 && op.rank < ranks_, "an op of a rank the plan does not have");
+      streams_[static_cast<size_t>(op.rank * kStreamCount + static_cast<int>(op.stream))]
+          .waiting.push_back(op);
       ++queued_;
     }
   }
@@ -113,7 +132,10 @@ class Engine {
       ++result_.op_count;
       --queued_;
       if (IsMemory(op.kind)) {
-        MemoryTracker& memory = memory_[op.space == MemSpace::kGpu ? 0 : 1];
+        MemoryTracker& memory =
+            op.space == MemSpace::kGpu
+                ? gpu_memory_[static_cast<size_t>(op.rank)]
+                : host_memory_[static_cast<size_t>(op.rank / gpus_per_machine_)];
         memory.Apply(op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
         if (observer_) observer_->OnMemory(op.space, now, memory);
         MarkDone(op.id, now);
@@ -135,8 +157,11 @@ class Engine {
   const KernelTimeModel& time_model_;
   SimObserver* observer_;
   EventQueue queue_;
-  std::array<StreamState, kStreamCount> streams_;
-  std::array<MemoryTracker, 2> memory_;  // GPU, host
+  int ranks_;
+  int gpus_per_machine_;
+  std::vector<StreamState> streams_;        // [rank][stream]
+  std::vector<MemoryTracker> gpu_memory_;   // [rank]
+  std::vector<MemoryTracker> host_memory_;  // [machine]
   std::vector<OpId> done_id_;
   std::vector<Tick> done_at_;
   size_t queued_ = 0;

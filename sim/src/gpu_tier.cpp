@@ -71,7 +71,10 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
   }
   if (setting.off() || !options.offload) return options;
   const PlanGeometry plain(model, options);
-  const int64_t page_bytes = plain.tier_page_bytes();
+  // One page position on the GPU with the most layers (each GPU holds its stage's).
+  int64_t page_bytes = 0;
+  for (int32_t r = 0; r < plain.stages(); ++r)
+    page_bytes = std::max(page_bytes, plain.tier_page_bytes(r));
   if (setting.kind == GpuTierSetting::Kind::kSize) {
     options.gpu_tier_pages =
         std::clamp<int64_t>(setting.size_bytes / page_bytes, 0, plain.total_pages());
@@ -83,7 +86,7 @@ RunOptions WithGpuTier(const ModelSpec& model, const MachineSpec& machine, RunOp
   for (int round = 0; round < 8; ++round) {
     StepPrediction memory_only;
     const PlanGeometry geometry(model, options);
-    const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry);
+    const MemoryPrediction memory = AnalyticModel::PredictMemory(geometry, machine.gpus);
     memory_only.gpu = memory.gpu;
     memory_only.host = memory.host;
     const PlanReport report = MakeReport(geometry, machine, memory_only);

@@ -99,13 +99,17 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
 
 Tick KernelTimeModel::Duration(const Op& op) const {
   if (op.kind == OpKind::kPeerRecv) {
-    // From the stage before (activations) or after (their gradient): over the network when the
-    // two stages' GPUs sit in different machines (ranks fill machines in order).
+    // From the stage before (activations) or after (their gradient).
     const int peer = op.stream == Stream::kRecvPrev ? op.rank - 1 : op.rank + 1;
-    if (peer / gpus_per_machine_ != op.rank / gpus_per_machine_)
-      return SecondsToTicks(peer_latency_seconds_ + op.cost.bytes / network_bytes_per_second_);
+    return PeerDuration(static_cast<int64_t>(op.cost.bytes), peer, op.rank);
   }
   return Duration(op.cost, op.phase);
+}
+
+Tick KernelTimeModel::PeerDuration(int64_t bytes, int from, int to) const {
+  const bool same_machine = from / gpus_per_machine_ == to / gpus_per_machine_;
+  const double per_second = same_machine ? peer_bytes_per_second_ : network_bytes_per_second_;
+  return SecondsToTicks(peer_latency_seconds_ + static_cast<double>(bytes) / per_second);
 }
 
 double KernelTimeModel::GemmComputeSeconds(const KernelShape& s) const {

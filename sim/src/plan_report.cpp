@@ -2,6 +2,7 @@
 
 #include "ctxplan/sim/kernel_time_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ctxplan::sim {
@@ -50,6 +51,8 @@ PlanReport MakeReport(const PlanGeometry& geometry, const MachineSpec& machine,
   PlanReport r;
   r.context_tokens = geometry.options().context_tokens;
   r.chunks = geometry.num_chunks();
+  r.gpus = geometry.stages();
+  r.machines = (r.gpus + std::max(1, machine.gpus) - 1) / std::max(1, machine.gpus);
   r.prediction = prediction;
   r.gpu_memory.allocated = prediction.gpu.peak_bytes;
   r.gpu_memory.reserved =
@@ -92,7 +95,7 @@ void AddRunCost(PlanReport& report, int64_t train_tokens,
   RunCost c;
   c.train_tokens = train_tokens;
   c.steps = static_cast<double>(train_tokens) / static_cast<double>(report.context_tokens);
-  c.gpu_hours = c.steps * report.prediction.step_seconds() / 3600.0;
+  c.gpu_hours = c.steps * report.prediction.step_seconds() * report.gpus / 3600.0;
   c.price_per_gpu_hour = price_per_gpu_hour;
   if (price_per_gpu_hour) c.cost = c.gpu_hours * *price_per_gpu_hour;
   report.run_cost = c;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,8 +73,7 @@ class CpuBackend::Impl {
     page_reads_.Reset(layers_, total_pages);
     // What pass 2 reads back: per layer of the current chunk, or per chunk and layer when the
     // fill keeps them.
-    const size_t saved =
-        static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? geometry_->num_chunks() : 1));
+    const size_t saved = SavedLayerSlots(*geometry_);
     saved_input_.assign(saved, {});
     saved_attn_.assign(saved, {});
     saved_lse_.assign(saved, {});
@@ -81,6 +82,9 @@ class CpuBackend::Impl {
     loss_sum_ = 0.0;
     labelled_ = 0;
     ops_ = 0;
+    boundary_.clear();
+    stage_state_.clear();
+    rank_ = 0;
     memory_ = {};
     chunk_index_ = -1;
   }
@@ -102,6 +106,7 @@ class CpuBackend::Impl {
       return;
     }
     ++ops_;
+    if (op.rank != rank_) SwitchRank(op.rank);
     if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
     DispatchComputeOp(*this, op);
   }
@@ -112,7 +117,7 @@ class CpuBackend::Impl {
 
   int64_t T() const { return c_.tokens; }
   static size_t L(const Op& op) { return static_cast<size_t>(op.layer); }
-  size_t S(const Op& op) const { return SavedLayerSlot(op, o_.keep_layer_inputs, layers_); }
+  size_t S(const Op& op) const { return SavedLayerSlot(op, *geometry_); }
   bool Saves(const Op& op) const { return SavesLayerState(op, o_.keep_layer_inputs); }
   std::span<const int32_t> ChunkTokens() const {
     return tokens_.subspan(static_cast<size_t>(c_.start), static_cast<size_t>(c_.tokens));
@@ -131,6 +136,61 @@ class CpuBackend::Impl {
     lora_cpu::Forward(lora_->weights.layers[L(op)].Part(op.part), lora_->weights.scale, x, T(), y,
                       y_stride);
   }
+
+  // --- pipeline stage boundaries ----------------------------------------------------------
+  // One process runs every stage in the plan's order, so a boundary is a queue per direction and
+  // stage: a pack enqueues what a send would carry, the matching unpack (in the plan's order,
+  // first in first out, as the sends are) dequeues it. Forward: the residual stream and its
+  // pending add, so the next stage finishes the add as one GPU would; backward: its gradient.
+  void BoundaryPack(const Op& op) {
+    if (op.phase == Phase::kBackward) {
+      boundary_[BoundaryKey(op.rank - 1, false)].push_back({dh_, {}});
+      return;
+    }
+    std::vector<float> pending = has_pending_ ? pending_ : std::vector<float>(h_.size(), 0.0f);
+    boundary_[BoundaryKey(op.rank, true)].push_back({h_, std::move(pending)});
+  }
+  void BoundaryUnpack(const Op& op) {
+    const bool backward = op.phase == Phase::kBackward;
+    auto& queue = boundary_[BoundaryKey(backward ? op.rank : op.rank - 1, !backward)];
+    CTXPLAN_CHECK(!queue.empty(), "CPU backend: an unpack before its pack");
+    std::pair<std::vector<float>, std::vector<float>> tensors = std::move(queue.front());
+    queue.pop_front();
+    if (backward) {
+      dh_ = std::move(tensors.first);
+      return;
+    }
+    h_ = std::move(tensors.first);
+    pending_ = std::move(tensors.second);
+    has_pending_ = true;
+  }
+  // Each stage would run on its own GPU with its own residual stream; here the stages take
+  // turns, an item at a time (PipelineSchedule), so the state an item leaves for the stage's
+  // next op (the forward's residual stream for the loss, the chunk) is kept per stage.
+  struct StageState {
+    std::vector<float> h, pending, dh;
+    bool has_pending = false;
+    int32_t chunk_index = -1;
+  };
+  void SwitchRank(int32_t rank) {
+    if (stage_state_.size() <= static_cast<size_t>(std::max(rank, rank_)))
+      stage_state_.resize(static_cast<size_t>(std::max(rank, rank_)) + 1);
+    StageState& out = stage_state_[static_cast<size_t>(rank_)];
+    out = {std::move(h_), std::move(pending_), std::move(dh_), has_pending_, chunk_index_};
+    StageState& in = stage_state_[static_cast<size_t>(rank)];
+    h_ = std::move(in.h);
+    pending_ = std::move(in.pending);
+    dh_ = std::move(in.dh);
+    has_pending_ = in.has_pending;
+    chunk_index_ = in.chunk_index;
+    if (chunk_index_ >= 0) c_ = geometry_->Chunk(chunk_index_);
+    rank_ = rank;
+  }
+
+  void PeerSend(const Op&) {}  // the queue is the link
+  void PeerRecv(const Op&) {}
+  // The boundary between stage `lower` and lower + 1, one direction.
+  static int64_t BoundaryKey(int32_t lower, bool forward) { return 2 * lower + (forward ? 0 : 1); }
 
   void StartChunk(int32_t index) {
     chunk_index_ = index;
@@ -692,6 +752,10 @@ class CpuBackend::Impl {
   ChunkGeometry c_;
   std::vector<float> h_;        // [t][d] residual stream
   std::vector<float> pending_;  // [t][d] the MLP output still to be added to h_
+  // Pipeline boundaries in flight: (residual stream or its gradient, pending add) by BoundaryKey.
+  std::map<int64_t, std::deque<std::pair<std::vector<float>, std::vector<float>>>> boundary_;
+  std::vector<StageState> stage_state_;  // [rank], of the stages not running now
+  int32_t rank_ = 0;                     // the stage running now
   bool has_pending_ = false;
   std::vector<float> x_, xn_, rstd1_, qkv_, q_, k_, v_, attn_, lse_, o_out_, hmid_, xn2_, rstd2_,
       gate_up_, act_, xnf_, rstdf_;

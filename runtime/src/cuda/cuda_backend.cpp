@@ -244,7 +244,7 @@ class TypedImpl final : public CudaBackend::Impl {
     want.Want(labels_, static_cast<size_t>(o_.context_tokens), kWs, "labels [n]");
 
     // What pass 2 reads back: per layer of one chunk, or of every chunk when kept.
-    const auto saved = static_cast<size_t>(layers_ * (o_.keep_layer_inputs ? g_.num_chunks() : 1));
+    const size_t saved = SavedLayerSlots(g_);
     saved_input_.resize(saved);
     saved_attn_.resize(saved);
     saved_lse_.resize(saved);
@@ -664,7 +664,7 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   int64_t T() const { return c_.tokens; }
-  size_t S(const Op& op) const { return SavedLayerSlot(op, o_.keep_layer_inputs, layers_); }
+  size_t S(const Op& op) const { return SavedLayerSlot(op, g_); }
   bool Saves(const Op& op) const { return SavesLayerState(op, o_.keep_layer_inputs); }
   DeviceLayer<bf16>& W(const Op& op) { return weights_.layers[static_cast<size_t>(op.layer)]; }
   DeviceLayer<G>& Grad(const Op& op) { return grads_.layers[static_cast<size_t>(op.layer)]; }
@@ -693,6 +693,11 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void Run(const Op& op) { DispatchComputeOp(*this, op); }
+
+  void BoundaryPack(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
+  void BoundaryUnpack(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
+  void PeerSend(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
+  void PeerRecv(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
 
   template <typename Backend>
   friend void ctxplan::DispatchComputeOp(Backend& backend, const Op& op);

@@ -66,6 +66,13 @@ int64_t PlanGeometry::boundary_forward_bytes(const ChunkGeometry& chunk) const {
 int64_t PlanGeometry::boundary_backward_bytes(const ChunkGeometry& chunk) const {
   return chunk.tokens * model_.hidden_size * kBf16Bytes;
 }
+int64_t PlanGeometry::boundary_buffer_bytes(int32_t stage) const {
+  const int64_t full = options_.chunk_tokens * model_.hidden_size * kBf16Bytes;  // [c][d]
+  int64_t per_buffer = 0;
+  if (stage > 0) per_buffer += 2 * full + full;             // activations in, their gradient out
+  if (stage < last_stage()) per_buffer += 2 * full + full;  // activations out, gradient in
+  return 2 * per_buffer;
+}
 
 double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
   if (candidates <= 0 || k <= 0 || tiles <= 0) return 0;

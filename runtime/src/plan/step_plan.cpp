@@ -194,7 +194,7 @@ class PlanWriter {
     gpu(MemCategory::kGrads, g_.grad_bytes(rank_));
     if (o_.optimizer == OptimizerKind::kAdamWGpu)
       gpu(MemCategory::kOptimizer, g_.optimizer_state_bytes(rank_));
-    gpu(MemCategory::kActivations, g_.activation_bytes());
+    gpu(MemCategory::kActivations, g_.activation_bytes() + g_.boundary_buffer_bytes(rank_));
     gpu(MemCategory::kWorkspace, g_.workspace_bytes());
     gpu(MemCategory::kPageSlots, g_.page_slot_bytes());
     // The GPU tier of the page store: KV and dKV of its pages of every layer, up front.

@@ -64,6 +64,14 @@ void DispatchComputeOp(Backend& backend, const Op& op) {
       return backend.CopyIn(op);
     case OpKind::kCopyD2H:
       return backend.CopyOut(op);
+    case OpKind::kBoundaryPack:
+      return backend.BoundaryPack(op);
+    case OpKind::kBoundaryUnpack:
+      return backend.BoundaryUnpack(op);
+    case OpKind::kPeerSend:
+      return backend.PeerSend(op);
+    case OpKind::kPeerRecv:
+      return backend.PeerRecv(op);
     default:
       break;
   }
@@ -74,8 +82,17 @@ void DispatchComputeOp(Backend& backend, const Op& op) {
 // Where the layer state that the backward pass reads back (layer input, attention output, LSE,
 // page selection) lives: one slot per layer, or per chunk and layer when the fill keeps every
 // chunk's inputs (--keep-layer-inputs).
-inline size_t SavedLayerSlot(const Op& op, bool keep_layer_inputs, int64_t layers) {
-  return static_cast<size_t>(keep_layer_inputs ? op.chunk * layers + op.layer : op.layer);
+// With pipeline stages a stage recomputes chunks ahead of its backward
+// (PlanGeometry::chunks_in_flight): one slot per layer and chunk in flight, by chunk modulo.
+inline size_t SavedLayerSlot(const Op& op, const PlanGeometry& g) {
+  const int64_t layers = g.num_layers();
+  if (g.options().keep_layer_inputs) return static_cast<size_t>(op.chunk * layers + op.layer);
+  return static_cast<size_t>((op.chunk % g.chunks_in_flight()) * layers + op.layer);
+}
+// The slots SavedLayerSlot indexes.
+inline size_t SavedLayerSlots(const PlanGeometry& g) {
+  return static_cast<size_t>(
+      g.num_layers() * (g.options().keep_layer_inputs ? g.num_chunks() : g.chunks_in_flight()));
 }
 
 // Whether `op`'s pass writes that state: the recompute always, the fill when it keeps inputs.

@@ -106,6 +106,9 @@ class PlanGeometry {
   }
   int32_t stage_of_layer(int32_t layer) const;
   int32_t last_stage() const { return stages() - 1; }
+  // Chunks whose layer inputs the first stage holds at once in pass 2: it recomputes stages - 1
+  // chunks ahead of its backward (PipelineSchedule). 1 with one GPU.
+  int32_t chunks_in_flight() const { return std::min(stages(), num_chunks_); }
   // Pages of every layer whose home is the GPU tier with offload on, at most the context's (0 with
   // offload off: then every page is on the GPU and nothing is copied).
   int64_t gpu_tier_pages() const {
@@ -135,6 +138,9 @@ class PlanGeometry {
   // would); backward, the residual gradient [c][d].
   int64_t boundary_forward_bytes(const ChunkGeometry& chunk) const;
   int64_t boundary_backward_bytes(const ChunkGeometry& chunk) const;
+  // A stage's send and receive buffers at its boundaries, two of each (double-buffered): 0 with
+  // one GPU.
+  int64_t boundary_buffer_bytes(int32_t stage) const;
 
   // --- per-chunk buffers (O(1) in n) ---
   // Of every layer (kAllStages) or of one stage's layers.

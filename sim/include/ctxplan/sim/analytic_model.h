@@ -10,6 +10,8 @@
 // shift-invariant). The event path is the reference; tests hold the two together.
 #pragma once
 
+#include <vector>
+
 #include "ctxplan/runtime/plan_geometry.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/sim/prediction.h"
@@ -19,8 +21,9 @@ namespace ctxplan::sim {
 struct LayerCache;  // analytic_model.cpp
 
 struct MemoryPrediction {
-  MemoryPeak gpu;
-  MemoryPeak host;
+  MemoryPeak gpu;                          // with several GPUs, the one with the highest peak
+  MemoryPeak host;                         // with several machines, the one holding the most
+  std::vector<int64_t> gpu_peak_by_stage;  // several GPUs: each stage's peak
 };
 
 class AnalyticModel {
@@ -34,8 +37,9 @@ class AnalyticModel {
   StepPrediction PredictAtClock(const PlanGeometry& geometry, double clock_fraction) const;
   // That clock, as a fraction of the maximum (1: the step fits under the limit).
   double SustainedClock(const PlanGeometry& geometry) const;
-  // Memory only: O(chunks) integer arithmetic, for the max-context search.
-  static MemoryPrediction PredictMemory(const PlanGeometry& geometry);
+  // Memory only: O(chunks x stages) integer arithmetic, for the max-context search. Pipeline
+  // stages fill machines of `gpus_per_machine` GPUs in order, sharing their host memory.
+  static MemoryPrediction PredictMemory(const PlanGeometry& geometry, int gpus_per_machine = 1);
 
  private:
   // The step's time at the maximum clock into `result` (memory kept), building `layers`; returns

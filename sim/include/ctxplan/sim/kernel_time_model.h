@@ -61,6 +61,9 @@ class KernelTimeModel {
   // Duration of one op in ticks; zero for memory bookkeeping. A receive between stages on
   // different machines crosses the network, not the peer link.
   Tick Duration(const Op& op) const;
+  // A stage boundary's transfer of `bytes` from rank `from` to rank `to`: over the peer link
+  // inside a machine, over the network between machines (ranks fill machines in order).
+  Tick PeerDuration(int64_t bytes, int from, int to) const;
   // Copies in the backward share the link with copies the other way (both directions stream
   // at once there), so they get half the measured duplex bandwidth; elsewhere one direction
   // has the link to itself.
@@ -82,6 +85,7 @@ class KernelTimeModel {
   double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
+  int gpus_per_machine() const { return gpus_per_machine_; }
 
   // --- the pieces, public for calibration fits and tests --------------------------------------
   // Tensor-core seconds of a GEMM-shaped launch, with tile and wave quantisation.

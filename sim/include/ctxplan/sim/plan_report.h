@@ -43,6 +43,8 @@ struct StartupPrediction {
 
 struct PlanReport {
   int64_t context_tokens = 0;
+  int32_t gpus = 1;      // the step's GPUs (pipeline stages); memory below is per GPU
+  int32_t machines = 1;  // the machines they fill; host memory below is per machine
   int32_t chunks = 0;
   StepPrediction prediction;
   GpuMemoryViews gpu_memory;

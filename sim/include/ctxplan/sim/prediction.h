@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "ctxplan/runtime/op.h"
 #include "ctxplan/sim/clock_model.h"
@@ -47,9 +48,11 @@ struct MemoryPeak {
 
 struct StepPrediction {
   Tick step_ticks = 0;
-  std::array<Tick, kStreamCount> busy_ticks{};  // time each stream spent running ops
-  MemoryPeak gpu;                               // our arena: allocated bytes
-  MemoryPeak host;                              // pinned host memory
+  // Time each stream spent running ops; with several GPUs, the busiest rank's.
+  std::array<Tick, kStreamCount> busy_ticks{};
+  MemoryPeak gpu;   // our arena: allocated bytes; with several GPUs the one with the highest peak
+  MemoryPeak host;  // pinned host memory; with several machines the one with the most
+  std::vector<int64_t> gpu_peak_by_rank;  // each GPU's arena peak (pipeline stage order)
   double flops = 0.0;
   double h2d_bytes = 0.0;
   double d2h_bytes = 0.0;
