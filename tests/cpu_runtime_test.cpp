@@ -12,9 +12,12 @@
 #include "ctxplan/runtime/full_sequence_reference.h"
 #include "ctxplan/runtime/step_backend.h"
 #include "ctxplan/runtime/token_data.h"
+#include "support/compare.h"
 
 namespace ctxplan {
 namespace {
+
+using test::RelativeError;
 
 const ModelSpec& Tiny() {
   static const ModelSpec model = LoadModel("tiny");
@@ -69,16 +72,6 @@ std::vector<float> Flatten(ModelWeights& w) {
     all.insert(all.end(), t.begin(), t.end());
   });
   return all;
-}
-
-double RelativeError(const std::vector<float>& out, const std::vector<float>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) return INFINITY;
-    diff += (double(out[i]) - ref[i]) * (double(out[i]) - ref[i]);
-    norm += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(diff / norm);
 }
 
 // Per tensor, so that a wrong small tensor (a norm weight) cannot hide in the total.

@@ -12,22 +12,17 @@
 #include "ctxplan/runtime/cpu_backend.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/token_data.h"
+#include "support/compare.h"
 #include "support/gpu.h"
 
 namespace ctxplan {
 namespace {
 
+using test::RelativeError;
+using test::SharpWeights;
+
 ModelSpec Small() {
-  ModelSpec m = LoadModel("tiny");
-  m.name = "small-d64";
-  m.hidden_size = 256;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 64;
-  m.intermediate_size = 512;
-  m.vocab_size = 512;
-  m.num_hidden_layers = 2;
-  return m;
+  return test::SmallGpuModel(2);
 }
 
 RunOptions Options(int64_t budget, bool offload, bool keep, GradDtype grads = GradDtype::kFp32) {
@@ -43,26 +38,6 @@ RunOptions Options(int64_t budget, bool offload, bool keep, GradDtype grads = Gr
   o.grad_dtype = grads;
   o.optimizer = OptimizerKind::kNone;
   return o;
-}
-
-// Larger weights than the 0.02 init (norms excepted), so that attention is far from uniform.
-ModelWeights SharpWeights(const ModelSpec& model, uint64_t seed) {
-  ModelWeights weights = RandomWeights(model, seed);
-  weights.ForEach([](const std::string& name, std::vector<float>& t) {
-    if (name.find("norm") == std::string::npos)
-      for (float& x : t) x *= 4.0f;
-  });
-  return weights;
-}
-
-double RelativeError(const std::vector<float>& out, const std::vector<float>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) return INFINITY;
-    diff += (double(out[i]) - ref[i]) * (double(out[i]) - ref[i]);
-    norm += double(ref[i]) * ref[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 TEST(CudaBackend, MatchesTheCpuBackend) {

@@ -28,11 +28,18 @@
 #include "ctxplan/models/units.h"
 #include "ctxplan/runtime/checkpoint.h"
 #include "ctxplan/runtime/cpu_backend.h"
+#include "ctxplan/runtime/dist/local_launcher.h"
+#include "ctxplan/runtime/dist/rank_env.h"
+#include "ctxplan/runtime/dist/rendezvous.h"
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
 #include <cuda_runtime_api.h>
 
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
+#ifdef CTXPLAN_HAVE_NCCL
+#include "ctxplan/runtime/cuda/nccl_stage_peers.h"
+#include "ctxplan/runtime/cuda/peer_links.h"
+#endif
 #include "ctxplan/runtime/cuda/cupti_tracer.h"
 #include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
 #include "ctxplan/runtime/cuda/machine_identity.h"
@@ -110,6 +117,7 @@ struct Flags {
   int64_t save_every = 0;  // steps between checkpoints (0: after the last step only)
   bool json = false;
   bool force = false;
+  int peer_timeout = 600;      // seconds
   std::string export_weights;  // a folder: model.safetensors + config.json of the initial weights
   std::string dump_grads;      // the first step's gradients, as safetensors with HF names
 
@@ -158,11 +166,18 @@ class DataSource {
   uint64_t seed_;
 };
 
+// "rank R: " before every error line of a rank of several GPUs (their lines share one log).
+std::string rank_prefix;
+
 // A progress line on stderr while a step runs: step, pass, chunk, tokens/s (when a terminal).
 class Progress final : public StepObserver {
  public:
-  Progress(int64_t steps, int32_t chunks, int64_t tokens)
-      : steps_(steps), chunks_(chunks), tokens_(tokens), enabled_(isatty(STDERR_FILENO) == 1) {}
+  // `shown`: false on the ranks of several GPUs that do not report.
+  Progress(int64_t steps, int32_t chunks, int64_t tokens, bool shown = true)
+      : steps_(steps),
+        chunks_(chunks),
+        tokens_(tokens),
+        enabled_(shown && isatty(STDERR_FILENO) == 1) {}
   void StartStep(int64_t step) {
     step_ = step;
     start_ = std::chrono::steady_clock::now();
@@ -331,7 +346,7 @@ void CudaDefaults(const CLI::App& app, RunFlags& run) {
 // user gave none, are the fastest that fits as `ctxplan recommend` finds it; printed.
 RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const MachineSpec& machine,
                        const RunOptions& given, const sim::GpuTierSetting& tier,
-                       std::string_view margin) {
+                       std::string_view margin, bool print) {
   sim::RecommendSpace space;
   const bool chunk = app.count("--chunk") > 0, page = app.count("--page") > 0;
   const bool offload = app.count("--offload") > 0, keep = app.count("--keep-layer-inputs") > 0;
@@ -347,19 +362,21 @@ RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const Machin
   const sim::Recommendation r = sim::Recommend(model, machine, given, tier, space);
   if (!r.fastest) return given;  // nothing fits: the planner's check below says so
   const RunOptions& o = r.fastest->options;
-  std::fprintf(
-      stderr,
-      "ctxtrain: the planner's fastest settings for %s on %s at %lld tokens (ctxplan recommend, "
-      "%.0f tokens/s predicted): chunk %lld, page %lld, offload %s%s, layer inputs %s, "
-      "optimizer %s\n",
-      model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
-      r.fastest->report.tokens_per_second, static_cast<long long>(o.chunk_tokens),
-      static_cast<long long>(o.page_tokens), o.offload ? "on" : "off",
-      o.offload && o.gpu_tier_pages > 0 ? (" (GPU tier " + r.fastest->gpu_tier_flag + ", " +
-                                           std::to_string(o.gpu_tier_pages) + " pages a layer)")
-                                              .c_str()
-                                        : "",
-      o.keep_layer_inputs ? "kept" : "recomputed", std::string(OptimizerName(o.optimizer)).c_str());
+  if (print)
+    std::fprintf(
+        stderr,
+        "ctxtrain: the planner's fastest settings for %s on %s at %lld tokens (ctxplan recommend, "
+        "%.0f tokens/s predicted): chunk %lld, page %lld, offload %s%s, layer inputs %s, "
+        "optimizer %s\n",
+        model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
+        r.fastest->report.tokens_per_second, static_cast<long long>(o.chunk_tokens),
+        static_cast<long long>(o.page_tokens), o.offload ? "on" : "off",
+        o.offload && o.gpu_tier_pages > 0 ? (" (GPU tier " + r.fastest->gpu_tier_flag + ", " +
+                                             std::to_string(o.gpu_tier_pages) + " pages a layer)")
+                                                .c_str()
+                                          : "",
+        o.keep_layer_inputs ? "kept" : "recomputed",
+        std::string(OptimizerName(o.optimizer)).c_str());
   return o;
 }
 
@@ -417,6 +434,11 @@ int Main(int argc, char** argv) {
   app.add_option("--resume", f.resume, "resume from a checkpoint");
   app.add_flag("--json", f.json, "print the result as JSON");
   app.add_flag("--force", f.force, "run even if the planner predicts it will not fit");
+  app.add_option("--peer-timeout", f.peer_timeout,
+                 "several GPUs: seconds a rank waits on its peers before it calls one dead and "
+                 "stops every rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   app.add_option("--export-weights", f.export_weights,
                  "write the initial weights as a Hugging Face folder (model.safetensors + "
                  "config.json), e.g. to check gradients against transformers");
@@ -440,6 +462,46 @@ int Main(int argc, char** argv) {
   if (f.backend != "cpu" && f.backend != "cuda")
     throw InputError("--backend: '" + f.backend + "' is not a backend; accepted: cpu, cuda");
   const bool cuda = f.backend == "cuda";
+  // Several GPUs on CUDA: one process per GPU. Started by a launcher (torchrun, mpirun, srun:
+  // RANK and WORLD_SIZE set), this process is one rank; else --gpus N starts N ranks here.
+  std::optional<dist::RankEnv> ranks = cuda ? dist::RankEnvFromEnvironment() : std::nullopt;
+  if (ranks && ranks->world_size == 1) ranks.reset();
+  if (cuda && !ranks && cli::ParseNonNegative(f.run.gpus, "--gpus") > 1) {
+#ifndef CTXPLAN_HAVE_NCCL
+    throw InputError("--gpus " + f.run.gpus +
+                     ": this ctxtrain was built without NCCL; accepted: --gpus 1");
+#else
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    return dist::LaunchLocalRanks(dist::ExecutablePath(), args,
+                                  static_cast<int>(cli::ParseNonNegative(f.run.gpus, "--gpus")),
+                                  std::cerr);
+#endif
+  }
+  if (ranks) {
+    if (app.count("--gpus") > 0 && f.run.gpus != std::to_string(ranks->world_size))
+      throw InputError("--gpus " + f.run.gpus + " in a launch of " +
+                       std::to_string(ranks->world_size) +
+                       " ranks (WORLD_SIZE); accepted: --gpus " +
+                       std::to_string(ranks->world_size) + " or none");
+    f.run.gpus = std::to_string(ranks->world_size);
+    for (const auto& [given, flag] :
+         {std::pair{!f.save.empty(), "--save"}, std::pair{!f.resume.empty(), "--resume"},
+          std::pair{!f.trace.empty(), "--trace"}, std::pair{!f.dump_grads.empty(), "--dump-grads"},
+          std::pair{!f.export_weights.empty(), "--export-weights"}})
+      if (given)
+        throw InputError(std::string(flag) + " with several GPUs: not yet; accepted: " + flag +
+                         " on one GPU");
+    rank_prefix = "rank " + std::to_string(ranks->rank) + ": ";
+  }
+  const bool lead = !ranks || ranks->rank == 0;  // the rank that reports
+#ifdef CTXPLAN_HAVE_NCCL
+  std::unique_ptr<gpu::PeerLinks> links;
+  std::unique_ptr<gpu::NcclStagePeers> peers;
+  if (ranks) {
+    links = gpu::PeerLinks::Connect(*ranks, std::chrono::seconds(f.peer_timeout));
+    peers = std::make_unique<gpu::NcclStagePeers>(*links, std::chrono::seconds(f.peer_timeout));
+  }
+#endif
   const ModelSpec model = ResolveModel(f.run);
   // The machine the run is planned for (default h200-125g): the CUDA check below asks the
   // planner about it, the GPU tier is sized for it, and traces name it so that replay predicts
@@ -450,7 +512,7 @@ int Main(int argc, char** argv) {
   if (cuda) CudaDefaults(app, f.run);
   RunOptions options =
       sim::WithGpuTier(model, machine, ResolveOptions(f.run, model, /*with_context=*/true), tier);
-  if (cuda) options = Recommended(app, model, machine, options, tier, f.run.gpu_tier_margin);
+  if (cuda) options = Recommended(app, model, machine, options, tier, f.run.gpu_tier_margin, lead);
   if (!(f.lr > 0.0 && f.lr < 1.0)) throw InputError("--lr: must lie in (0, 1)");
   const StepPlan plan(model, options);
   PlanMachine plan_machine;
@@ -461,7 +523,9 @@ int Main(int argc, char** argv) {
   Startup startup;
 
   // Ask the planner first: a run that cannot fit is refused before it allocates anything.
-  const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(plan.geometry());
+  // The ranks this launch started share this host's memory.
+  const sim::MemoryPrediction predicted = sim::AnalyticModel::PredictMemory(
+      plan.geometry(), std::max(machine.gpus, plan.geometry().stages()));
   const int64_t host_have = HostPhysicalBytes();
   if (cuda) {
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
@@ -551,9 +615,13 @@ int Main(int argc, char** argv) {
     CudaAdamW adamw;
     adamw.lr = static_cast<float>(f.lr);
     // The weights move in: freed once on the GPU, before the host pages are pinned.
+    StagePeers* stage_peers = nullptr;
+#ifdef CTXPLAN_HAVE_NCCL
+    stage_peers = peers.get();
+#endif
     auto b = std::make_unique<CudaBackend>(plan, std::move(weights), adamw,
-                                           f.json ? nullptr : &std::cerr,
-                                           lora ? &lora->weights : nullptr);
+                                           f.json || !lead ? nullptr : &std::cerr,
+                                           lora ? &lora->weights : nullptr, stage_peers);
     cuda_backend = b.get();
     owned = std::move(b);
     // The upload, the arena and the pinning happen while the backend is built.
@@ -572,7 +640,7 @@ int Main(int argc, char** argv) {
   }
   (void)cpu_backend;
   StepBackend& backend = *owned;
-  Progress progress(f.steps, plan.geometry().num_chunks(), options.context_tokens);
+  Progress progress(f.steps, plan.geometry().num_chunks(), options.context_tokens, lead);
 
   // The first step pays one-time costs (cuBLASLt plans, first touches): tokens/s counts the
   // steps after it when there are any.
@@ -731,6 +799,11 @@ int Main(int argc, char** argv) {
       } else {
         last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &progress);
       }
+#ifdef CTXPLAN_HAVE_NCCL
+      // The loss is the last stage's; every rank ends the step together, so the lead rank's
+      // time is the step's.
+      if (links) last.loss_sum = links->AllReduceSum(last.loss_sum);
+#endif
     } catch (const TrainingError& e) {
       throw TrainingError("step " + std::to_string(s) + ": " + e.what());
     }
@@ -747,7 +820,7 @@ int Main(int argc, char** argv) {
 #endif
       WriteSafetensorsWeights(f.dump_grads, model, grads, SafetensorsDtype::kF32);
     }
-    if (!f.json && isatty(STDERR_FILENO) != 1)
+    if (!f.json && lead && isatty(STDERR_FILENO) != 1)
       std::fprintf(stderr, "step %lld: loss %.6f, %.3f s\n", static_cast<long long>(s), last_loss,
                    seconds);
     const int64_t done = s + 1 - first_step;  // this run's steps so far
@@ -827,6 +900,16 @@ int Main(int argc, char** argv) {
     }
     shares_json = "{\"fractions\":[0.1,0.25,0.5],\"earliest\":[" + earliest +
                   "],\"most_read_per_layer\":[" + per_layer + "],\"most_read\":[" + overall + "]}";
+  }
+  if (!lead) {  // one line each for the lead rank's log; the report is the lead's
+    std::fprintf(stderr,
+                 "ctxtrain: %sstage of layers %d-%d: arena allocated peak %s, device-level peak "
+                 "%s, host %s; the plan's ops account %s\n",
+                 rank_prefix.c_str(), plan.geometry().stage_first_layer(ranks->rank),
+                 plan.geometry().stage_first_layer(ranks->rank + 1) - 1,
+                 FormatGiB(allocated).c_str(), FormatGiB(device_used).c_str(),
+                 FormatGiB(pinned).c_str(), FormatGiB(last.peak_arena_bytes).c_str());
+    return 0;
   }
   if (f.json) {
     std::printf(
@@ -909,24 +992,35 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ctxplan::train
 
+namespace {
+// "rank R: " before an error line of a rank, unless the message names its rank already.
+std::string RankPrefix(const char* message) {
+  const std::string& prefix = ctxplan::train::rank_prefix;
+  return std::string(message).rfind(prefix, 0) == 0 ? "" : prefix;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     return ctxplan::train::Main(argc, argv);
   } catch (const ctxplan::InputError& e) {
-    std::cerr << "ctxtrain: " << e.what() << "\n";
+    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
     return 2;
   } catch (const ctxplan::TrainingError& e) {
-    std::cerr << "ctxtrain: " << e.what() << "\n";
+    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
+    return 3;
+  } catch (const ctxplan::dist::DistError& e) {
+    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
     return 3;
   }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   catch (const ctxplan::kernels::CudaError& e) {  // the device failed: the run did, not our code
-    std::cerr << "ctxtrain: CUDA error: " << e.what() << "\n";
+    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "CUDA error: " << e.what() << "\n";
     return 3;
   }
 #endif
   catch (const std::exception& e) {
-    std::cerr << "ctxtrain: internal error: " << e.what() << "\n";
+    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "internal error: " << e.what() << "\n";
     return 1;
   }
 }

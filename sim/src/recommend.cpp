@@ -30,6 +30,8 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
               // tier of every page is offload off.
               if (!offload && &tier != &tiers.front()) continue;
               if (offload && tier.setting.kind == GpuTierSetting::Kind::kAll) continue;
+              // Several GPUs recompute the layer inputs (the pipeline keeps none yet).
+              if (keep && base.pipeline_stages > 1) continue;
               RunOptions o = base;
               o.chunk_tokens = chunk;
               o.page_tokens = page;
@@ -82,6 +84,7 @@ std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_f
                   std::string(OptimizerName(o.optimizer));
   if (o.lora_rank > 0) s += " --lora-rank " + std::to_string(o.lora_rank);
   if (o.offload && o.gpu_tier_pages > 0) s += " --gpu-tier " + gpu_tier;
+  if (o.pipeline_stages > 1) s += " --gpus " + std::to_string(o.pipeline_stages);
   return s;
 }
 

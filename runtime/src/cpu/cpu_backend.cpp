@@ -691,7 +691,10 @@ class CpuBackend::Impl {
     }
   }
 
-  void OptimizerStep(const Op&) {
+  void OptimizerStep(const Op& op) {
+    // Every stage steps its own parameters; this one process holds them all and steps them once,
+    // at the last stage's step (the plan's last op).
+    if (op.rank != geometry_->last_stage()) return;
     if (Lora()) {  // the adapters alone
       std::vector<std::vector<float>*> w, g, m, v;
       lora_->weights.ForEach([&](const std::string&, std::vector<float>& t) { w.push_back(&t); });

@@ -103,9 +103,26 @@ class TypedImpl final : public CudaBackend::Impl {
  public:
   static constexpr const char* kName = "CUDA backend";
   TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw, std::ostream* log,
-            const LoraWeights* lora)
-      : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw) {
+            const LoraWeights* lora, StagePeers* peers)
+      : m_(plan.model()), o_(plan.options()), g_(plan.geometry()), adamw_(adamw), peers_(peers) {
     const auto constructed = std::chrono::steady_clock::now();
+    rank_ = peers_ ? peers_->rank() : 0;
+    if (g_.stages() != (peers_ ? peers_->world_size() : 1))
+      throw InternalError("CUDA backend: a plan of " + std::to_string(g_.stages()) +
+                          " pipeline stages run by " +
+                          std::to_string(peers_ ? peers_->world_size() : 1) + " ranks");
+    if (g_.stages() > 1 && m_.tie_word_embeddings)
+      throw InputError("--gpus " + std::to_string(g_.stages()) + " with model " + m_.name +
+                       ": its LM head is tied to the embedding, which the pipeline does not "
+                       "share between the first and last GPU yet; accepted: --gpus 1, or an "
+                       "untied model");
+    if (g_.stages() > 1 && o_.lora_rank > 0)
+      throw InputError("--lora-rank with --gpus " + std::to_string(g_.stages()) +
+                       ": not yet; accepted: --lora-rank 0 (full fine-tune) on several GPUs");
+    first_layer_ = g_.stage_first_layer(rank_);
+    end_layer_ = g_.stage_first_layer(rank_ + 1);
+    stage_layers_ = end_layer_ - first_layer_;
+    SliceToStage(weights);
     if (o_.lora_rank > 0 && (lora == nullptr || lora->rank != o_.lora_rank))
       throw InternalError("CUDA backend: a LoRA plan of rank " + std::to_string(o_.lora_rank) +
                           " without adapters of that rank");
@@ -252,10 +269,22 @@ class TypedImpl final : public CudaBackend::Impl {
     saved_selection_host_.resize(saved);
     constexpr MemCategory kIn = MemCategory::kLayerInputs;
     for (size_t i = 0; i < saved; ++i) {
+      if (!Owns(static_cast<int32_t>(i % static_cast<size_t>(layers_)))) continue;
       want.Want(saved_input_[i], c * static_cast<size_t>(d_), kIn, "layer input [c][d]");
       want.Want(saved_attn_[i], c * static_cast<size_t>(q_dim_), kIn, "attention out [c][q]");
       want.Want(saved_lse_[i], lse_.size(), kIn, "lse [c][H_q]");
       want.Want(saved_selection_[i], selected_.size(), kIn, "selection [tiles][k+s]");
+    }
+    const auto cd = c * static_cast<size_t>(d_);
+    for (int p = 0; p < 2; ++p) {
+      if (rank_ < g_.last_stage()) {
+        want.Want(forward_send_[p], 2 * cd, kAct, "boundary out [2][c][d]");
+        want.Want(backward_recv_[p], cd, kAct, "boundary gradient in [c][d]");
+      }
+      if (rank_ > 0) {
+        want.Want(forward_recv_[p], 2 * cd, kAct, "boundary in [2][c][d]");
+        want.Want(backward_send_[p], cd, kAct, "boundary gradient out [c][d]");
+      }
     }
     if (o_.keep_layer_inputs) {
       saved_top_h_.resize(static_cast<size_t>(g_.num_chunks()));
@@ -268,8 +297,9 @@ class TypedImpl final : public CudaBackend::Impl {
     // Pages: summaries on the GPU; KV and dKV either in pinned host page stores with GPU slot
     // pools, or in device stores.
     summaries_.resize(static_cast<size_t>(layers_));
-    for (DeviceArray<bf16>& s : summaries_)
-      want.Want(s, static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_),
+    for (int32_t l = first_layer_; l < end_layer_; ++l)
+      want.Want(summaries_[static_cast<size_t>(l)],
+                static_cast<size_t>(std::max<int64_t>(total_pages_, 1) * kv_dim_),
                 MemCategory::kPageSummaries, "summaries [pages][H_kv][d_h]");
     want.Want(identity_, static_cast<size_t>(std::max<int64_t>(total_pages_, 1)), kWs,
               "identity page table");
@@ -307,8 +337,10 @@ class TypedImpl final : public CudaBackend::Impl {
     } else {
       device_kv_.resize(static_cast<size_t>(layers_));
       device_dkv_.resize(static_cast<size_t>(layers_));
-      for (auto& a : device_kv_) want.Want(a, store, MemCategory::kKvPages, "KV pages");
-      for (auto& a : device_dkv_) want.Want(a, store, MemCategory::kDkvPages, "dKV pages");
+      for (int32_t l = first_layer_; l < end_layer_; ++l) {
+        want.Want(device_kv_[static_cast<size_t>(l)], store, MemCategory::kKvPages, "KV pages");
+        want.Want(device_dkv_[static_cast<size_t>(l)], store, MemCategory::kDkvPages, "dKV pages");
+      }
     }
     auto phase = std::chrono::steady_clock::now();
     arena_ = want.Commit(log);
@@ -357,7 +389,7 @@ class TypedImpl final : public CudaBackend::Impl {
         // Pages of the GPU tier have no host home.
         const int64_t homed = std::max<int64_t>(
             total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages - tier_pages_, 1);
-        kv.capacity_pages = static_cast<uint64_t>(layers_ * homed);
+        kv.capacity_pages = static_cast<uint64_t>(stage_layers_ * homed);
         kv.category = MemCategory::kKvPages;
         if (fault_ == InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
           kv.block_bytes = uint64_t{1} << 50;
@@ -366,7 +398,7 @@ class TypedImpl final : public CudaBackend::Impl {
         kv_store_ = std::make_unique<gpu::PinnedPageStore>(kv, log);
         gpu::PinnedPageStoreOptions dkv;
         dkv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(G);
-        dkv.capacity_pages = static_cast<uint64_t>(layers_ * homed);
+        dkv.capacity_pages = static_cast<uint64_t>(stage_layers_ * homed);
         dkv.category = MemCategory::kDkvPages;
         dkv_store_ = std::make_unique<gpu::PinnedPageStore>(dkv, log);
       } catch (const gpu::PinnedMemoryError& e) {
@@ -511,6 +543,7 @@ class TypedImpl final : public CudaBackend::Impl {
   ModelWeights DownloadWeights() override {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     ModelWeights out = ZeroWeights(m_);
+    SliceToStage(out);
     std::vector<std::vector<float>*> host = HostTensors(out);
     size_t i = 0;
     weights_.ForEach([&](DeviceArray<bf16>& t) {
@@ -525,6 +558,7 @@ class TypedImpl final : public CudaBackend::Impl {
   ModelWeights DownloadGrads() override {
     CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     ModelWeights out = ZeroWeights(m_);
+    SliceToStage(out);
     std::vector<std::vector<float>*> host = HostTensors(out);
     size_t i = 0;
     grads_.ForEach([&](DeviceArray<G>& t) {
@@ -559,8 +593,8 @@ class TypedImpl final : public CudaBackend::Impl {
         std::fill(layer.begin(), layer.end(), gpu::kNoPage);
       if (tier_pages_ > 0)  // the tier's dKV accumulates in place from zero
         CTXPLAN_CUDA_CHECK(cudaMemsetAsync(
-            tier_dkv_pool_.get(), 0, static_cast<size_t>(layers_ * tier_pages_ * pe_) * sizeof(G),
-            compute_));
+            tier_dkv_pool_.get(), 0,
+            static_cast<size_t>(stage_layers_ * tier_pages_ * pe_) * sizeof(G), compute_));
     } else {
       ClearRegion(MemCategory::kDkvPages);
     }
@@ -581,7 +615,13 @@ class TypedImpl final : public CudaBackend::Impl {
   StepOutputs EndStep() override {
     CTXPLAN_CHECK(final_norm_backwards_ == 0,
                   "CUDA backend: the step ended with the final norm's d_weight partials unsummed");
-    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (peers_ != nullptr) {  // a failed peer throws rather than hangs
+      std::vector<void*> streams{compute_, h2d_, d2h_};
+      for (Stream s : {Stream::kSendNext, Stream::kRecvPrev, Stream::kSendPrev, Stream::kRecvNext})
+        if (void* peer = peers_->stream(s)) streams.push_back(peer);
+      peers_->Synchronize(streams);
+    } else
+      CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
     arena_->SampleDeviceUsed();
     std::vector<float> losses(loss_.size());
     CTXPLAN_CUDA_CHECK(
@@ -603,6 +643,7 @@ class TypedImpl final : public CudaBackend::Impl {
   }
 
   void Execute(const Op& op) override {
+    if (op.rank != rank_) return;  // another stage's, on its own GPU
     if (IsMemory(op.kind)) {
       memory_.Apply(op);
       return;
@@ -633,6 +674,12 @@ class TypedImpl final : public CudaBackend::Impl {
         return h2d_;
       case Stream::kD2H:
         return d2h_;
+      case Stream::kSendNext:
+      case Stream::kRecvPrev:
+      case Stream::kSendPrev:
+      case Stream::kRecvNext:
+        CTXPLAN_CHECK(peers_ != nullptr, "CUDA backend: a peer op without peers");
+        return static_cast<cudaStream_t>(peers_->stream(s));
       default:
         return compute_;
     }
@@ -686,7 +733,7 @@ class TypedImpl final : public CudaBackend::Impl {
     size_t i = 0;
     std::vector<uint16_t> staging;
     weights_.ForEach([&](DeviceArray<bf16>& t) {
-      gpu::UploadAsBf16(*host[i], t.get(), staging);
+      if (!host[i]->empty()) gpu::UploadAsBf16(*host[i], t.get(), staging);
       std::vector<float>().swap(*host[i]);  // frees the host copy as soon as it is up
       ++i;
     });
@@ -694,10 +741,74 @@ class TypedImpl final : public CudaBackend::Impl {
 
   void Run(const Op& op) { DispatchComputeOp(*this, op); }
 
-  void BoundaryPack(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
-  void BoundaryUnpack(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
-  void PeerSend(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
-  void PeerRecv(const Op&) { throw InternalError("CUDA backend: pipeline stages not built"); }
+  // --- pipeline stage boundaries (the plan double-buffers them: op.pages is the buffer) -----
+  // Forward: the residual stream and its pending add, so that the next stage finishes the add
+  // exactly as one GPU would; backward: the residual gradient.
+  void BoundaryPack(const Op& op) {
+    const auto p = static_cast<size_t>(op.pages);
+    const size_t cd = static_cast<size_t>(T() * d_) * sizeof(bf16);
+    if (op.phase == Phase::kBackward) {
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(backward_send_[p].get(), dh_.get(), cd,
+                                         cudaMemcpyDeviceToDevice, compute_));
+      return;
+    }
+    bf16* out = forward_send_[p].get();
+    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(out, h_.get(), cd, cudaMemcpyDeviceToDevice, compute_));
+    if (has_pending_)
+      CTXPLAN_CUDA_CHECK(
+          cudaMemcpyAsync(out + T() * d_, pending_.get(), cd, cudaMemcpyDeviceToDevice, compute_));
+    else
+      CTXPLAN_CUDA_CHECK(cudaMemsetAsync(out + T() * d_, 0, cd, compute_));
+  }
+  void BoundaryUnpack(const Op& op) {
+    const auto p = static_cast<size_t>(op.pages);
+    const size_t cd = static_cast<size_t>(T() * d_) * sizeof(bf16);
+    if (op.phase == Phase::kBackward) {
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(dh_.get(), backward_recv_[p].get(), cd,
+                                         cudaMemcpyDeviceToDevice, compute_));
+      return;
+    }
+    const bf16* in = forward_recv_[p].get();
+    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(h_.get(), in, cd, cudaMemcpyDeviceToDevice, compute_));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(pending_.get(), in + T() * d_, cd, cudaMemcpyDeviceToDevice, compute_));
+    has_pending_ = true;
+  }
+  void PeerSend(const Op& op) {
+    const auto p = static_cast<size_t>(op.pages);
+    const bool forward = op.stream == Stream::kSendNext;
+    peers_->Send(op.stream,
+                 forward ? static_cast<const void*>(forward_send_[p].get())
+                         : static_cast<const void*>(backward_send_[p].get()),
+                 static_cast<size_t>(op.bytes));
+  }
+  void PeerRecv(const Op& op) {
+    const auto p = static_cast<size_t>(op.pages);
+    const bool forward = op.stream == Stream::kRecvPrev;
+    peers_->Recv(op.stream,
+                 forward ? static_cast<void*>(forward_recv_[p].get())
+                         : static_cast<void*>(backward_recv_[p].get()),
+                 static_cast<size_t>(op.bytes));
+  }
+
+  bool Owns(int32_t layer) const { return layer >= first_layer_ && layer < end_layer_; }
+  // Drops the tensors other stages hold (a no-op with one GPU), so `w` has this stage's shape.
+  void SliceToStage(ModelWeights& w) const {
+    if (g_.stages() == 1) return;
+    auto drop = [](std::vector<float>& t) { std::vector<float>().swap(t); };
+    if (rank_ != 0) drop(w.embedding);
+    if (rank_ != g_.last_stage()) {
+      drop(w.final_norm);
+      drop(w.lm_head);
+    }
+    for (int32_t l = 0; l < layers_; ++l) {
+      if (Owns(l)) continue;
+      LayerWeights& t = w.layers[static_cast<size_t>(l)];
+      for (std::vector<float>* v :
+           {&t.attn_norm, &t.qkv, &t.qkv_bias, &t.o, &t.mlp_norm, &t.gate_up, &t.down})
+        drop(*v);
+    }
+  }
 
   template <typename Backend>
   friend void ctxplan::DispatchComputeOp(Backend& backend, const Op& op);
@@ -1050,14 +1161,14 @@ class TypedImpl final : public CudaBackend::Impl {
   // --- the GPU tier's pool: [layers x tier pages | union slots, parity 0 and 1 | own slots,
   // parity 0 and 1], in pages of pe_ elements (KV bf16, dKV G) ---
   int64_t TierPoolPages() const {
-    return layers_ * tier_pages_ + 2 * host_slot_capacity_ + 2 * own_capacity_;
+    return stage_layers_ * tier_pages_ + 2 * host_slot_capacity_ + 2 * own_capacity_;
   }
-  int64_t TierBase(int32_t layer) const { return int64_t{layer} * tier_pages_; }
+  int64_t TierBase(int32_t layer) const { return int64_t{layer - first_layer_} * tier_pages_; }
   int64_t UnionSlotBase(int parity) const {
-    return layers_ * tier_pages_ + parity * host_slot_capacity_;
+    return stage_layers_ * tier_pages_ + parity * host_slot_capacity_;
   }
   int64_t OwnSlotBase(int parity) const {
-    return layers_ * tier_pages_ + 2 * host_slot_capacity_ + parity * own_capacity_;
+    return stage_layers_ * tier_pages_ + 2 * host_slot_capacity_ + parity * own_capacity_;
   }
 
   // The chunk's own pages in the pool, for `layer` on the buffers of `parity`: the tier's pages
@@ -1471,8 +1582,9 @@ class TypedImpl final : public CudaBackend::Impl {
     adam_m_.ForEach([&](DeviceArray<float>& t) { m.push_back(&t); });
     adam_v_.ForEach([&](DeviceArray<float>& t) { v.push_back(&t); });
     for (size_t i = 0; i < w.size(); ++i)
-      k::AdamW(w[i]->get(), g[i]->get(), m[i]->get(), v[i]->get(),
-               static_cast<int64_t>(w[i]->size()), p, compute_);
+      if (w[i]->size() > 0)  // another stage's tensor
+        k::AdamW(w[i]->get(), g[i]->get(), m[i]->get(), v[i]->get(),
+                 static_cast<int64_t>(w[i]->size()), p, compute_);
   }
 
   void OptimizerLora() {
@@ -1492,6 +1604,11 @@ class TypedImpl final : public CudaBackend::Impl {
   const RunOptions o_;
   const PlanGeometry g_;
   CudaAdamW adamw_;
+  StagePeers* peers_ = nullptr;  // several GPUs: the neighbouring stages
+  int32_t rank_ = 0;             // the pipeline stage this backend runs
+  int32_t first_layer_ = 0, end_layer_ = 0, stage_layers_ = 0;  // its layers
+  // Boundary buffers, per parity: forward [2][c][d] (residual, pending add), backward [c][d].
+  DeviceArray<bf16> forward_send_[2], forward_recv_[2], backward_send_[2], backward_recv_[2];
   int64_t adam_step_ = 0;
   int64_t d_ = 0, q_dim_ = 0, kv_dim_ = 0, qkv_dim_ = 0, inter_ = 0, vocab_ = 0, layers_ = 0;
   float scale_ = 1.0f;
@@ -1596,11 +1713,11 @@ class TypedImpl final : public CudaBackend::Impl {
 }  // namespace
 
 CudaBackend::CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw,
-                         std::ostream* log, const LoraWeights* lora) {
+                         std::ostream* log, const LoraWeights* lora, StagePeers* peers) {
   if (plan.options().grad_dtype == GradDtype::kFp32)
-    impl_ = std::make_unique<TypedImpl<float>>(plan, std::move(weights), adamw, log, lora);
+    impl_ = std::make_unique<TypedImpl<float>>(plan, std::move(weights), adamw, log, lora, peers);
   else
-    impl_ = std::make_unique<TypedImpl<bf16>>(plan, std::move(weights), adamw, log, lora);
+    impl_ = std::make_unique<TypedImpl<bf16>>(plan, std::move(weights), adamw, log, lora, peers);
 }
 CudaBackend::~CudaBackend() = default;
 void CudaBackend::BeginStep(const StepPlan& plan, const StepInputs& inputs) {

@@ -3,6 +3,10 @@
 // cross-stream waits are exactly the plan's dependencies (one CUDA event per op, in a ring that
 // covers the plan's dependency window).
 //
+// Several GPUs: one backend a process and GPU runs one pipeline stage (StagePeers): its layers'
+// weights, gradients, optimizer state and pages; the stage boundaries' tensors cross on NCCL in
+// double-buffered send and receive buffers. Full fine-tune of untied models only, for now.
+//
 // Scope: full fine-tune or LoRA (lora.h: adapters on every projection, the base frozen); parameter
 // gradients and dKV in the run's grad dtype (bf16 or fp32); AdamW on the GPU, on the host
 // (gradients staged home, the update on the CPU's threads, the weights back), or none; dense or
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <span>
 
 #include "ctxplan/runtime/lora.h"
 #include "ctxplan/runtime/model_weights.h"
@@ -57,14 +62,35 @@ struct CudaStartupTimes {
   double total_seconds = 0;
 };
 
+// A pipeline stage's links to its neighbouring stages (several GPUs, one process each;
+// peer_links.h implements them on NCCL): which rank this backend runs, and transfers enqueued
+// on the plan's four peer streams.
+class StagePeers {
+ public:
+  virtual ~StagePeers() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // The cudaStream_t of a peer stream (kSendNext, kRecvPrev, kSendPrev, kRecvNext).
+  virtual void* stream(Stream s) const = 0;
+  virtual void Send(Stream s, const void* data, size_t bytes) = 0;
+  virtual void Recv(Stream s, void* data, size_t bytes) = 0;
+  // Waits until the work queued on `streams` (cudaStream_t) is done; throws TrainingError
+  // instead of hanging when a peer fails.
+  virtual void Synchronize(std::span<void* const> streams) = 0;
+};
+
 class CudaBackend final : public StepBackend {
  public:
   // Sized for `plan` (its model and options). `weights` are uploaded in bf16 and freed before the
   // host pages are pinned (pass them with std::move at large contexts: host RAM is the limit).
   // The arena's and page stores' sizes are printed on `log` (nullptr: not).
   // A LoRA plan needs `lora`, adapters of its rank (uploaded in bf16; the base is then frozen).
+  // A plan over several GPUs (RunOptions::pipeline_stages) needs `peers`: the backend runs the
+  // plan's ops of peers->rank() only, holding that stage's layers (the others' weights in
+  // `weights` are dropped); DownloadWeights/Grads leave the others' tensors empty.
   CudaBackend(const StepPlan& plan, ModelWeights weights, CudaAdamW adamw = {},
-              std::ostream* log = nullptr, const LoraWeights* lora = nullptr);
+              std::ostream* log = nullptr, const LoraWeights* lora = nullptr,
+              StagePeers* peers = nullptr);
   ~CudaBackend() override;
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) override;
