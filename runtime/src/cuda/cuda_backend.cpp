@@ -261,7 +261,7 @@ class TypedImpl final : public CudaBackend::Impl {
     want.Want(labels_, static_cast<size_t>(o_.context_tokens), kWs, "labels [n]");
 
     // What pass 2 reads back: per layer of one chunk, or of every chunk when kept.
-    const size_t saved = SavedLayerSlots(g_);
+    const size_t saved = SavedLayerSlots(g_, rank_);
     saved_input_.resize(saved);
     saved_attn_.resize(saved);
     saved_lse_.resize(saved);
@@ -801,7 +801,7 @@ class TypedImpl final : public CudaBackend::Impl {
       drop(w.final_norm);
       drop(w.lm_head);
     }
-    for (int32_t l = 0; l < layers_; ++l) {
+    for (int32_t l = 0; l < g_.num_layers(); ++l) {  // (called before layers_ is set)
       if (Owns(l)) continue;
       LayerWeights& t = w.layers[static_cast<size_t>(l)];
       for (std::vector<float>* v :

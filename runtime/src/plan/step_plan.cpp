@@ -560,8 +560,7 @@ class PlanWriter {
 StepPlan::StepPlan(const ModelSpec& model, const RunOptions& options) : geometry_(model, options) {}
 
 int32_t PipelineSchedule::WarmUp(const PlanGeometry& g, int32_t stage) {
-  if (g.options().keep_layer_inputs) return 0;
-  return std::min(g.last_stage() - stage, g.num_chunks() - 1);
+  return g.chunks_in_flight(stage) - 1;
 }
 
 PipelineSchedule::PipelineSchedule(const PlanGeometry& g)

@@ -87,12 +87,13 @@ void DispatchComputeOp(Backend& backend, const Op& op) {
 inline size_t SavedLayerSlot(const Op& op, const PlanGeometry& g) {
   const int64_t layers = g.num_layers();
   if (g.options().keep_layer_inputs) return static_cast<size_t>(op.chunk * layers + op.layer);
-  return static_cast<size_t>((op.chunk % g.chunks_in_flight()) * layers + op.layer);
+  return static_cast<size_t>((op.chunk % g.chunks_in_flight(op.rank)) * layers + op.layer);
 }
-// The slots SavedLayerSlot indexes.
-inline size_t SavedLayerSlots(const PlanGeometry& g) {
-  return static_cast<size_t>(
-      g.num_layers() * (g.options().keep_layer_inputs ? g.num_chunks() : g.chunks_in_flight()));
+// The slots SavedLayerSlot indexes for `stage`'s ops (the first stage's cover every stage's).
+inline size_t SavedLayerSlots(const PlanGeometry& g, int32_t stage = 0) {
+  return static_cast<size_t>(g.num_layers() * (g.options().keep_layer_inputs
+                                                   ? g.num_chunks()
+                                                   : g.chunks_in_flight(stage)));
 }
 
 // Whether `op`'s pass writes that state: the recompute always, the fill when it keeps inputs.

@@ -106,9 +106,13 @@ class PlanGeometry {
   }
   int32_t stage_of_layer(int32_t layer) const;
   int32_t last_stage() const { return stages() - 1; }
-  // Chunks whose layer inputs the first stage holds at once in pass 2: it recomputes stages - 1
-  // chunks ahead of its backward (PipelineSchedule). 1 with one GPU.
-  int32_t chunks_in_flight() const { return std::min(stages(), num_chunks_); }
+  // Chunks whose layer inputs a stage holds at once in pass 2: stage r recomputes
+  // stages - 1 - r chunks ahead of its backward (PipelineSchedule); the first stage holds the
+  // most. 1 with one GPU or with the layer inputs kept (each chunk its own then).
+  int32_t chunks_in_flight(int32_t stage = 0) const {
+    if (options_.keep_layer_inputs) return 1;
+    return std::min(stages() - stage, num_chunks_);
+  }
   // Pages of every layer whose home is the GPU tier with offload on, at most the context's (0 with
   // offload off: then every page is on the GPU and nothing is copied).
   int64_t gpu_tier_pages() const {

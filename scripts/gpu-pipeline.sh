@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The multi-GPU measurements of traces/recorded/pipeline-runs.csv (issue 13), on a host of two
+# or more GPUs (the lent nvidia-h200-x2): the NCCL links and pipeline gradient tests, then
+# Qwen2.5-7B at 128K, 1M on one GPU and two, and 2M on two, each beside the planner's
+# prediction. Run from a folder holding the built binaries, e.g. `scripts/gpu-pipeline.sh build`;
+# the 1M and 2M steps take 4-7 minutes each with start-up. NCCL: the toolkit's, or the Python
+# package's where the image has no other (found below). NVLink multicast stays off.
+set -uo pipefail
+bin=${1:-build}
+find_bin() { find "$bin" -name "$1" -type f -perm -u+x | head -1; }
+if python3 -c "import nvidia.nccl" 2>/dev/null; then
+  nccl=$(python3 -c "import nvidia.nccl,os;print(os.path.join(list(nvidia.nccl.__path__)[0],'lib'))")
+  export LD_LIBRARY_PATH=$nccl:${LD_LIBRARY_PATH:-}
+fi
+export NCCL_NVLS_ENABLE=0
+for t in gpu_peer_links_test gpu_pipeline_test; do
+  exe=$(find_bin $t)
+  [ -n "$exe" ] || continue
+  echo "=== $t"; timeout 300 "$exe" 2>&1 | grep -E "GPUs,|^\[  (PASSED|FAILED)|FAILED" | tail -8
+done
+ctxtrain=$(find_bin ctxtrain)
+ctxplan=$(find_bin ctxplan)
+flags="--model qwen2.5-7b --machine h200-x2 --chunk 4096 --page 128 --budget 64 --offload on
+       --gpu-tier off --keep-layer-inputs off --optimizer adamw-gpu"
+for run in "128K 1 2" "128K 2 2" "1M 1 1" "1M 2 1" "2097152 2 1"; do
+  set -- $run
+  echo "=== ctxtrain --backend cuda $flags --context $1 --gpus $2 --steps $3 --force"
+  # --force: the x2 host's MemTotal starts at 31 GiB and grows as memory is used.
+  timeout 590 "$ctxtrain" --backend cuda $flags --context "$1" --gpus "$2" --steps "$3" --force \
+    2>&1 | grep -E "tokens/s|a step|start-up|memory|rank [0-9]|rror"
+  "$ctxplan" plan $flags --context "$1" --gpus "$2" | grep -E "^Step|allocated|Pinned"
+done
