@@ -281,6 +281,14 @@ const std::vector<BadInputCase>& BadInputCases() {
        {"plan", "--context", "16K", "--output", "@DIR@"},
        {"--output", "accepted: a file in an existing, writable"},
        /*add_output=*/false},
+      // Several GPUs: a count, at most one stage a layer.
+      {"PlanGpusZero", {"plan", "--gpus", "0"}, {"--gpus", "'0'", "accepted: 1 to 4096 GPUs"}},
+      {"PlanGpusMoreThanLayers",
+       {"plan", "--gpus", "29"},
+       {"--gpus", "29", "accepted: 1 to the model's 28 layers"}},
+      {"SweepGpusNotACount",
+       {"sweep", "--gpus", "1,two"},
+       {"--gpus", "'two'", "accepted: an integer >= 0"}},
       // Replay.
       {"ReplayByChunkUnknownKind",
        {"replay", kRecordedTrace, "--by-chunk", "attention_sideways"},

@@ -221,6 +221,37 @@ TEST(CtxtrainCli, ResumeContinuesTheRunExactly) {
   EXPECT_EQ(x, y);
 }
 
+// Issue 13 end to end on the CPU backend (which runs every pipeline stage in one process): two
+// stages train exactly as one (the same checkpoint after two AdamW steps), and the trace of the
+// pipelined step names its stages and replays against the pipelined plan, op for op.
+TEST(CtxtrainCli, TwoStagesTrainAsOneAndTheirTraceReplays) {
+  ScratchDir dir;
+  const std::string one = (dir.path() / "one.ckpt").string(),
+                    two = (dir.path() / "two.ckpt").string(),
+                    trace = (dir.path() / "two.ctxtrace").string();
+  ASSERT_EQ(Ctxtrain({"--steps", "2", "--save", one}, dir).exit_code, 0);
+  const RunResult piped = Ctxtrain({"--steps", "2", "--gpus", "2", "--save", two}, dir);
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  const ModelSpec tiny = LoadModel("tiny");
+  TrainingCheckpoint a = LoadCheckpoint(one, tiny), b = LoadCheckpoint(two, tiny);
+  std::vector<float> x, y;
+  a.weights.ForEach(
+      [&](const std::string&, std::vector<float>& t) { x.insert(x.end(), t.begin(), t.end()); });
+  b.weights.ForEach(
+      [&](const std::string&, std::vector<float>& t) { y.insert(y.end(), t.begin(), t.end()); });
+  EXPECT_EQ(x, y);
+  ASSERT_EQ(Ctxtrain({"--gpus", "2", "--trace", trace}, dir).exit_code, 0);
+  const RunResult replay = RunArgv({CTXPLAN_EXE, "replay", trace, "--json"}, dir.path());
+  ASSERT_EQ(replay.exit_code, 0) << replay.err;
+  const auto number = [&](const std::string& key) {
+    const size_t at = replay.out.find("\"" + key + "\":");
+    return std::stod(replay.out.substr(at + key.size() + 3));
+  };
+  EXPECT_EQ(number("plan_ops"), number("traced_ops"));
+  // The replayed plan is the pipelined one: its stage boundaries are among the kinds.
+  EXPECT_NE(replay.out.find("\"kind\":\"peer_recv\""), std::string::npos) << replay.out;
+}
+
 TEST(CtxtrainCli, TraceReplaysAgainstThePlan) {
   ScratchDir dir;
   const std::string trace = (dir.path() / "step.ctxtrace").string();

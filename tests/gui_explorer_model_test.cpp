@@ -99,6 +99,26 @@ TEST_F(ExplorerModelTest, OffloadOffMovesPagesFromHostToGpu) {
   EXPECT_LT(off.report.host_peak, 64 * kMiB);        // nothing is pinned on the host
 }
 
+// Issue 13: two GPUs halve each GPU's layers (its weights, gradients, optimizer state) and
+// nearly halve the step; the two-GPU host holds the same pages (two one-GPU machines would hold
+// half each); more GPUs than layers are refused.
+TEST_F(ExplorerModelTest, TwoGpusHalveTheGpuMemoryAndTheStep) {
+  ExplorerModel model;
+  ASSERT_TRUE(model.SetMachineName("h200-x2"));
+  ASSERT_TRUE(model.SetContextTokens(128 * 1024));
+  const ExplorerResult one = model.ComputeNow();
+  ASSERT_TRUE(one.ok()) << one.error;
+  ASSERT_TRUE(model.SetGpus(2));
+  const ExplorerResult two = model.ComputeNow();
+  ASSERT_TRUE(two.ok()) << two.error;
+  EXPECT_EQ(two.selection.options.pipeline_stages, 2);
+  EXPECT_LT(two.report.gpu_memory.allocated, 0.6 * one.report.gpu_memory.allocated);
+  EXPECT_LT(two.report.prediction.step_seconds(), 0.55 * one.report.prediction.step_seconds());
+  EXPECT_NEAR(static_cast<double>(two.report.host_peak) / one.report.host_peak, 1.0, 0.01);
+  EXPECT_FALSE(model.SetGpus(29));  // Qwen2.5-7B has 28 layers
+  EXPECT_EQ(model.selection().options.pipeline_stages, 2);
+}
+
 TEST_F(ExplorerModelTest, InvalidChunkIsRefusedAndTheStateKept) {
   ExplorerModel model;
   Recorder recorder(model);

@@ -33,7 +33,7 @@ bool SameOptions(const RunOptions& a, const RunOptions& b) {
          a.grad_dtype == b.grad_dtype && a.optimizer == b.optimizer && a.lora_rank == b.lora_rank &&
          a.selection.kind == b.selection.kind &&
          a.selection.overlap_fraction == b.selection.overlap_fraction &&
-         a.keep_layer_inputs == b.keep_layer_inputs;
+         a.keep_layer_inputs == b.keep_layer_inputs && a.pipeline_stages == b.pipeline_stages;
 }
 
 bool SameSelection(const ExplorerSelection& a, const ExplorerSelection& b) {
@@ -64,8 +64,9 @@ class CancellableObserver final : public sim::SimObserver {
     if ((++ops_ & 4095) == 0 && cancelled_()) throw TimelineCancelled{};
     inner_.OnOpComplete(op, start, end);
   }
-  void OnMemory(MemSpace space, sim::Tick when, const sim::MemoryTracker& memory) override {
-    inner_.OnMemory(space, when, memory);
+  void OnMemory(MemSpace space, int where, sim::Tick when,
+                const sim::MemoryTracker& memory) override {
+    inner_.OnMemory(space, where, when, memory);
   }
 
  private:
@@ -203,6 +204,10 @@ bool ExplorerModel::SetPageBudget(qint64 pages) {
 
 bool ExplorerModel::SetOffload(bool on) {
   return Accept([&](ExplorerSelection& s) { s.options.offload = on; });
+}
+
+bool ExplorerModel::SetGpus(int gpus) {
+  return Accept([&](ExplorerSelection& s) { s.options.pipeline_stages = gpus; });
 }
 
 bool ExplorerModel::SetGpuTier(const QString& text) {

@@ -117,6 +117,8 @@ class ExplorerModel : public QObject {
   bool SetPageTokens(qint64 tokens);
   bool SetPageBudget(qint64 pages);  // RunOptions::kAllPages (0) is dense attention
   bool SetOffload(bool on);
+  // GPUs the layers are pipelined over (RunOptions::pipeline_stages): memory is per GPU.
+  bool SetGpus(int gpus);
   bool SetGradDtype(const QString& name);       // bf16 | fp32
   bool SetOptimizer(const QString& name);       // adamw-gpu | adamw-host | none
   bool SetSelectionModel(const QString& text);  // shared | disjoint | overlap:F

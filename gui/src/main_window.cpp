@@ -163,6 +163,11 @@ QWidget* MainWindow::BuildControls() {
   budget_box_->setSpecialValueText("all (dense)");
   budget_box_->setSuffix(" pages");
   budget_box_->setToolTip("Pages each query tile attends, plus the sink page; all = dense");
+  gpus_box_ = new QSpinBox;
+  gpus_box_->setRange(1, 64);
+  gpus_box_->setToolTip(
+      "GPUs the layers are pipelined over, chunks as micro-batches (memory is per GPU; more "
+      "than the machine has spans several machines like it)");
   offload_box_ = new QCheckBox("KV/dKV pages in pinned host memory");
   gpu_tier_box_ = NewCombo({"off", "auto", "16GiB", "32GiB", "64GiB"});
   gpu_tier_box_->setToolTip(
@@ -201,6 +206,7 @@ QWidget* MainWindow::BuildControls() {
           [this](const QString& text) { model_.SetPageTokens(text.toLongLong()); });
   connect(budget_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetPageBudget);
   connect(offload_box_, &QCheckBox::toggled, m, &ExplorerModel::SetOffload);
+  connect(gpus_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetGpus);
   connect(gpu_tier_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetGpuTier);
   connect(grad_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetGradDtype);
   connect(optimizer_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetOptimizer);
@@ -224,6 +230,7 @@ QWidget* MainWindow::BuildControls() {
   form->addRow("Page", page_box_);
   form->addRow("Budget", budget_box_);
   form->addRow("Offload", offload_box_);
+  form->addRow("GPUs", gpus_box_);
   form->addRow("GPU tier", gpu_tier_box_);
   form->addRow("Gradients", grad_box_);
   form->addRow("Optimizer", optimizer_box_);
@@ -268,7 +275,7 @@ void MainWindow::SyncControls() {
   const RunOptions& o = s.options;
   const QSignalBlocker b1(model_box_), b2(machine_box_), b3(context_slider_), b4(chunk_box_),
       b5(page_box_), b6(budget_box_), b7(offload_box_), b8(grad_box_), b9(optimizer_box_),
-      b10(selection_box_), b11(gpu_tier_box_);
+      b10(selection_box_), b11(gpu_tier_box_), b12(gpus_box_);
   SelectText(model_box_, QString::fromStdString(s.model_name));
   SelectText(machine_box_, QString::fromStdString(s.machine_name));
   context_slider_->setValue(SliderPosition(o.context_tokens));
@@ -277,6 +284,7 @@ void MainWindow::SyncControls() {
   SelectText(page_box_, QString::number(o.page_tokens));
   budget_box_->setValue(static_cast<int>(o.page_budget));
   offload_box_->setChecked(o.offload);
+  gpus_box_->setValue(o.pipeline_stages);
   SelectText(gpu_tier_box_, QString::fromStdString(s.gpu_tier_text));
   SelectText(grad_box_, QString::fromUtf8(GradDtypeName(o.grad_dtype)));
   SelectText(optimizer_box_, QString::fromUtf8(OptimizerName(o.optimizer)));

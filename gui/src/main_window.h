@@ -53,6 +53,7 @@ class MainWindow : public QMainWindow {
   QComboBox* page_box_ = nullptr;
   QSpinBox* budget_box_ = nullptr;
   QCheckBox* offload_box_ = nullptr;
+  QSpinBox* gpus_box_ = nullptr;
   QComboBox* gpu_tier_box_ = nullptr;
   QPushButton* recommend_button_ = nullptr;
   QComboBox* grad_box_ = nullptr;

@@ -486,12 +486,21 @@ int Main(int argc, char** argv) {
     f.run.gpus = std::to_string(ranks->world_size);
     for (const auto& [given, flag] :
          {std::pair{!f.save.empty(), "--save"}, std::pair{!f.resume.empty(), "--resume"},
-          std::pair{!f.trace.empty(), "--trace"}, std::pair{!f.dump_grads.empty(), "--dump-grads"},
+          std::pair{!f.dump_grads.empty(), "--dump-grads"},
           std::pair{!f.export_weights.empty(), "--export-weights"}})
       if (given)
         throw InputError(std::string(flag) + " with several GPUs: not yet; accepted: " + flag +
                          " on one GPU");
     rank_prefix = "rank " + std::to_string(ranks->rank) + ": ";
+    // One trace a rank, of its own ops: run.ctxtrace -> run.rank1.ctxtrace (rank 0 keeps the
+    // name); `ctxplan replay` compares each with the plan's ops of that rank.
+    if (!f.trace.empty() && ranks->rank > 0) {
+      const size_t dot = f.trace.find_last_of('.');
+      const size_t slash = f.trace.find_last_of('/');
+      const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+      const std::string tag = ".rank" + std::to_string(ranks->rank);
+      f.trace = has_ext ? f.trace.substr(0, dot) + tag + f.trace.substr(dot) : f.trace + tag;
+    }
   }
   const bool lead = !ranks || ranks->rank == 0;  // the rank that reports
 #ifdef CTXPLAN_HAVE_NCCL
@@ -716,6 +725,10 @@ int Main(int argc, char** argv) {
         AddRunOptions(options, metadata);
         AddPlanMachine(plan_machine, metadata);
         metadata["ctxtrain_flags"] = flags;
+        if (ranks) {
+          metadata["rank"] = std::to_string(ranks->rank);
+          metadata["world_size"] = std::to_string(ranks->world_size);
+        }
         metadata["startup_seconds"] = SecondsText(startup.total);
         metadata["startup_context_seconds"] = SecondsText(startup.context);
         metadata["startup_weights_seconds"] = SecondsText(startup.weights);

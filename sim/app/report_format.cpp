@@ -40,8 +40,23 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += "  context " + FormatTokens(r.context_tokens) + " tokens in " + FormatCount(r.chunks) +
        " chunks; predicted by the " + c.path + " path\n";
   s += "  kernel times: " + sim::DescribeKernelProfile(sim::EffectiveKernelProfile(c.machine.gpu)) +
-       "\n\n";
-  s += "GPU memory at peak, by category\n";
+       "\n";
+  if (c.options.pipeline_stages > 1) {
+    // Each GPU its stage of layers; the memory below is the GPU with the highest peak.
+    const PlanGeometry g(c.model, c.options);
+    s += "  pipelined over " + std::to_string(r.gpus) + " GPUs (" + std::to_string(r.machines) +
+         (r.machines == 1 ? " machine" : " machines") + "), arena peak per GPU:";
+    for (int32_t st = 0; st < g.stages(); ++st) {
+      const auto i = static_cast<size_t>(st);
+      s += (st ? "; " : " ") + std::string("layers ") + std::to_string(g.stage_first_layer(st)) +
+           "-" + std::to_string(g.stage_first_layer(st + 1) - 1) +
+           (i < r.prediction.gpu_peak_by_rank.size()
+                ? " " + FormatGiB(r.prediction.gpu_peak_by_rank[i])
+                : std::string());
+    }
+    s += "\n";
+  }
+  s += "\nGPU memory at peak, by category\n";
   for (int i = 0; i < kMemCategoryCount; ++i) {
     const int64_t bytes = r.prediction.gpu.at_peak[i];
     if (bytes == 0) continue;
@@ -132,8 +147,25 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("optimizer", OptimizerName(o.optimizer))
       .Field("lora_rank", o.lora_rank)
       .Field("selection", SelectionModelName(o.selection))
+      .Field("gpus", o.pipeline_stages)
       .EndObject();
   j.Field("chunks", r.chunks);
+  j.Field("gpus", r.gpus).Field("machines", r.machines);
+  {
+    const PlanGeometry g(c.model, c.options);
+    j.BeginArray("stages");
+    for (int32_t st = 0; st < g.stages(); ++st) {
+      const auto i = static_cast<size_t>(st);
+      j.BeginObject()
+          .Field("first_layer", g.stage_first_layer(st))
+          .Field("layers", g.stage_layers(st))
+          .Field("gpu_allocated_bytes", i < r.prediction.gpu_peak_by_rank.size()
+                                            ? r.prediction.gpu_peak_by_rank[i]
+                                            : r.gpu_memory.allocated)
+          .EndObject();
+    }
+    j.EndArray();
+  }
   j.BeginObject("gpu_memory")
       .Field("allocated_bytes", r.gpu_memory.allocated)
       .Field("reserved_bytes", r.gpu_memory.reserved)

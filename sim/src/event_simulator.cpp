@@ -137,7 +137,10 @@ class Engine {
                 ? gpu_memory_[static_cast<size_t>(op.rank)]
                 : host_memory_[static_cast<size_t>(op.rank / gpus_per_machine_)];
         memory.Apply(op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
-        if (observer_) observer_->OnMemory(op.space, now, memory);
+        if (observer_)
+          observer_->OnMemory(op.space,
+                              op.space == MemSpace::kGpu ? op.rank : op.rank / gpus_per_machine_,
+                              now, memory);
         MarkDone(op.id, now);
         s.waiting.pop_front();
         continue;

@@ -14,7 +14,8 @@ void TraceRecorder::OnOpComplete(const Op& op, Tick start, Tick end) {
   writer_.Op(TraceRecordOf(op, Nanoseconds(start), Nanoseconds(end)));
 }
 
-void TraceRecorder::OnMemory(MemSpace space, Tick when, const MemoryTracker& memory) {
+void TraceRecorder::OnMemory(MemSpace space, int /*where*/, Tick when,
+                             const MemoryTracker& memory) {
   MemoryRecord r;
   r.time_ns = Nanoseconds(when);
   r.space = static_cast<uint8_t>(space);

@@ -24,6 +24,7 @@ void AddRunOptions(const RunOptions& o, RunMetadata& m) {
   m["selection"] = SelectionModelName(o.selection);
   m["keep_layer_inputs"] = o.keep_layer_inputs ? "on" : "off";
   if (o.gpu_tier_pages > 0) m["gpu_tier_pages"] = std::to_string(o.gpu_tier_pages);
+  if (o.pipeline_stages > 1) m["pipeline_stages"] = std::to_string(o.pipeline_stages);
 }
 
 RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& source) {
@@ -71,6 +72,14 @@ RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& sourc
   o.keep_layer_inputs = keep == "on";
   // Absent before the GPU tier (2026-11-25) and when it is off.
   if (m.contains("gpu_tier_pages")) o.gpu_tier_pages = integer("gpu_tier_pages");
+  // Absent before pipeline stages (2026-11-26) and with one GPU.
+  if (m.contains("pipeline_stages")) {
+    const int64_t stages = integer("pipeline_stages");
+    if (stages < 1 || stages > 4096)
+      throw InputError(where + "'pipeline_stages': " + std::to_string(stages) +
+                       "; accepted: 1 to 4096");
+    o.pipeline_stages = static_cast<int32_t>(stages);
+  }
   return o;
 }
 

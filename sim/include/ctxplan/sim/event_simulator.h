@@ -18,7 +18,9 @@ class SimObserver {
  public:
   virtual ~SimObserver() = default;
   virtual void OnOpComplete(const Op& /*op*/, Tick /*start*/, Tick /*end*/) {}
-  virtual void OnMemory(MemSpace /*space*/, Tick /*when*/, const MemoryTracker& /*memory*/) {}
+  // `where`: the GPU's rank (pipeline stage) for GPU memory, the machine for host memory.
+  virtual void OnMemory(MemSpace /*space*/, int /*where*/, Tick /*when*/,
+                        const MemoryTracker& /*memory*/) {}
 };
 
 class EventSimulator {

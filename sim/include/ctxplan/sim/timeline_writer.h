@@ -14,11 +14,15 @@ class TimelineWriter final : public SimObserver {
   explicit TimelineWriter(ChromeTraceWriter& writer);
 
   void OnOpComplete(const Op& op, Tick start, Tick end) override;
-  void OnMemory(MemSpace space, Tick when, const MemoryTracker& memory) override;
+  void OnMemory(MemSpace space, int where, Tick when, const MemoryTracker& memory) override;
 
  private:
+  // Each rank (GPU) its own process in the viewer, its streams as threads; named on first use.
+  int64_t Pid(int rank);
+
   ChromeTraceWriter& writer_;
-  std::string name_;  // reused per op
+  std::string name_;         // reused per op
+  std::vector<bool> named_;  // [rank]
 };
 
 }  // namespace ctxplan::sim

@@ -12,7 +12,7 @@ class TraceRecorder final : public SimObserver {
   explicit TraceRecorder(OpTraceWriter& writer) : writer_(writer) {}
 
   void OnOpComplete(const Op& op, Tick start, Tick end) override;
-  void OnMemory(MemSpace space, Tick when, const MemoryTracker& memory) override;
+  void OnMemory(MemSpace space, int where, Tick when, const MemoryTracker& memory) override;
 
  private:
   OpTraceWriter& writer_;
