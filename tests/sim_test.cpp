@@ -390,7 +390,7 @@ TEST(Recommend, PicksTheBestOfItsSpaceAndSaysHowToRunIt) {
     EXPECT_EQ(c->options.grad_dtype, base.grad_dtype);
   }
   const std::string command =
-      CtxtrainCommand(model, "--machine h200-125g", r.fastest->options, "off");
+      CtxtrainCommand(model, "--machine h200-125g", r.fastest->options, GpuTierSetting{});
   const RunOptions& f = r.fastest->options;
   for (const std::string& part : std::vector<std::string>{
            "--model qwen2.5-7b", "--machine h200-125g", "--context 65536",
@@ -398,6 +398,19 @@ TEST(Recommend, PicksTheBestOfItsSpaceAndSaysHowToRunIt) {
            std::string("--offload ") + (f.offload ? "on" : "off"), "--budget 64",
            std::string("--optimizer ") + std::string(OptimizerName(f.optimizer))})
     EXPECT_NE(command.find(part), std::string::npos) << part << " in " << command;
+  // A tier sized automatically carries its margin when it is not the default, its GPU count
+  // when several.
+  RunOptions tiered = r.fastest->options;
+  tiered.offload = true;
+  tiered.gpu_tier_pages = 100;
+  tiered.pipeline_stages = 2;
+  GpuTierSetting auto_tier = ParseGpuTierSetting("auto", "6GiB", "--gpu-tier");
+  const std::string with_tier = CtxtrainCommand(model, "--machine h200-x2", tiered, auto_tier);
+  for (const std::string part : {"--gpu-tier auto", "--gpu-tier-margin 6442450944B", "--gpus 2"})
+    EXPECT_NE(with_tier.find(part), std::string::npos) << part << " in " << with_tier;
+  auto_tier = ParseGpuTierSetting("auto", "2GiB", "--gpu-tier");
+  EXPECT_EQ(CtxtrainCommand(model, "--machine h200-x2", tiered, auto_tier).find("margin"),
+            std::string::npos);
 }
 
 TEST(Capacity, GpuBindsWithoutOffload) {

@@ -371,10 +371,11 @@ RunOptions Recommended(const CLI::App& app, const ModelSpec& model, const Machin
         model.name.c_str(), machine.name.c_str(), static_cast<long long>(o.context_tokens),
         r.fastest->report.tokens_per_second, static_cast<long long>(o.chunk_tokens),
         static_cast<long long>(o.page_tokens), o.offload ? "on" : "off",
-        o.offload && o.gpu_tier_pages > 0 ? (" (GPU tier " + r.fastest->gpu_tier_flag + ", " +
-                                             std::to_string(o.gpu_tier_pages) + " pages a layer)")
-                                                .c_str()
-                                          : "",
+        o.offload && o.gpu_tier_pages > 0
+            ? (" (GPU tier " + sim::GpuTierFlag(r.fastest->gpu_tier) + ", " +
+               std::to_string(o.gpu_tier_pages) + " pages a layer)")
+                  .c_str()
+            : "",
         o.keep_layer_inputs ? "kept" : "recomputed",
         std::string(OptimizerName(o.optimizer)).c_str());
   return o;

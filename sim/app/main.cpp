@@ -617,9 +617,8 @@ int RunRecommend(const RecommendFlags& f) {
   const sim::GpuTierSetting tier = GpuTierOf(f.run);
   // No --gpu-tier given: the tier is one of the choices searched.
   sim::RecommendSpace space;
-  space.gpu_tiers = f.gpu_tier_given
-                        ? std::vector<sim::RecommendSpace::Tier>{{tier, f.run.gpu_tier}}
-                        : sim::SearchedGpuTiers(f.run.gpu_tier_margin);
+  space.gpu_tiers = f.gpu_tier_given ? std::vector<sim::GpuTierSetting>{tier}
+                                     : sim::SearchedGpuTiers(f.run.gpu_tier_margin);
   const sim::Recommendation r = sim::Recommend(model, machine, base, tier, space);
   const std::string machine_flags = MachineFlagsOf(f.run);
   auto fmt = [](const char* format, double value) {
@@ -649,7 +648,7 @@ int RunRecommend(const RecommendFlags& f) {
       json.BeginObject(p.key);
       PlanJson(json, PlanContext{model, machine, c.options, "analytic"}, c.report);
       json.Field("max_context_tokens", c.max_context_tokens)
-          .Field("ctxtrain", sim::CtxtrainCommand(model, machine_flags, c.options, c.gpu_tier_flag))
+          .Field("ctxtrain", sim::CtxtrainCommand(model, machine_flags, c.options, c.gpu_tier))
           .EndObject();
     }
     json.EndObject();
@@ -686,7 +685,7 @@ int RunRecommend(const RecommendFlags& f) {
          fmt("%.2f s", c.report.prediction.step_seconds()) + ", GPU " +
          FormatGiB(c.report.gpu_memory.device) + ", pinned host " + FormatGiB(c.report.host_peak) +
          "; max context " + FormatTokens(c.max_context_tokens) + " tokens\n";
-    s += "  " + sim::CtxtrainCommand(model, machine_flags, o, c.gpu_tier_flag) + "\n";
+    s += "  " + sim::CtxtrainCommand(model, machine_flags, o, c.gpu_tier) + "\n";
   }
   Emit(s, f.out.output);
   return 0;

@@ -17,19 +17,19 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
     optimizers = {OptimizerKind::kAdamWGpu, OptimizerKind::kAdamWHost};
   const KernelTimeModel time_model(machine);
   const AnalyticModel analytic(time_model);
-  std::vector<RecommendSpace::Tier> tiers = space.gpu_tiers;
-  if (tiers.empty()) tiers.push_back({gpu_tier, GpuTierFlag(gpu_tier)});
+  std::vector<GpuTierSetting> tiers = space.gpu_tiers;
+  if (tiers.empty()) tiers.push_back(gpu_tier);
   Recommendation r;
   for (const int64_t chunk : space.chunks)
     for (const int64_t page : space.pages)
       for (const bool offload : space.offload)
         for (const bool keep : space.keep_layer_inputs)
           for (const OptimizerKind optimizer : optimizers)
-            for (const RecommendSpace::Tier& tier : tiers) {
+            for (const GpuTierSetting& tier : tiers) {
               // Without offload every page is on the GPU: one plan, whatever the tier; and a
               // tier of every page is offload off.
               if (!offload && &tier != &tiers.front()) continue;
-              if (offload && tier.setting.kind == GpuTierSetting::Kind::kAll) continue;
+              if (offload && tier.kind == GpuTierSetting::Kind::kAll) continue;
               // Several GPUs recompute the layer inputs (the pipeline keeps none yet).
               if (keep && base.pipeline_stages > 1) continue;
               RunOptions o = base;
@@ -42,15 +42,14 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
               if (chunk % page != 0) continue;
               // A chunk beyond the context is the same plan as one of the context's length.
               if (chunk > base.context_tokens && chunk != space.chunks.front()) continue;
-              o = WithGpuTier(model, machine, o, tier.setting);
+              o = WithGpuTier(model, machine, o, tier);
               const PlanGeometry geometry(model, o);
               ++r.evaluated;
               const PlanReport report = MakeReport(geometry, machine, analytic.Predict(geometry));
               if (!report.fits()) continue;
               ++r.fitting;
-              RecommendCandidate c{o, report, 0, tier.flag};
-              c.max_context_tokens =
-                  FindMaxContext(model, machine, o, tier.setting).max_context_tokens;
+              RecommendCandidate c{o, report, 0, tier};
+              c.max_context_tokens = FindMaxContext(model, machine, o, tier).max_context_tokens;
               if (!r.fastest || report.tokens_per_second > r.fastest->report.tokens_per_second)
                 r.fastest = c;
               if (!r.longest || c.max_context_tokens > r.longest->max_context_tokens ||
@@ -66,13 +65,13 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
   return r;
 }
 
-std::vector<RecommendSpace::Tier> SearchedGpuTiers(std::string_view margin) {
-  return {{ParseGpuTierSetting("off", margin, "--gpu-tier"), "off"},
-          {ParseGpuTierSetting("auto", margin, "--gpu-tier"), "auto"}};
+std::vector<GpuTierSetting> SearchedGpuTiers(std::string_view margin) {
+  return {ParseGpuTierSetting("off", margin, "--gpu-tier"),
+          ParseGpuTierSetting("auto", margin, "--gpu-tier")};
 }
 
 std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_flags,
-                            const RunOptions& o, const std::string& gpu_tier) {
+                            const RunOptions& o, const GpuTierSetting& gpu_tier) {
   std::string s = "ctxtrain --backend cuda --model " + model.name + " " + machine_flags +
                   " --context " + std::to_string(o.context_tokens) + " --chunk " +
                   std::to_string(o.chunk_tokens) + " --page " + std::to_string(o.page_tokens) +
@@ -83,7 +82,12 @@ std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_f
                   " --grad-dtype " + std::string(GradDtypeName(o.grad_dtype)) + " --optimizer " +
                   std::string(OptimizerName(o.optimizer));
   if (o.lora_rank > 0) s += " --lora-rank " + std::to_string(o.lora_rank);
-  if (o.offload && o.gpu_tier_pages > 0) s += " --gpu-tier " + gpu_tier;
+  if (o.offload && o.gpu_tier_pages > 0) {
+    s += " --gpu-tier " + GpuTierFlag(gpu_tier);
+    if (gpu_tier.kind == GpuTierSetting::Kind::kAuto &&
+        gpu_tier.margin_bytes != GpuTierSetting{}.margin_bytes)
+      s += " --gpu-tier-margin " + std::to_string(gpu_tier.margin_bytes) + "B";
+  }
   if (o.pipeline_stages > 1) s += " --gpus " + std::to_string(o.pipeline_stages);
   return s;
 }

@@ -28,23 +28,18 @@ struct RecommendSpace {
   std::vector<bool> keep_layer_inputs = {false, true};
   // AdamW on the GPU or the host where the base trains with AdamW; else the base's optimizer.
   bool search_optimizer_placement = true;
-  // The GPU tier settings tried with offload on (each with its --gpu-tier text); empty: the one
-  // Recommend is given.
-  struct Tier {
-    GpuTierSetting setting;
-    std::string flag;
-  };
-  std::vector<Tier> gpu_tiers;
+  // The GPU tier settings tried with offload on; empty: the one Recommend is given.
+  std::vector<GpuTierSetting> gpu_tiers;
 };
 
 // What recommend searches when the user names no GPU tier: none, and what the plan leaves free.
-std::vector<RecommendSpace::Tier> SearchedGpuTiers(std::string_view margin);
+std::vector<GpuTierSetting> SearchedGpuTiers(std::string_view margin);
 
 struct RecommendCandidate {
   RunOptions options;  // gpu_tier_pages resolved
   PlanReport report;   // at the context, analytic path
   int64_t max_context_tokens = 0;
-  std::string gpu_tier_flag = "off";  // the --gpu-tier text that sizes options' tier
+  GpuTierSetting gpu_tier;  // what sized options' tier (its --gpu-tier text: GpuTierFlag)
 };
 
 struct Recommendation {
@@ -61,8 +56,9 @@ Recommendation Recommend(const ModelSpec& model, const MachineSpec& machine, con
                          const GpuTierSetting& gpu_tier, const RecommendSpace& space = {});
 
 // The ctxtrain command line that runs `options` (machine_flags: "--machine h200-125g" or
-// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: the --gpu-tier text, "off" for none).
+// "--gpu h100-sxm --host-ram 256GiB"; gpu_tier: what sized its tier, printed as --gpu-tier and,
+// for auto with another margin than the default, --gpu-tier-margin).
 std::string CtxtrainCommand(const ModelSpec& model, const std::string& machine_flags,
-                            const RunOptions& options, const std::string& gpu_tier);
+                            const RunOptions& options, const GpuTierSetting& gpu_tier);
 
 }  // namespace ctxplan::sim
