@@ -150,8 +150,8 @@ TEST(ChromeTraceWriterTest, CompleteEventHasAllFields) {
   EXPECT_EQ(gemm.members[0].first, "ph") << "ph and ts lead, for Perfetto's tokenizer";
   EXPECT_EQ(gemm.members[1].first, "ts");
   EXPECT_EQ(gemm["ph"].text, "X");
-  EXPECT_EQ(gemm["ts"].text, "12.000");
-  EXPECT_EQ(gemm["dur"].text, "3.500");
+  EXPECT_EQ(gemm["ts"].text, "12");
+  EXPECT_EQ(gemm["dur"].text, "3.5");
   EXPECT_EQ(gemm["pid"].number, 1);
   EXPECT_EQ(gemm["tid"].number, 2);
   EXPECT_EQ(gemm["name"].text, "gemm");
@@ -163,7 +163,7 @@ TEST(ChromeTraceWriterTest, CompleteEventHasAllFields) {
   const Json& copy = Events(trace)[1];
   EXPECT_FALSE(copy.Has("cat")) << "an empty category is omitted";
   EXPECT_FALSE(copy.Has("args")) << "empty args are omitted";
-  EXPECT_EQ(copy["dur"].text, "0.000");
+  EXPECT_EQ(copy["dur"].text, "0");
   EXPECT_EQ(writer.events_written(), 2);
 }
 
@@ -342,18 +342,29 @@ TEST(ChromeTraceWriterTest, FormatsNumbersAsJson) {
   EXPECT_EQ(integer, "-9223372036854775808");
 }
 
+// Times keep about a nanosecond (a 2^-10 us grid) over long runs, and adjacent ops stay
+// adjacent: each op's start and end are put on the grid, its duration is their difference, and
+// the numbers read back exactly, so a viewer's ts + dur equals the next op's ts to the bit.
 TEST(ChromeTraceWriterTest, TimestampsKeepNanosecondsOverLongRuns) {
   std::ostringstream out;
   ChromeTraceWriter writer(out);
   const double ten_hours_us = 10 * 3600 * 1e6;
   writer.Complete(1, 1, "late", "", ten_hours_us + 0.001, 0.002);
   writer.Complete(1, 1, "tiny", "", 0.0004, 0.0006);
+  // Back to back, at times that round apart: 47.265 + 222.05 = 269.315 = the next start.
+  writer.Complete(1, 2, "first", "", 47.265, 222.05);
+  writer.Complete(1, 2, "second", "", 269.315, 10.0);
   writer.Finish();
   const Json trace = ParseTrace(out.str());
-  EXPECT_EQ(FindEvent(trace, "X", "late")["ts"].text, "36000000000.001");
-  EXPECT_EQ(FindEvent(trace, "X", "late")["dur"].text, "0.002");
-  EXPECT_EQ(FindEvent(trace, "X", "tiny")["ts"].text, "0.000");
-  EXPECT_EQ(FindEvent(trace, "X", "tiny")["dur"].text, "0.001");
+  const Json& late = FindEvent(trace, "X", "late");
+  EXPECT_NEAR(late["ts"].number, ten_hours_us + 0.001, 0.001);
+  EXPECT_NEAR(late["dur"].number, 0.002, 0.001);
+  EXPECT_NE(late["ts"].number, ten_hours_us) << "a nanosecond survives ten hours";
+  EXPECT_EQ(FindEvent(trace, "X", "tiny")["ts"].text, "0");
+  EXPECT_NEAR(FindEvent(trace, "X", "tiny")["dur"].number, 0.001, 0.0005);
+  const Json &first = FindEvent(trace, "X", "first"), &second = FindEvent(trace, "X", "second");
+  EXPECT_EQ(first["ts"].number + first["dur"].number, second["ts"].number);
+  EXPECT_EQ(second["ts"].number - first["ts"].number, first["dur"].number);
 }
 
 TEST(ChromeTraceWriterTest, RejectsNonFiniteNumbersAndKeepsOutputValid) {

@@ -1,5 +1,6 @@
 #include "ctxplan/traces/chrome_trace_writer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -12,7 +13,15 @@ namespace ctxplan {
 namespace {
 
 // Timestamps in microseconds with 3 decimals: nanosecond resolution, the finest Perfetto keeps.
-constexpr int kTimeDecimals = 3;
+// Event times sit on a grid of 2^-10 us (~1 ns) and are printed as their shortest round-trip
+// decimal: a viewer then reads back exactly these dyadic values, so its sums and differences (an
+// op's end, a thread's time since its first event) are exact and an op that ends when the next
+// starts never overlaps it. Rounding ts and dur to 3 decimals apart made them overlap by 1 ns,
+// which speedscope took for mis-nested slices (scripts/check-chrome-trace.sh).
+constexpr double kTimeGridPerUs = 1024.0;
+double OnTimeGrid(double us) {
+  return std::round(us * kTimeGridPerUs) / kTimeGridPerUs;
+}
 
 // Length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlongs, no surrogates,
 // nothing above U+10FFFF), or 0 if there is none.
@@ -198,9 +207,10 @@ void ChromeTraceWriter::Complete(int64_t pid, int64_t tid, std::string_view name
   // Also rejects NaN.
   CTXPLAN_CHECK(dur_us >= 0.0, "trace event '" + std::string(name) + "' has duration " +
                                    std::to_string(dur_us) + " us");
-  BeginEvent('X', ts_us, pid, tid);
+  const double start = OnTimeGrid(ts_us), end = std::max(start, OnTimeGrid(ts_us + dur_us));
+  BeginEvent('X', start, pid, tid);
   buffer_ += ",\"dur\":";
-  AppendJsonFixed(buffer_, dur_us, kTimeDecimals);
+  AppendJsonNumber(buffer_, end - start);
   buffer_ += ",\"name\":";
   AppendJsonString(buffer_, name);
   if (!category.empty()) {
@@ -253,7 +263,7 @@ void ChromeTraceWriter::BeginEvent(char phase, double ts_us, int64_t pid, int64_
   buffer_ += "{\"ph\":\"";
   buffer_ += phase;
   buffer_ += "\",\"ts\":";
-  AppendJsonFixed(buffer_, ts_us, kTimeDecimals);
+  AppendJsonNumber(buffer_, OnTimeGrid(ts_us));
   buffer_ += ",\"pid\":";
   AppendJsonInt(buffer_, pid);
   buffer_ += ",\"tid\":";
