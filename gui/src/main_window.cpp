@@ -3,6 +3,7 @@
 #include <QCheckBox>
 #include <QComboBox>
 #include <QFileDialog>
+#include <QFileInfo>
 #include <QFormLayout>
 #include <QHBoxLayout>
 #include <QLabel>
@@ -12,6 +13,7 @@
 #include <QSpinBox>
 #include <QSplitter>
 #include <QStatusBar>
+#include <QTabWidget>
 #include <QVBoxLayout>
 
 #include <algorithm>
@@ -21,6 +23,10 @@
 #include "chart_adapter.h"
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/units.h"
+#include "views/cost_view.h"
+#include "views/replay_view.h"
+#include "views/timeline_view.h"
+#include "views/tradeoff_view.h"
 
 namespace ctxplan::gui {
 namespace {
@@ -114,8 +120,17 @@ MainWindow::MainWindow(ExplorerModel& model, QWidget* parent)
   setCentralWidget(splitter);
   SyncControls();
 
-  connect(&model_, &ExplorerModel::resultReady, this,
-          [this](const ExplorerResult& result) { ShowResult(result); });
+  connect(&model_, &ExplorerModel::resultReady, this, [this](const ExplorerResult& result) {
+    ShowResult(result);
+    RefreshCurrentView();
+  });
+  connect(&tradeoffs_, &TradeoffModel::resultReady, this,
+          [this](const TradeoffResult& result, quint64) { tradeoff_view_->Show(result); });
+  connect(&tradeoffs_, &TradeoffModel::busyChanged, this,
+          [this](bool busy) { tradeoff_view_->SetBusy(busy); });
+  connect(&timeline_, &TimelineModel::errorOccurred, this,
+          [this](const QString& message) { ShowError(message); });
+  connect(tabs_, &QTabWidget::currentChanged, this, [this] { RefreshCurrentView(); });
   connect(&model_, &ExplorerModel::errorOccurred, this,
           [this](const QString& message) { ShowError(message); });
   connect(&model_, &ExplorerModel::selectionChanged, this, [this] {
@@ -248,6 +263,98 @@ QWidget* MainWindow::BuildControls() {
   return panel;
 }
 
+const QStringList& MainWindow::ViewNames() {
+  static const QStringList names = {"memory", "tradeoffs", "timeline", "replay", "cost"};
+  return names;
+}
+
+void MainWindow::RefreshCurrentView() {
+  const uint64_t generation = model_.result().generation;
+  if (generation == 0 || !model_.result().ok()) return;
+  const QString view = ViewNames().value(tabs_->currentIndex());
+  if (view == "tradeoffs" && tradeoffs_for_ != generation) {
+    tradeoffs_for_ = generation;
+    tradeoffs_.Request(model_.result().selection);
+  } else if (view == "timeline" && timeline_for_ != generation) {
+    timeline_for_ = generation;
+    timeline_.Request(model_.result().selection);
+  }
+}
+
+// A point of the trade-off map becomes the selection: its chunk before its page (a page must
+// divide the chunk), its tier by name (options alone cannot tell auto from a size).
+void MainWindow::ChooseTradeoff(const RunOptions& o) {
+  const TradeoffPoint* point = tradeoff_view_->PointFor(o);
+  model_.SetChunkTokens(o.chunk_tokens);
+  model_.SetPageTokens(o.page_tokens);
+  model_.SetPageBudget(o.page_budget);
+  model_.SetOffload(o.offload);
+  if (point != nullptr) model_.SetGpuTier(QString::fromStdString(point->gpu_tier_text));
+  tabs_->setCurrentIndex(0);
+}
+
+bool MainWindow::ShowViewNow(const QString& name) {
+  const int index = static_cast<int>(ViewNames().indexOf(name));
+  if (index < 0) return false;
+  tabs_->setCurrentIndex(index);
+  const ExplorerResult& result = model_.result();
+  if (name == "tradeoffs" && result.ok()) {
+    tradeoffs_for_ = result.generation;
+    tradeoff_view_->Show(tradeoffs_.ComputeNow(result.selection));
+  } else if (name == "timeline" && result.ok()) {
+    timeline_for_ = result.generation;
+    const QString error = timeline_.ComputeNow(result.selection);
+    if (!error.isEmpty()) ShowError(error);
+    timeline_view_->SetTimeline(timeline_.timeline());
+  } else if (name == "cost" && result.ok()) {
+    cost_view_->Show(result.report);
+  }
+  return true;
+}
+
+void MainWindow::OpenTrace(const QString& path) {
+  tabs_->setCurrentIndex(static_cast<int>(ViewNames().indexOf("replay")));
+  replay_view_->OpenTrace(path);
+}
+
+QString MainWindow::OpenTraceNow(const QString& path) {
+  tabs_->setCurrentIndex(static_cast<int>(ViewNames().indexOf("replay")));
+  return replay_view_->OpenTraceNow(path);
+}
+
+bool MainWindow::ExportCurrentView(const QString& path, QString* error) {
+  const QString view = ViewNames().value(tabs_->currentIndex());
+  const QString suffix = QFileInfo(path).suffix().toLower();
+  bool ok = false;
+  QString why;
+  if (view == "memory") {
+    if (suffix == "png") ok = tabs_->currentWidget()->grab().save(path);
+    why = "the memory view exports PNG";
+  } else if (view == "tradeoffs") {
+    ok = suffix == "png"   ? tradeoff_view_->SavePng(path)
+         : suffix == "svg" ? tradeoff_view_->SaveSvg(path)
+         : suffix == "csv" ? tradeoff_view_->SaveCsv(path)
+                           : false;
+  } else if (view == "timeline") {
+    ok = suffix == "png"   ? timeline_view_->SavePng(path, &why)
+         : suffix == "svg" ? timeline_view_->SaveSvg(path, &why)
+         : suffix == "csv" ? timeline_view_->SaveCsv(path, &why)
+                           : false;
+  } else if (view == "replay") {
+    ok = suffix == "png"   ? replay_view_->SavePng(path, &why)
+         : suffix == "svg" ? replay_view_->SaveSvg(path, &why)
+         : suffix == "csv" ? replay_view_->SaveKindCsv(path, &why)
+                           : false;
+  } else if (view == "cost") {
+    ok = suffix == "csv" ? cost_view_->SaveCsv(path) : false;
+    why = "the cost view exports CSV";
+  }
+  if (!ok && error != nullptr)
+    *error = "cannot export the " + view + " view to " + path +
+             (why.isEmpty() ? QString("; accepted: .png, .svg, .csv") : ": " + why);
+  return ok;
+}
+
 QWidget* MainWindow::BuildResults() {
   summary_ = new QLabel;
   summary_->setTextFormat(Qt::RichText);
@@ -267,7 +374,41 @@ QWidget* MainWindow::BuildResults() {
   splitter->addWidget(bottom);
   // Stretch factors apply only to growth; give the curve, the main answer, most of the height.
   splitter->setSizes({540, 340});
-  return splitter;
+
+  tradeoff_view_ = new TradeoffView([this](const RunOptions& o) { ChooseTradeoff(o); });
+  timeline_view_ = new TimelineView;
+  timeline_view_->Follow(timeline_);
+  timeline_view_->SetTitle("simulated step");
+  replay_view_ = new ReplayView;
+  open_trace_button_ = new QPushButton("Open trace…");
+  open_trace_button_->setToolTip("A .ctxtrace recorded by ctxtrain --trace, against the plan");
+  connect(open_trace_button_, &QPushButton::clicked, this, [this] {
+    const QString path =
+        QFileDialog::getOpenFileName(this, "Open trace", QString(), "ctxplan traces (*.ctxtrace)");
+    if (!path.isEmpty()) OpenTrace(path);
+  });
+  auto* replay_tab = new QWidget;
+  auto* replay_layout = new QVBoxLayout(replay_tab);
+  replay_layout->addWidget(open_trace_button_, 0, Qt::AlignLeft);
+  replay_layout->addWidget(replay_view_, 1);
+  cost_view_ = new CostView;
+
+  tabs_ = new QTabWidget;
+  tabs_->addTab(splitter, "Memory and speed");
+  tabs_->addTab(tradeoff_view_, "Trade-offs");
+  tabs_->addTab(timeline_view_, "Step timeline");
+  tabs_->addTab(replay_tab, "Replay");
+  tabs_->addTab(cost_view_, "Cost");
+  export_view_button_ = new QPushButton("Export view…");
+  export_view_button_->setToolTip("The view shown: PNG, SVG or CSV (by the file's suffix)");
+  tabs_->setCornerWidget(export_view_button_);
+  connect(export_view_button_, &QPushButton::clicked, this, [this] {
+    const QString path = QFileDialog::getSaveFileName(this, "Export view", "ctxplan-view.png",
+                                                      "PNG (*.png);;SVG (*.svg);;CSV (*.csv)");
+    QString error;
+    if (!path.isEmpty() && !ExportCurrentView(path, &error)) ShowError(error);
+  });
+  return tabs_;
 }
 
 void MainWindow::SyncControls() {
@@ -299,6 +440,7 @@ void MainWindow::ShowError(const QString& message) {
 void MainWindow::ShowResult(const ExplorerResult& result) {
   if (!result.ok()) return;  // errorOccurred already showed why
   charts_->Show(result);
+  cost_view_->Show(result.report);
   const sim::PlanReport& r = result.report;
   const ExplorerSelection& s = result.selection;
   max_button_->setEnabled(result.max_context_tokens > 0);
