@@ -390,10 +390,15 @@ TEST(StepPlan, PipelineStagesOwnTheirLayersAndPassTheirBoundaries) {
       const Op& op = ops.Current();
       ASSERT_GE(op.rank, 0);
       ASSERT_LT(op.rank, stages);
-      if (op.layer >= 0) EXPECT_EQ(op.rank, g.stage_of_layer(op.layer)) << op.id;
-      if (op.kind == OpKind::kEmbeddingForward || op.kind == OpKind::kEmbeddingBackward)
+      if (op.layer >= 0) {
+        EXPECT_EQ(op.rank, g.stage_of_layer(op.layer)) << op.id;
+      }
+      if (op.kind == OpKind::kEmbeddingForward || op.kind == OpKind::kEmbeddingBackward) {
         EXPECT_EQ(op.rank, 0);
-      if (op.kind == OpKind::kLossForwardBackward) EXPECT_EQ(op.rank, stages - 1);
+      }
+      if (op.kind == OpKind::kLossForwardBackward) {
+        EXPECT_EQ(op.rank, stages - 1);
+      }
       for (int d = 0; d < op.num_deps; ++d) EXPECT_LT(op.deps[d], op.id);
       if (op.kind == OpKind::kPeerSend) sends[op.id] = op;
       if (op.kind == OpKind::kPeerRecv) {

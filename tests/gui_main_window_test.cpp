@@ -1,0 +1,81 @@
+// The explorer's window, offscreen: every view shows, renders something and exports. The views'
+// own tests check their content; this one checks that the window puts them together.
+#include <gtest/gtest.h>
+
+#include <QApplication>
+#include <QEventLoop>
+#include <QFile>
+#include <QImage>
+#include <QTemporaryDir>
+
+#include <chrono>
+
+#include "main_window.h"
+
+namespace ctxplan::gui {
+namespace {
+
+QApplication& App() {
+  static QApplication* app = [] {
+    qputenv("QT_QPA_PLATFORM", "offscreen");
+    static int argc = 1;
+    static char name[] = "gui_main_window_test";
+    static char* argv[] = {name, nullptr};
+    return new QApplication(argc, argv);
+  }();
+  return *app;
+}
+
+// Pixels that differ from the bottom-right corner's colour (the background).
+int DrawnPixels(const QImage& image) {
+  const QRgb background = image.pixel(image.width() - 1, image.height() - 1);
+  int drawn = 0;
+  for (int y = 0; y < image.height(); y += 2)
+    for (int x = 0; x < image.width(); x += 2) drawn += image.pixel(x, y) != background;
+  return drawn;
+}
+
+TEST(MainWindow, EveryViewShowsRendersAndExports) {
+  App();
+  ExplorerModel model;
+  ASSERT_TRUE(model.SetContextTokens(32 * 1024));
+  MainWindow window(model);
+  window.resize(1440, 900);
+  window.show();
+  bool ready = false;
+  QObject::connect(&model, &ExplorerModel::resultReady, &window, [&ready] { ready = true; });
+  model.Refresh();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ready && std::chrono::steady_clock::now() < deadline)
+    QCoreApplication::processEvents(QEventLoop::AllEvents, 50);
+  ASSERT_TRUE(ready) << "no result within 30 s";
+
+  QTemporaryDir dir;
+  const QString trace =
+      QString(CTXPLAN_SOURCE_DIR) + "/traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace";
+  ASSERT_EQ(window.OpenTraceNow(trace), "");
+  for (const QString& view : MainWindow::ViewNames()) {
+    SCOPED_TRACE(view.toStdString());
+    ASSERT_TRUE(window.ShowViewNow(view));
+    QCoreApplication::processEvents();
+    const QImage image = window.grab().toImage();
+    EXPECT_GT(DrawnPixels(image), 20000);
+    // Each view's formats: the memory view a picture, the cost view its figures.
+    const QStringList formats = view == "memory" ? QStringList{"png"}
+                                : view == "cost" ? QStringList{"csv"}
+                                                 : QStringList{"png", "svg", "csv"};
+    for (const QString& format : formats) {
+      const QString path = dir.filePath(view + "." + format);
+      QString error;
+      EXPECT_TRUE(window.ExportCurrentView(path, &error)) << error.toStdString();
+      EXPECT_GT(QFile(path).size(), 100) << path.toStdString();
+    }
+    QString error;
+    EXPECT_FALSE(window.ExportCurrentView(dir.filePath(view + ".bmp"), &error));
+    EXPECT_TRUE(error.contains(view)) << error.toStdString();
+  }
+  EXPECT_FALSE(window.ShowViewNow("flamegraph"));
+}
+
+}  // namespace
+}  // namespace ctxplan::gui
