@@ -1,5 +1,6 @@
 #include "main_window.h"
 
+#include <QBuffer>
 #include <QCheckBox>
 #include <QComboBox>
 #include <QFileDialog>
@@ -7,12 +8,14 @@
 #include <QFormLayout>
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QPainter>
 #include <QPushButton>
 #include <QSignalBlocker>
 #include <QSlider>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QStatusBar>
+#include <QSvgGenerator>
 #include <QTabWidget>
 #include <QVBoxLayout>
 
@@ -322,36 +325,77 @@ QString MainWindow::OpenTraceNow(const QString& path) {
   return replay_view_->OpenTraceNow(path);
 }
 
+namespace {
+
+// A widget as a picture: PNG as grabbed, SVG as it paints itself into a QSvgGenerator; written
+// whole or not at all (SaveBytes).
+bool SaveWidgetPicture(QWidget* widget, const QString& path, bool svg, QString* error) {
+  QByteArray bytes;
+  QBuffer buffer(&bytes);
+  buffer.open(QIODevice::WriteOnly);
+  if (svg) {
+    QSvgGenerator generator;
+    generator.setOutputDevice(&buffer);
+    generator.setSize(widget->size());
+    generator.setViewBox(widget->rect());
+    generator.setTitle("ctxplan explorer");
+    QPainter painter(&generator);
+    widget->render(&painter);
+  } else if (!widget->grab().save(&buffer, "PNG")) {
+    if (error != nullptr) *error = "PNG encoding failed";
+    return false;
+  }
+  return SaveBytes(path, bytes, error);
+}
+
+// The memory-and-speed curve: one row a context.
+QByteArray CurveCsv(const ExplorerResult& result) {
+  QByteArray csv =
+      "context_tokens,gpu_allocated_bytes,gpu_device_bytes,host_peak_bytes,fits_gpu,fits_host,"
+      "tokens_per_second,step_seconds\n";
+  for (const CurvePoint& p : result.curve)
+    csv += QString("%1,%2,%3,%4,%5,%6,%7,%8\n")
+               .arg(p.context_tokens)
+               .arg(p.gpu_allocated)
+               .arg(p.gpu_device)
+               .arg(p.host_peak)
+               .arg(p.fits_gpu ? 1 : 0)
+               .arg(p.fits_host ? 1 : 0)
+               .arg(p.tokens_per_second, 0, 'f', 1)
+               .arg(p.step_seconds, 0, 'f', 6)
+               .toUtf8();
+  return csv;
+}
+
+}  // namespace
+
 bool MainWindow::ExportCurrentView(const QString& path, QString* error) {
   const QString view = ViewNames().value(tabs_->currentIndex());
   const QString suffix = QFileInfo(path).suffix().toLower();
-  bool ok = false;
   QString why;
-  if (view == "memory") {
-    if (suffix == "png") ok = tabs_->currentWidget()->grab().save(path);
-    why = "the memory view exports PNG";
+  bool ok = false;
+  if (suffix != "png" && suffix != "svg" && suffix != "csv") {
+    why = "'." + suffix + "' is not a format; accepted: .png, .svg, .csv";
   } else if (view == "tradeoffs") {
     ok = suffix == "png"   ? tradeoff_view_->SavePng(path)
          : suffix == "svg" ? tradeoff_view_->SaveSvg(path)
-         : suffix == "csv" ? tradeoff_view_->SaveCsv(path)
-                           : false;
+                           : tradeoff_view_->SaveCsv(path);
   } else if (view == "timeline") {
     ok = suffix == "png"   ? timeline_view_->SavePng(path, &why)
          : suffix == "svg" ? timeline_view_->SaveSvg(path, &why)
-         : suffix == "csv" ? timeline_view_->SaveCsv(path, &why)
-                           : false;
+                           : timeline_view_->SaveCsv(path, &why);
   } else if (view == "replay") {
     ok = suffix == "png"   ? replay_view_->SavePng(path, &why)
          : suffix == "svg" ? replay_view_->SaveSvg(path, &why)
-         : suffix == "csv" ? replay_view_->SaveKindCsv(path, &why)
-                           : false;
-  } else if (view == "cost") {
-    ok = suffix == "csv" ? cost_view_->SaveCsv(path) : false;
-    why = "the cost view exports CSV";
+                           : replay_view_->SaveKindCsv(path, &why);
+  } else if (suffix == "csv") {  // memory: the curve; cost: its figures
+    ok = view == "memory" ? SaveBytes(path, CurveCsv(model_.result()), &why)
+                          : cost_view_->SaveCsv(path);
+  } else {
+    ok = SaveWidgetPicture(tabs_->currentWidget(), path, suffix == "svg", &why);
   }
   if (!ok && error != nullptr)
-    *error = "cannot export the " + view + " view to " + path +
-             (why.isEmpty() ? QString("; accepted: .png, .svg, .csv") : ": " + why);
+    *error = "cannot export the " + view + " view to " + path + (why.isEmpty() ? "" : ": " + why);
   return ok;
 }
 
