@@ -21,6 +21,7 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/checkpoint.h"
 #include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan_geometry.h"
 #include "ctxplan/runtime/run_metadata.h"
 #include "ctxplan/runtime/safetensors.h"
 #include "ctxplan/runtime/token_data.h"
@@ -728,6 +729,36 @@ TEST_F(CheckpointTest, SaveAndResume) {
   const TrainingCheckpoint loaded = LoadCheckpoint(path, model_);
   EXPECT_FALSE(loaded.has_optimizer_state());
   ExpectSame(plain, loaded);
+}
+
+// Issue 13: with several GPUs each rank saves its stage's tensors only; the file says which stage
+// of how many and loads back exactly those (the others empty); a whole file stays a one-GPU one.
+TEST_F(CheckpointTest, PipelineStageCheckpointsHoldTheirStageOnly) {
+  ASSERT_EQ(model_.num_hidden_layers, 2);
+  const std::vector<int32_t> first = PipelineStageFirstLayers(model_, 2);
+  ASSERT_EQ(first, (std::vector<int32_t>{0, 1, 2}));
+  for (int32_t stage : {0, 1}) {
+    SCOPED_TRACE(stage);
+    TrainingCheckpoint saved = Make(41 + static_cast<uint64_t>(stage), 7);
+    for (ModelWeights* w : {&saved.weights, &saved.adam_m, &saved.adam_v})
+      KeepStageTensors(*w, first[static_cast<size_t>(stage)], first[static_cast<size_t>(stage) + 1],
+                       stage == 0, stage == 1);
+    saved.pipeline_stage = stage;
+    saved.pipeline_stages = 2;
+    const fs::path path = dir_ / ("run.ckpt.rank" + std::to_string(stage));
+    SaveCheckpoint(path, model_, saved);
+    const TrainingCheckpoint loaded = LoadCheckpoint(path, model_);
+    EXPECT_EQ(loaded.pipeline_stage, stage);
+    EXPECT_EQ(loaded.pipeline_stages, 2);
+    ExpectSame(saved, loaded);
+    EXPECT_EQ(loaded.weights.embedding.empty(), stage != 0);
+    EXPECT_EQ(loaded.weights.lm_head.empty(), stage != 1);
+    EXPECT_TRUE(loaded.weights.layers[static_cast<size_t>(1 - stage)].qkv.empty());
+    EXPECT_FALSE(loaded.weights.layers[static_cast<size_t>(stage)].qkv.empty());
+  }
+  const fs::path whole = dir_ / "whole.ckpt";
+  SaveCheckpoint(whole, model_, Make(50, 3));
+  EXPECT_EQ(LoadCheckpoint(whole, model_).pipeline_stages, 1);
 }
 
 TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {

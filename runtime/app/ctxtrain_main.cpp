@@ -485,14 +485,16 @@ int Main(int argc, char** argv) {
                        " ranks (WORLD_SIZE); accepted: --gpus " +
                        std::to_string(ranks->world_size) + " or none");
     f.run.gpus = std::to_string(ranks->world_size);
-    for (const auto& [given, flag] :
-         {std::pair{!f.save.empty(), "--save"}, std::pair{!f.resume.empty(), "--resume"},
-          std::pair{!f.dump_grads.empty(), "--dump-grads"},
-          std::pair{!f.export_weights.empty(), "--export-weights"}})
+    for (const auto& [given, flag] : {std::pair{!f.dump_grads.empty(), "--dump-grads"},
+                                      std::pair{!f.export_weights.empty(), "--export-weights"}})
       if (given)
         throw InputError(std::string(flag) + " with several GPUs: not yet; accepted: " + flag +
                          " on one GPU");
     rank_prefix = "rank " + std::to_string(ranks->rank) + ": ";
+    // One checkpoint file a rank, of its stage's tensors: run.ckpt -> run.ckpt.rank0, ...
+    const std::string shard = ".rank" + std::to_string(ranks->rank);
+    if (!f.save.empty()) f.save += shard;
+    if (!f.resume.empty()) f.resume += shard;
     // One trace a rank, of its own ops: run.ctxtrace -> run.rank1.ctxtrace (rank 0 keeps the
     // name); `ctxplan replay` compares each with the plan's ops of that rank.
     if (!f.trace.empty() && ranks->rank > 0) {
@@ -587,6 +589,23 @@ int Main(int argc, char** argv) {
     weights_start = Clock::now();
     TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
     startup.weights += SecondsSince(weights_start);  // the checkpoint's weights replace them
+    const int32_t stages = ranks ? ranks->world_size : 1, stage = ranks ? ranks->rank : 0;
+    if (checkpoint.pipeline_stages != stages || checkpoint.pipeline_stage != stage)
+      throw InputError(f.resume + ": a checkpoint of pipeline stage " +
+                       std::to_string(checkpoint.pipeline_stage) + " of " +
+                       std::to_string(checkpoint.pipeline_stages) + ", resumed as stage " +
+                       std::to_string(stage) + " of " + std::to_string(stages) +
+                       "; accepted: the run's own stage (--gpus " +
+                       std::to_string(checkpoint.pipeline_stages) + ")");
+#ifdef CTXPLAN_HAVE_NCCL
+    // Every rank's file must be of the same step: a save killed between two ranks' writes
+    // leaves them apart.
+    if (links && links->AllReduceSum(static_cast<double>(checkpoint.step)) !=
+                     static_cast<double>(checkpoint.step) * stages)
+      throw InputError(f.resume + ": the ranks' checkpoints are of different steps (this one " +
+                       std::to_string(checkpoint.step) +
+                       "); accepted: the files of one save, all ranks");
+#endif
     if (checkpoint.lora.rank != options.lora_rank)
       throw InputError(f.resume + ": the checkpoint's LoRA rank is " +
                        std::to_string(checkpoint.lora.rank) + " but the run asks for " +
@@ -695,6 +714,10 @@ int Main(int argc, char** argv) {
     RunMetadata metadata;
     AddRunOptions(options, metadata);
     checkpoint.options = metadata;
+    if (ranks) {  // this rank's stage: DownloadWeights gave its tensors only
+      checkpoint.pipeline_stage = ranks->rank;
+      checkpoint.pipeline_stages = ranks->world_size;
+    }
     SaveCheckpoint(f.save, model, checkpoint);
   };
   bool saved_after_last = false;

@@ -794,20 +794,8 @@ class TypedImpl final : public CudaBackend::Impl {
   bool Owns(int32_t layer) const { return layer >= first_layer_ && layer < end_layer_; }
   // Drops the tensors other stages hold (a no-op with one GPU), so `w` has this stage's shape.
   void SliceToStage(ModelWeights& w) const {
-    if (g_.stages() == 1) return;
-    auto drop = [](std::vector<float>& t) { std::vector<float>().swap(t); };
-    if (rank_ != 0) drop(w.embedding);
-    if (rank_ != g_.last_stage()) {
-      drop(w.final_norm);
-      drop(w.lm_head);
-    }
-    for (int32_t l = 0; l < g_.num_layers(); ++l) {  // (called before layers_ is set)
-      if (Owns(l)) continue;
-      LayerWeights& t = w.layers[static_cast<size_t>(l)];
-      for (std::vector<float>* v :
-           {&t.attn_norm, &t.qkv, &t.qkv_bias, &t.o, &t.mlp_norm, &t.gate_up, &t.down})
-        drop(*v);
-    }
+    if (g_.stages() > 1)
+      KeepStageTensors(w, first_layer_, end_layer_, rank_ == 0, rank_ == g_.last_stage());
   }
 
   template <typename Backend>

@@ -1,5 +1,7 @@
 #include "ctxplan/runtime/checkpoint.h"
 
+#include "ctxplan/runtime/plan_geometry.h"
+
 #include <charconv>
 #include <set>
 #include <string_view>
@@ -88,12 +90,17 @@ void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
   CTXPLAN_CHECK((checkpoint.lora_m.rank > 0) == (checkpoint.lora_v.rank > 0),
                 "checkpoint has one LoRA moment without the other");
   const bool moments = lora ? checkpoint.lora_m.rank > 0 : base_moments;
+  const bool staged = checkpoint.pipeline_stages > 1;
+  CTXPLAN_CHECK(
+      checkpoint.pipeline_stage >= 0 && checkpoint.pipeline_stage < checkpoint.pipeline_stages,
+      "checkpoint of stage " + std::to_string(checkpoint.pipeline_stage) + " of " +
+          std::to_string(checkpoint.pipeline_stages));
   std::vector<SafetensorsTensor> tensors =
-      HfTensors(model, checkpoint.weights, std::string(kParamPrefix));
+      HfTensors(model, checkpoint.weights, std::string(kParamPrefix), staged);
   if (base_moments) {
     for (const auto& [prefix, state] : {std::pair{kMomentPrefixes[0], &checkpoint.adam_m},
                                         std::pair{kMomentPrefixes[1], &checkpoint.adam_v}}) {
-      std::vector<SafetensorsTensor> more = HfTensors(model, *state, prefix);
+      std::vector<SafetensorsTensor> more = HfTensors(model, *state, prefix, staged);
       tensors.insert(tensors.end(), std::make_move_iterator(more.begin()),
                      std::make_move_iterator(more.end()));
     }
@@ -108,6 +115,10 @@ void SaveCheckpoint(const fs::path& path, const ModelSpec& model,
   };
   for (const auto& [key, value] : checkpoint.options)
     metadata[std::string(kOptionPrefix) + key] = value;
+  if (staged) {
+    metadata["pipeline_stage"] = std::to_string(checkpoint.pipeline_stage);
+    metadata["pipeline_stages"] = std::to_string(checkpoint.pipeline_stages);
+  }
   if (checkpoint.lora.rank > 0) {
     metadata["lora_rank"] = std::to_string(checkpoint.lora.rank);
     for (int i = 0; i < (moments ? 3 : 1); ++i) {
@@ -165,7 +176,8 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     } else if (checksummed && key.starts_with(kChecksumPrefix)) {
       // Checked against the tensors below.
     } else if (key != "format" && key != "version" && key != "model" && key != "step" &&
-               key != "seed" && key != "optimizer_state" && key != "lora_rank") {
+               key != "seed" && key != "optimizer_state" && key != "lora_rank" &&
+               key != "pipeline_stage" && key != "pipeline_stages") {
       Fail(path, "unknown checkpoint metadata key " + QuoteName(key));
     }
   }
@@ -175,17 +187,40 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   // Every tensor of the file must be one we read: anything else means a different model or a
   // file we do not understand, and silently dropping it could lose state.
   std::set<std::string, std::less<>> expected;
-  checkpoint.weights = ZeroWeights(model);
+  // A pipeline stage's file holds that stage's tensors: shaped so, the others left empty.
+  const bool staged = metadata.count("pipeline_stages") > 0;
+  auto shaped = [&] {
+    ModelWeights w = ZeroWeights(model);
+    if (!staged) return w;
+    const std::vector<int32_t> first = PipelineStageFirstLayers(model, checkpoint.pipeline_stages);
+    const int32_t s = checkpoint.pipeline_stage;
+    KeepStageTensors(w, first[static_cast<size_t>(s)], first[static_cast<size_t>(s) + 1], s == 0,
+                     s == checkpoint.pipeline_stages - 1);
+    return w;
+  };
+  if (staged) {
+    checkpoint.pipeline_stages = ParseInteger<int32_t>(path, metadata, "pipeline_stages");
+    checkpoint.pipeline_stage = ParseInteger<int32_t>(path, metadata, "pipeline_stage");
+    if (checkpoint.pipeline_stages < 2 || checkpoint.pipeline_stages > model.num_hidden_layers ||
+        checkpoint.pipeline_stage >= checkpoint.pipeline_stages)
+      Fail(path, "checkpoint metadata: stage " + std::to_string(checkpoint.pipeline_stage) +
+                     " of " + std::to_string(checkpoint.pipeline_stages) +
+                     " pipeline stages (accepted: stage 0 to stages - 1, 2 to " +
+                     std::to_string(model.num_hidden_layers) + " stages for model " + model.name +
+                     ")");
+  }
+  checkpoint.weights = shaped();
   std::vector<std::pair<std::string_view, ModelWeights*>> parts = {
       {kParamPrefix, &checkpoint.weights}};
   if (moments && !lora) {
-    checkpoint.adam_m = ZeroWeights(model);
-    checkpoint.adam_v = ZeroWeights(model);
+    checkpoint.adam_m = shaped();
+    checkpoint.adam_v = shaped();
     parts.emplace_back(kMomentPrefixes[0], &checkpoint.adam_m);
     parts.emplace_back(kMomentPrefixes[1], &checkpoint.adam_v);
   }
   for (const auto& [prefix, weights] : parts)
-    for (const SafetensorsTensor& t : HfTensors(model, *weights, prefix)) expected.insert(t.name);
+    for (const SafetensorsTensor& t : HfTensors(model, *weights, prefix, staged))
+      expected.insert(t.name);
   std::vector<std::pair<std::string_view, LoraWeights*>> lora_parts;
   if (lora) {
     const auto rank = ParseInteger<int64_t>(path, metadata, "lora_rank");
@@ -210,7 +245,7 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     if (info.dtype != "F32")
       Fail(path, "tensor " + QuoteName(info.name) + " is " + info.dtype + "; checkpoints are F32");
   }
-  for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights);
+  for (const auto& [prefix, weights] : parts) ReadHfTensors(file, model, prefix, *weights, staged);
   for (const auto& part : lora_parts) {
     const std::string prefix(
         part.first);  // a lambda may not capture a structured binding (clang 14)
@@ -224,7 +259,7 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
     // checksums taken when they were written.
     std::vector<SafetensorsTensor> read;
     for (const auto& [prefix, weights] : parts) {
-      std::vector<SafetensorsTensor> more = HfTensors(model, *weights, std::string(prefix));
+      std::vector<SafetensorsTensor> more = HfTensors(model, *weights, std::string(prefix), staged);
       read.insert(read.end(), std::make_move_iterator(more.begin()),
                   std::make_move_iterator(more.end()));
     }

@@ -156,7 +156,10 @@ size_t Product(std::span<const int64_t> shape) {
 
 // The slots of `model` in Hugging Face order. The weights must be sized for the model: checked,
 // since a slot past the end of a vector would read or write out of bounds.
-std::vector<HfSlot> HfSlots(const ModelSpec& m, ModelWeights& w, std::string_view prefix) {
+// `stage_shaped`: `w` holds one pipeline stage's tensors (KeepStageTensors): an empty embedding,
+// layer, final norm or LM head is another stage's and has no slot.
+std::vector<HfSlot> HfSlots(const ModelSpec& m, ModelWeights& w, std::string_view prefix,
+                            bool stage_shaped = false) {
   const int64_t d = m.hidden_size;
   const int64_t q = m.q_dim();
   const int64_t kv = m.kv_dim();
@@ -173,14 +176,17 @@ std::vector<HfSlot> HfSlots(const ModelSpec& m, ModelWeights& w, std::string_vie
                   "weights tensor " + what + " holds " + std::to_string(tensor.size()) +
                       " floats, model " + m.name + " needs " + std::to_string(expected));
   };
-  check(w.embedding, vocab * d, "embedding");
   CTXPLAN_CHECK(w.layers.size() == static_cast<size_t>(m.num_hidden_layers),
                 "weights have " + std::to_string(w.layers.size()) + " layers, model " + m.name +
                     " has " + std::to_string(m.num_hidden_layers));
-  add("model.embed_tokens.weight", {vocab, d}, w.embedding, 0);
+  if (!stage_shaped || !w.embedding.empty()) {
+    check(w.embedding, vocab * d, "embedding");
+    add("model.embed_tokens.weight", {vocab, d}, w.embedding, 0);
+  }
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const std::string lp = "model.layers." + std::to_string(l) + ".";
     LayerWeights& lw = w.layers[l];
+    if (stage_shaped && lw.attn_norm.empty() && lw.qkv.empty() && lw.down.empty()) continue;
     check(lw.attn_norm, d, lp + "attn_norm");
     check(lw.qkv, (q + 2 * kv) * d, lp + "qkv");
     check(lw.qkv_bias, m.attention_bias ? q + 2 * kv : 0, lp + "qkv_bias");
@@ -203,6 +209,7 @@ std::vector<HfSlot> HfSlots(const ModelSpec& m, ModelWeights& w, std::string_vie
     add(lp + "mlp.up_proj.weight", {inter, d}, lw.gate_up, static_cast<size_t>(inter * d));
     add(lp + "mlp.down_proj.weight", {d, inter}, lw.down, 0);
   }
+  if (stage_shaped && w.final_norm.empty() && w.lm_head.empty()) return slots;
   check(w.final_norm, d, "final_norm");
   check(w.lm_head, m.tie_word_embeddings ? 0 : vocab * d, "lm_head");
   add("model.norm.weight", {d}, w.final_norm, 0);
@@ -634,9 +641,10 @@ void WriteSafetensors(const fs::path& path, const std::vector<SafetensorsTensor>
 // --- model weights ------------------------------------------------------------------------------
 
 std::vector<SafetensorsTensor> HfTensors(const ModelSpec& model, const ModelWeights& weights,
-                                         std::string_view prefix) {
+                                         std::string_view prefix, bool stage_shaped) {
   // HfSlots hands out mutable pointers; we only read through them.
-  const std::vector<HfSlot> slots = HfSlots(model, const_cast<ModelWeights&>(weights), prefix);
+  const std::vector<HfSlot> slots =
+      HfSlots(model, const_cast<ModelWeights&>(weights), prefix, stage_shaped);
   std::vector<SafetensorsTensor> tensors;
   tensors.reserve(slots.size());
   for (const HfSlot& slot : slots)
@@ -647,8 +655,8 @@ std::vector<SafetensorsTensor> HfTensors(const ModelSpec& model, const ModelWeig
 }
 
 void ReadHfTensors(const SafetensorsFile& file, const ModelSpec& model, std::string_view prefix,
-                   ModelWeights& weights) {
-  for (const HfSlot& slot : HfSlots(model, weights, prefix)) {
+                   ModelWeights& weights, bool stage_shaped) {
+  for (const HfSlot& slot : HfSlots(model, weights, prefix, stage_shaped)) {
     if (file.Find(slot.name) == nullptr)
       Fail(file.path(),
            "required tensor " + Quote(slot.name) + " is missing (model " + model.name + ")");

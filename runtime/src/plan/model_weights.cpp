@@ -111,4 +111,21 @@ ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
   return w;
 }
 
+void KeepStageTensors(ModelWeights& w, int32_t first_layer, int32_t end_layer, bool embedding,
+                      bool head) {
+  auto drop = [](std::vector<float>& t) { std::vector<float>().swap(t); };
+  if (!embedding) drop(w.embedding);
+  if (!head) {
+    drop(w.final_norm);
+    drop(w.lm_head);
+  }
+  for (int32_t l = 0; l < static_cast<int32_t>(w.layers.size()); ++l) {
+    if (l >= first_layer && l < end_layer) continue;
+    LayerWeights& t = w.layers[static_cast<size_t>(l)];
+    for (std::vector<float>* v :
+         {&t.attn_norm, &t.qkv, &t.qkv_bias, &t.o, &t.mlp_norm, &t.gate_up, &t.down})
+      drop(*v);
+  }
+}
+
 }  // namespace ctxplan

@@ -30,23 +30,29 @@ PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
     : model_(model), options_(options) {
   options_.Validate(model_);
   num_chunks_ = static_cast<int32_t>(CeilDiv(options_.context_tokens, options_.chunk_tokens));
+  stage_first_layer_ = PipelineStageFirstLayers(model_, options_.pipeline_stages);
+}
+
+std::vector<int32_t> PipelineStageFirstLayers(const ModelSpec& model, int32_t stages) {
   // The last stage takes what leaves it level with the others after the loss; the first stages
   // share the rest, the earlier ones the remainder (the embedding weighs nothing).
-  const int32_t g = options_.pipeline_stages, layers = num_layers();
-  const double loss = kLossLayerWeight *
-                      static_cast<double>(model_.vocab_size * model_.hidden_size) /
-                      static_cast<double>(std::max<int64_t>(model_.layer_matmul_params(), 1));
+  const int32_t g = stages, layers = static_cast<int32_t>(model.num_hidden_layers);
+  CTXPLAN_CHECK(g >= 1 && g <= layers, "pipeline stages out of range");
+  const double loss = PlanGeometry::kLossLayerWeight *
+                      static_cast<double>(model.vocab_size * model.hidden_size) /
+                      static_cast<double>(std::max<int64_t>(model.layer_matmul_params(), 1));
   int32_t last = layers;
   if (g > 1) {
     const double level = (layers + loss) / g;
     last = std::clamp(static_cast<int32_t>(std::lround(level - loss)), 1, layers - (g - 1));
   }
-  stage_first_layer_.assign(static_cast<size_t>(g) + 1, 0);
+  std::vector<int32_t> first(static_cast<size_t>(g) + 1, 0);
   const int32_t rest = layers - last;
   for (int32_t r = 0; r + 1 < g; ++r)
-    stage_first_layer_[static_cast<size_t>(r) + 1] =
-        stage_first_layer_[static_cast<size_t>(r)] + rest / (g - 1) + (r < rest % (g - 1) ? 1 : 0);
-  stage_first_layer_[static_cast<size_t>(g)] = layers;
+    first[static_cast<size_t>(r) + 1] =
+        first[static_cast<size_t>(r)] + rest / (g - 1) + (r < rest % (g - 1) ? 1 : 0);
+  first[static_cast<size_t>(g)] = layers;
+  return first;
 }
 
 int32_t PlanGeometry::stage_of_layer(int32_t layer) const {

@@ -12,6 +12,8 @@
 //                   "crc32c.<tensor>" = CRC-32C of each tensor's bytes (8 hex digits), and
 //                   "crc32c.__metadata__" over every other key and value: a flipped bit anywhere
 //                   that changes what is loaded fails the load. Version 1 (no checksums) loads.
+//                   Several GPUs: each rank writes its own file, of its stage's tensors only,
+//                   with pipeline_stage and pipeline_stages (absent with one GPU).
 // The data stream and initialisation are pure functions of (seed, step) (see StepSeed), so no
 // further RNG state is needed to resume exactly.
 #pragma once
@@ -38,6 +40,10 @@ struct TrainingCheckpoint {
   std::map<std::string, std::string> options;  // the run's options, as the user gave them
   // LoRA runs: the adapters (rank 0: none), and their AdamW moments (rank 0 without).
   LoraWeights lora, lora_m, lora_v;
+  // A pipeline stage's checkpoint (several GPUs): `weights` (and moments) hold that stage's
+  // tensors only (KeepStageTensors with PipelineStageFirstLayers' split), the others empty.
+  int32_t pipeline_stage = 0;
+  int32_t pipeline_stages = 1;
 
   bool has_optimizer_state() const { return !adam_m.layers.empty() || !adam_m.embedding.empty(); }
 };

@@ -40,4 +40,10 @@ ModelWeights ZeroWeights(const ModelSpec& model);
 // Random initialisation from a seed: matrices N(0, 0.02), norms 1, biases N(0, 0.02).
 ModelWeights RandomWeights(const ModelSpec& model, uint64_t seed);
 
+// Empties every tensor a pipeline stage does not hold (its shape stays the model's): layers
+// outside [first_layer, end_layer), the embedding unless `embedding`, the final norm and LM head
+// unless `head`. A stage's GPU, and its checkpoint, keep only their own tensors.
+void KeepStageTensors(ModelWeights& weights, int32_t first_layer, int32_t end_layer, bool embedding,
+                      bool head);
+
 }  // namespace ctxplan

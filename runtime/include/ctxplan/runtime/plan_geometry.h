@@ -78,6 +78,10 @@ struct DkvState {
 // What the backends copy in and out for that layer.
 std::vector<int32_t> AttendedPages(const ChunkGeometry& chunk, std::span<const int32_t> selection);
 
+// The first layer of each of `stages` pipeline stages, and the layer count last ([stages + 1]):
+// PlanGeometry's split, which checkpoints of one stage need without a whole plan.
+std::vector<int32_t> PipelineStageFirstLayers(const ModelSpec& model, int32_t stages);
+
 class PlanGeometry {
  public:
   // Throws InputError if the options are invalid for the model.

@@ -117,9 +117,10 @@ void WriteSafetensors(const std::filesystem::path& path,
 //   model.layers.N.mlp.down_proj.weight [d, I]
 //   model.norm.weight [d]
 //   lm_head.weight [V, d]                                             (absent when tied)
-// Weights not sized for `model` are a caller bug (InternalError).
+// Weights not sized for `model` are a caller bug (InternalError). `stage_shaped`: `weights` hold
+// one pipeline stage's tensors (KeepStageTensors), the others' empty and left out.
 std::vector<SafetensorsTensor> HfTensors(const ModelSpec& model, const ModelWeights& weights,
-                                         std::string_view prefix = "");
+                                         std::string_view prefix = "", bool stage_shaped = false);
 
 // Where a model's weights are: a directory holding model.safetensors.index.json (sharded; the
 // index wins) or model.safetensors; a *.json index file; or a single safetensors file.
@@ -133,7 +134,7 @@ ModelWeights LoadSafetensorsWeights(const std::filesystem::path& path, const Mod
 // `prefix`; tensors of the file without the prefix are left for the caller to judge. Used by the
 // checkpoint reader, which stores several ModelWeights in one file.
 void ReadHfTensors(const SafetensorsFile& file, const ModelSpec& model, std::string_view prefix,
-                   ModelWeights& weights);
+                   ModelWeights& weights, bool stage_shaped = false);
 
 // Writes `weights` as one safetensors file with unfused Hugging Face names (F32 or BF16),
 // atomically, with "format": "pt" added to `metadata` as transformers expects: the file loads
