@@ -615,7 +615,8 @@ int Main(int argc, char** argv) {
     resumed_lora_m = std::move(checkpoint.lora_m);
     resumed_lora_v = std::move(checkpoint.lora_v);
     weights = std::move(checkpoint.weights);
-    if (checkpoint.has_optimizer_state() && !cuda) {
+    // The moments go to the host optimizer (CPU) or, after it is built, to the CUDA backend's.
+    if (checkpoint.has_optimizer_state()) {
       optimizer.m = std::move(checkpoint.adam_m);
       optimizer.v = std::move(checkpoint.adam_v);
     }
@@ -653,6 +654,11 @@ int Main(int argc, char** argv) {
                                            lora ? &lora->weights : nullptr, stage_peers);
     cuda_backend = b.get();
     owned = std::move(b);
+    // A resumed AdamW on the GPU continues from its checkpoint's moments and step count.
+    // (Another optimizer on CUDA starts afresh: the host AdamW's moments are not saved.)
+    if (!optimizer.m.layers.empty() && options.optimizer == OptimizerKind::kAdamWGpu && !lora)
+      cuda_backend->UploadOptimizer({std::move(optimizer.m), std::move(optimizer.v), first_step});
+    optimizer.m = optimizer.v = ModelWeights{};
     // The upload, the arena and the pinning happen while the backend is built.
     const CudaStartupTimes built = cuda_backend->StartupTimes();
     startup.weights += built.weights_upload_seconds;
@@ -693,7 +699,12 @@ int Main(int argc, char** argv) {
     checkpoint.step = steps_done;
     checkpoint.seed = f.seed;
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
-    if (cuda_backend) checkpoint.weights = cuda_backend->DownloadWeights();
+    if (cuda_backend) {
+      checkpoint.weights = cuda_backend->DownloadWeights();
+      CudaOptimizerState state = cuda_backend->DownloadOptimizer();  // empty but for AdamW-GPU
+      checkpoint.adam_m = std::move(state.m);
+      checkpoint.adam_v = std::move(state.v);
+    }
 #endif
     if (!cuda) checkpoint.weights = weights;
     if (lora) {

@@ -91,6 +91,8 @@ class CudaBackend::Impl {
   virtual void ZeroGrads() = 0;
   virtual ModelWeights DownloadWeights() = 0;
   virtual ModelWeights DownloadGrads() = 0;
+  virtual CudaOptimizerState DownloadOptimizer() = 0;
+  virtual void UploadOptimizer(const CudaOptimizerState& state) = 0;
   virtual CudaMemoryReport Memory() = 0;
   virtual LoraWeights DownloadLora(bool grads) = 0;
   virtual CudaStartupTimes StartupTimes() const = 0;
@@ -568,6 +570,50 @@ class TypedImpl final : public CudaBackend::Impl {
       ++i;
     });
     return out;
+  }
+
+  // AdamW on the GPU: the fp32 moments (a stage's tensors with several GPUs) and the steps taken,
+  // so that a checkpoint resumes the very update the run would have made.
+  CudaOptimizerState DownloadOptimizer() override {
+    CudaOptimizerState state;
+    if (o_.optimizer != OptimizerKind::kAdamWGpu || Lora()) return state;
+    CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto [device, host] : {std::pair{&adam_m_, &state.m}, std::pair{&adam_v_, &state.v}}) {
+      *host = ZeroWeights(m_);
+      SliceToStage(*host);
+      std::vector<std::vector<float>*> tensors = HostTensors(*host);
+      size_t i = 0;
+      device->ForEach([&](DeviceArray<float>& t) {
+        CTXPLAN_CHECK(tensors[i]->size() == t.size(), "CUDA backend: a moment's shape");
+        if (t.size() > 0)
+          CTXPLAN_CUDA_CHECK(
+              cudaMemcpy(tensors[i]->data(), t.get(), t.bytes(), cudaMemcpyDeviceToHost));
+        ++i;
+      });
+    }
+    state.steps_taken = adam_step_;
+    return state;
+  }
+
+  void UploadOptimizer(const CudaOptimizerState& state) override {
+    if (o_.optimizer != OptimizerKind::kAdamWGpu || Lora())
+      throw InternalError("CUDA backend: optimizer state for a run without AdamW on the GPU");
+    for (auto [device, host] : {std::pair{&adam_m_, &state.m}, std::pair{&adam_v_, &state.v}}) {
+      ModelWeights shaped = *host;  // a stage's tensors, or the whole model's cut to them
+      SliceToStage(shaped);
+      std::vector<std::vector<float>*> tensors = HostTensors(shaped);
+      size_t i = 0;
+      device->ForEach([&](DeviceArray<float>& t) {
+        if (i >= tensors.size() || tensors[i]->size() != t.size())
+          throw InputError("optimizer state not shaped as model " + m_.name +
+                           " (its moments); accepted: a checkpoint of this model");
+        if (t.size() > 0)
+          CTXPLAN_CUDA_CHECK(
+              cudaMemcpy(t.get(), tensors[i]->data(), t.bytes(), cudaMemcpyHostToDevice));
+        ++i;
+      });
+    }
+    adam_step_ = state.steps_taken;
   }
 
   void BeginStep(const StepPlan& plan, const StepInputs& inputs) override {
@@ -1725,6 +1771,12 @@ ModelWeights CudaBackend::DownloadWeights() const {
 }
 ModelWeights CudaBackend::DownloadGrads() const {
   return impl_->DownloadGrads();
+}
+CudaOptimizerState CudaBackend::DownloadOptimizer() const {
+  return impl_->DownloadOptimizer();
+}
+void CudaBackend::UploadOptimizer(const CudaOptimizerState& state) {
+  impl_->UploadOptimizer(state);
 }
 CudaMemoryReport CudaBackend::Memory() const {
   return impl_->Memory();

@@ -36,6 +36,13 @@ struct CudaAdamW {
   float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
 };
 
+// AdamW on the GPU between runs: its fp32 moments, shaped as the weights (a stage's tensors with
+// several GPUs, the others empty), and the steps it has taken (its bias correction's count).
+struct CudaOptimizerState {
+  ModelWeights m, v;
+  int64_t steps_taken = 0;
+};
+
 // Measured memory, next to what the plan's own ops account (StepOutputs).
 struct CudaMemoryReport {
   int64_t arena_reserved_bytes = 0;        // the arena's one cudaMalloc
@@ -98,8 +105,12 @@ class CudaBackend final : public StepBackend {
   StepOutputs EndStep() override;
 
   void ZeroGrads();
-  ModelWeights DownloadWeights() const;   // bf16 on the GPU, widened to fp32
-  ModelWeights DownloadGrads() const;     // widened to fp32
+  ModelWeights DownloadWeights() const;  // bf16 on the GPU, widened to fp32
+  ModelWeights DownloadGrads() const;    // widened to fp32
+  // AdamW on the GPU (full fine-tune): its state for a checkpoint (empty otherwise), and back
+  // from one, so a resumed run takes the very updates a straight one would.
+  CudaOptimizerState DownloadOptimizer() const;
+  void UploadOptimizer(const CudaOptimizerState& state);
   CudaMemoryReport Memory() const;        // samples device-level memory now
   LoraWeights DownloadLora() const;       // LoRA runs: the adapters, widened to fp32
   LoraWeights DownloadLoraGrads() const;  // and their gradients
