@@ -188,5 +188,57 @@ TEST(Pipeline, OneGpuDenseOffloadRepeatsItself) {
   (void)weights;
 }
 
+// A rank that dies mid-step must not hang the others: rank 1 gives up after a few hundred ops
+// (as a crashed process would, its links aborted), and rank 0, waiting on a transfer that never
+// comes, ends with a TrainingError naming itself within its peer timeout instead of waiting on.
+TEST(Pipeline, ARankThatDiesEndsTheOtherWithinItsTimeout) {
+  SKIP_WITHOUT_GPU();
+#ifndef CTXPLAN_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  const ModelSpec model = Small();
+  const ModelWeights weights = SharpWeights(model, 31);
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 37);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  std::vector<std::unique_ptr<gpu::PeerLinks>> links =
+      gpu::PeerLinks::ConnectLocal(2, std::chrono::seconds(10));
+  const StepPlan plan(model, Options(RunOptions::kAllPages, true, 0, 2));
+  // Throws after `limit` ops of its rank: the rank's process dying mid-step.
+  struct Crash final : StepObserver {
+    explicit Crash(int limit) : left(limit) {}
+    void BeforeOp(const Op&) override {
+      if (--left == 0) throw std::runtime_error("rank 1 crashed");
+    }
+    int left;
+  };
+  std::string errors[2];
+  double seconds[2] = {0, 0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
+        gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(5));
+        CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
+        Crash crash(300);
+        RunStep(plan, {tokens, labels}, backend, r == 1 ? &crash : nullptr);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (r == 1) links[1]->Abort();  // what its process's exit would do to its links
+      }
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(errors[1], "rank 1 crashed");
+  EXPECT_NE(errors[0].find("rank 0"), std::string::npos) << errors[0];
+  EXPECT_LT(seconds[0], 30.0) << errors[0];
+  std::printf("  rank 1 died; rank 0 ended after %.1f s: %s\n", seconds[0], errors[0].c_str());
+  links[0]->Abort();
+#endif
+}
+
 }  // namespace
 }  // namespace ctxplan
