@@ -111,24 +111,6 @@ ExplorerModel::~ExplorerModel() {
   // ~Mailbox the tasks).
 }
 
-ExplorerModel::Mailbox::~Mailbox() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.clear();
-}
-
-void ExplorerModel::Mailbox::Push(std::function<void()> task) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.push_back(std::move(task));
-}
-
-std::function<void()> ExplorerModel::Mailbox::Pop() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  if (tasks_.empty()) return {};
-  std::function<void()> task = std::move(tasks_.front());
-  tasks_.pop_front();
-  return task;
-}
-
 void ExplorerModel::StartJob(QThreadPool& pool, Mailbox& jobs, std::function<void()> job) {
   jobs.Push(std::move(job));
   // The pool's job carries no data of ours, only where to find it; each runs the oldest job

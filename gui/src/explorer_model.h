@@ -35,6 +35,7 @@
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"
+#include "model/mailbox.h"
 
 namespace ctxplan::gui {
 
@@ -160,17 +161,6 @@ class ExplorerModel : public QObject {
   void recommendationDone(bool applied, const QString& message);
 
  private:
-  // Tasks handed from one thread to another, oldest first.
-  class Mailbox {
-   public:
-    ~Mailbox();  // takes the lock: the last thread to touch the queue may be another one
-    void Push(std::function<void()> task);
-    std::function<void()> Pop();  // empty when there is none
-   private:
-    std::mutex mutex_;
-    std::deque<std::function<void()>> tasks_;
-  };
-
   // Runs `job` on `pool`'s thread, after the jobs started on it before.
   static void StartJob(QThreadPool& pool, Mailbox& jobs, std::function<void()> job);
   // From a worker: runs `task` on this object's thread (never, if the object is gone by then).

@@ -220,24 +220,6 @@ WorkerQueue::~WorkerQueue() {
   // What the job posted is dropped with posted_, and the owner's ~QObject drops the wake-ups.
 }
 
-WorkerQueue::Mailbox::~Mailbox() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.clear();
-}
-
-void WorkerQueue::Mailbox::Push(std::function<void()> task) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.push_back(std::move(task));
-}
-
-std::function<void()> WorkerQueue::Mailbox::Pop() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  if (tasks_.empty()) return {};
-  std::function<void()> task = std::move(tasks_.front());
-  tasks_.pop_front();
-  return task;
-}
-
 std::function<bool()> WorkerQueue::StaleCheck(uint64_t generation) const {
   return [latest = latest_, generation] { return latest->load() != generation; };
 }

@@ -26,6 +26,7 @@
 #include "ctxplan/runtime/step_plan.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "explorer_model.h"
+#include "model/mailbox.h"
 
 namespace ctxplan::gui {
 
@@ -153,16 +154,6 @@ class WorkerQueue {
   void RunPosted();
 
  private:
-  class Mailbox {
-   public:
-    ~Mailbox();  // takes the lock: the last thread to touch the queue may be another one
-    void Push(std::function<void()> task);
-    std::function<void()> Pop();  // empty when there is none
-   private:
-    std::mutex mutex_;
-    std::deque<std::function<void()>> tasks_;
-  };
-
   QObject* owner_;
   std::shared_ptr<std::atomic<uint64_t>> latest_;
   // Before the pool: the pool's thread may still use them while the pool shuts down.

@@ -154,24 +154,6 @@ TradeoffModel::~TradeoffModel() {
   pool_.waitForDone();
 }
 
-TradeoffModel::Mailbox::~Mailbox() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.clear();
-}
-
-void TradeoffModel::Mailbox::Push(std::function<void()> task) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  tasks_.push_back(std::move(task));
-}
-
-std::function<void()> TradeoffModel::Mailbox::Pop() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  if (tasks_.empty()) return {};
-  std::function<void()> task = std::move(tasks_.front());
-  tasks_.pop_front();
-  return task;
-}
-
 uint64_t TradeoffModel::Request(const ExplorerSelection& selection) {
   const uint64_t generation = latest_->fetch_add(1) + 1;
   SetBusy(true);

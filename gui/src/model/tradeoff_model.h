@@ -25,6 +25,7 @@
 
 #include "ctxplan/runtime/run_options.h"
 #include "explorer_model.h"
+#include "model/mailbox.h"
 
 namespace ctxplan::gui {
 
@@ -123,15 +124,6 @@ class TradeoffModel : public QObject {
 
  private:
   // Tasks handed from one thread to another, oldest first (as ExplorerModel's).
-  class Mailbox {
-   public:
-    ~Mailbox();
-    void Push(std::function<void()> task);
-    std::function<void()> Pop();  // empty when there is none
-   private:
-    std::mutex mutex_;
-    std::deque<std::function<void()>> tasks_;
-  };
 
   void Post(std::function<void()> task);
   Q_INVOKABLE void RunPosted();
