@@ -225,6 +225,56 @@ namespace {
 // replays against the plan its metadata describes, op for op.
 // Unions recorded as the plan expects them compare equal, and read as independent draws; smaller
 // ones (tiles overlapping more) as fewer independent tiles.
+// A pipelined run writes one trace a GPU, each of its own rank's ops and memory: replay compares
+// it with that rank's ops and that GPU's predicted peak (the other GPU's ops are not missing).
+TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
+  const ModelSpec model = LoadModel("qwen2.5-7b");
+  const MachineSpec machine = LoadMachine("h200-x2");
+  RunOptions options;
+  options.context_tokens = 20'000;
+  options.pipeline_stages = 2;
+  const StepPlan plan(model, options);
+  const sim::KernelTimeModel time_model(machine);
+  const fs::path path = dir_ / "prediction.ctxtrace";
+  {
+    RunMetadata metadata{{"model", model.name}};
+    AddRunOptions(options, metadata);
+    OpTraceWriter writer(path, metadata);
+    sim::TraceRecorder recorder(writer);
+    sim::EventSimulator(time_model).Run(plan, &recorder);
+    writer.Finish();
+  }
+  const OpTrace both = ReadOpTrace(path);
+  const sim::StepPrediction prediction = sim::EventSimulator(time_model).Run(plan);
+  ASSERT_EQ(prediction.gpu_peak_by_rank.size(), 2u);
+  uint64_t ops_of_rank[2] = {0, 0};
+  std::vector<int32_t> rank_of;
+  auto ops = plan.Ops();
+  while (ops.Next()) {
+    const Op& op = ops.Current();
+    if (rank_of.size() <= op.id) rank_of.resize(op.id + 1, -1);
+    rank_of[op.id] = op.rank;
+    if (!IsMemory(op.kind)) ++ops_of_rank[op.rank];
+  }
+  for (int rank : {0, 1}) {
+    OpTrace one = both;
+    one.metadata["rank"] = std::to_string(rank);
+    std::erase_if(one.ops, [&](const OpRecord& m) { return rank_of[m.op_id] != rank; });
+    one.memory.clear();
+    const sim::ReplayResult r = sim::Replay(one, plan, time_model, "t");
+    EXPECT_EQ(r.rank, rank);
+    EXPECT_EQ(r.plan_ops, ops_of_rank[rank]) << rank;
+    EXPECT_EQ(r.traced_ops, r.plan_ops) << rank;
+    EXPECT_EQ(r.predicted_gpu_peak, prediction.gpu_peak_by_rank[static_cast<size_t>(rank)]);
+    for (const sim::KindComparison& k : r.by_kind)
+      EXPECT_NEAR(k.measured_seconds, k.predicted_seconds, 1e-9 * k.count + 1e-9);
+  }
+  EXPECT_NE(prediction.gpu_peak_by_rank[0], prediction.gpu_peak_by_rank[1]);
+  OpTrace bad = both;
+  bad.metadata["rank"] = "2";
+  EXPECT_THROW(sim::Replay(bad, plan, time_model, "t"), InputError);
+}
+
 TEST(TraceUnions, ComparedWithThePlansExpectedUnion) {
   const ModelSpec model = LoadModel("llama-3.1-8b");
   const MachineSpec machine = LoadMachine("h200-125g");

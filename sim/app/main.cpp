@@ -396,6 +396,7 @@ int RunTimeline(const TimelineFlags& f) {
 struct ReplayFlags {
   std::string trace;
   std::string by_chunk;  // an op kind, optionally ".part": its ops chunk by chunk
+  std::string model;     // the trace's model as a file, when outside the catalogue
   RunFlags run;
   OutputFlags out;
 };
@@ -430,7 +431,15 @@ int RunReplay(ReplayFlags f) {
     throw InputError(f.trace +
                      ": metadata key 'model' is missing; accepted: a trace written by "
                      "ctxtrain or ctxplan");
-  const ModelSpec model = LoadModel(model_name->second);
+  // The trace names its model; one outside the catalogue (a .yaml or config.json ctxtrain was
+  // given) comes from --model, which must be that model.
+  RunFlags model_flags;
+  model_flags.model = f.model;
+  const ModelSpec model =
+      f.model.empty() ? LoadModel(model_name->second) : ResolveModel(model_flags);
+  if (model.name != model_name->second)
+    throw InputError("--model " + f.model + " is model '" + model.name + "', but " + f.trace +
+                     " is a trace of '" + model_name->second + "'; accepted: the trace's model");
   // The machine the run was planned for, unless the command line names another: a prediction for
   // another GPU than the one measured compares nothing, so the report says where it came from.
   MachineSpec machine;
@@ -474,6 +483,7 @@ int RunReplay(ReplayFlags f) {
     j.Field("measured_step_seconds", r.measured_step_seconds);
     j.Field("predicted_step_seconds", r.predicted_step_seconds);
     j.Field("plan_ops", static_cast<int64_t>(r.plan_ops));
+    j.Field("rank", static_cast<int64_t>(r.rank));
     j.Field("traced_ops", static_cast<int64_t>(r.traced_ops));
     j.Field("measured_gpu_peak_bytes", r.measured_gpu_peak);
     j.Field("predicted_gpu_peak_bytes", r.predicted_gpu_peak);
@@ -526,6 +536,11 @@ int RunReplay(ReplayFlags f) {
   char line[256];
   std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
                   machine.name + " (" + machine_from + ")\n";
+  if (plan.geometry().stages() > 1)
+    s += "GPU " + std::to_string(r.rank) + " of " + std::to_string(plan.geometry().stages()) +
+         " (pipeline stage of layers " + std::to_string(plan.geometry().stage_first_layer(r.rank)) +
+         "-" + std::to_string(plan.geometry().stage_first_layer(r.rank + 1) - 1) +
+         "): its ops and memory; the step is the pipeline's\n";
   std::snprintf(
       line, sizeof line, "step: measured %.6f s, predicted %.6f s (measured/predicted %.3f)\n",
       r.measured_step_seconds, r.predicted_step_seconds,
@@ -750,6 +765,9 @@ int Main(int argc, char** argv) {
                          "machine preset (default: the one the trace was planned for, else "
                          "h200-125g)");
   replay_cmd->add_option("--gpu", replay.run.gpu, "catalogue GPU or path (instead of --machine)");
+  replay_cmd->add_option("--model", replay.model,
+                         "the trace's model as a .yaml or config.json path, when it is not in the "
+                         "catalogue (default: the catalogue model the trace names)");
   replay_cmd->add_option("--host-ram", replay.run.host_ram,
                          "host RAM: with --gpu, or overriding the machine's");
   replay_cmd->add_option("--by-chunk", replay.by_chunk,

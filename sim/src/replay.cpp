@@ -24,13 +24,14 @@ struct Predicted {
   OpKind kind = OpKind::kAlloc;
   Stream stream = Stream::kCompute;
   OpPart part = OpPart::kNone;
+  int32_t rank = 0;  // the GPU (pipeline stage) that runs it
 };
 
 class Recorder final : public SimObserver {
  public:
   void OnOpComplete(const Op& op, Tick start, Tick end) override {
     if (ops.size() <= op.id) ops.resize(op.id + 1);
-    ops[op.id] = {start, end, op.kind, op.stream, op.part};
+    ops[op.id] = {start, end, op.kind, op.stream, op.part, op.rank};
     ++timed;
   }
   std::vector<Predicted> ops;
@@ -141,13 +142,28 @@ UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
 
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name) {
+  // A trace of one rank of a pipelined run (ctxtrain writes one a GPU) holds that rank's ops and
+  // memory: it is compared with the plan's ops of that rank and that GPU's predicted peak.
+  int32_t rank = 0;
+  if (const auto it = trace.metadata.find("rank"); it != trace.metadata.end()) {
+    char* end = nullptr;
+    const long parsed = std::strtol(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || parsed < 0 || parsed >= plan.geometry().stages())
+      throw InputError(trace_name + ": metadata rank '" + it->second + "' is not a stage of the " +
+                       std::to_string(plan.geometry().stages()) +
+                       "-GPU plan it describes; accepted: 0 to stages - 1");
+    rank = static_cast<int32_t>(parsed);
+  }
   Recorder recorder;
   const StepPrediction prediction = EventSimulator(time_model).Run(plan, &recorder);
   ReplayResult r;
+  r.rank = rank;
   r.predicted_step_seconds = prediction.step_seconds();
-  r.predicted_gpu_peak = prediction.gpu.peak_bytes;
+  r.predicted_gpu_peak = static_cast<size_t>(rank) < prediction.gpu_peak_by_rank.size()
+                             ? prediction.gpu_peak_by_rank[static_cast<size_t>(rank)]
+                             : prediction.gpu.peak_bytes;
   r.predicted_host_peak = prediction.host.peak_bytes;
-  r.plan_ops = recorder.timed;
+  for (const Predicted& p : recorder.ops) r.plan_ops += p.start >= 0 && p.rank == rank ? 1 : 0;
 
   std::map<std::pair<OpKind, OpPart>, KindComparison> by_kind;
   std::map<std::tuple<OpKind, OpPart, int32_t>, ChunkComparison> by_chunk;
@@ -172,6 +188,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
                        " in the plan; accepted: a trace of this plan version and these options");
     if (seen[m.op_id])
       throw InputError(trace_name + ": op " + std::to_string(m.op_id) + " appears twice");
+    if (p.rank != rank) continue;  // another GPU's, bracketed by an older ctxtrain: not timed here
     seen[m.op_id] = true;
     ++r.traced_ops;
     first_start = std::min(first_start, m.start_ns);
