@@ -390,6 +390,18 @@ TEST(LocalLauncherTest, FirstFailureStopsTheOthers) {
   EXPECT_EQ(error, ESRCH);
 }
 
+// ctxtrain's exit codes 2 and 3 come with its own line naming the rank: the launcher adds none.
+TEST(LocalLauncherTest, ASelfReportedFailureGetsNoSecondLine) {
+  std::ostringstream err;
+  const int code = LaunchLocalRanks(
+      "/bin/sh",
+      {"-c",
+       "if [ \"$RANK\" = 1 ] && [ \"$CTXPLAN_LOCAL_LAUNCH\" = 1 ]; then exit 3; fi; exec sleep 30"},
+      2, err, {2, 3});
+  EXPECT_EQ(code, 3);
+  EXPECT_EQ(err.str(), "");
+}
+
 TEST(LocalLauncherTest, RankKilledByASignal) {
   std::string err;
   EXPECT_EQ(Launch("if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; exec sleep 30", 2, &err), 137);

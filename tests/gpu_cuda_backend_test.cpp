@@ -206,10 +206,16 @@ TEST(CudaBackend, HostAdamWTakesTheStepsOfGpuAdamW) {
 }
 
 // Issue 16's soak: 200 AdamW steps of a small model with offload and page sparsity (new data each
-// step), and the same run stopped at step 100 and resumed in a new backend from what a
-// checkpoint keeps (the bf16 weights widened to fp32, AdamW's fp32 moments and step count):
-// bit for bit the same weights at the end (one GPU repeats itself exactly). The arena and the
-// pinned pages stay flat across the steps: nothing grows in a long run.
+// step), and a run stopped at step 100 and resumed in a new backend from what a checkpoint keeps
+// (the bf16 weights widened to fp32, AdamW's fp32 moments and step count). What the checkpoint
+// holds goes back bit for bit, and the resumed backend takes the step the interrupted one takes
+// next. Bit for bit where the GPU repeats itself; it does not always: the attention backward adds
+// dQ with fp32 atomics in the order SMs take work, and Adam turns last-bit differences in
+// near-zero gradients into whole updates, so two straight runs of 200 steps end apart. Then the
+// resumed step must be as close to the interrupted one's as that noise allows and far closer
+// than a resume that drops the moments (the check bites), and the resumed run must end as close
+// to the straight one as two straight runs end. The arena, the host stores and the device level
+// stay flat: nothing grows in a long run.
 TEST(CudaBackend, SoakOf200StepsResumesBitExactWithFlatMemory) {
   SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
@@ -251,33 +257,61 @@ TEST(CudaBackend, SoakOf200StepsResumesBitExactWithFlatMemory) {
   const CudaMemoryReport last = straight.Memory();
   EXPECT_EQ(last.arena_allocated_peak_bytes, first.arena_allocated_peak_bytes);
   EXPECT_EQ(last.arena_reserved_bytes, first.arena_reserved_bytes);
-  EXPECT_EQ(last.pinned_pages_peak_bytes, first.pinned_pages_peak_bytes);
-  EXPECT_EQ(last.host_bytes, first.host_bytes);
+  EXPECT_EQ(last.host_bytes, first.host_bytes);  // the pinned stores, pinned up front
+  // The pages in use at the peak follow each step's selection; they stay within the stores.
+  EXPECT_LE(last.pinned_pages_peak_bytes, last.host_bytes);
   // The device-level figure (CUDA's own allocations included) within 64 MiB of the first step's.
   EXPECT_LE(last.device_used_peak_bytes, first.device_used_peak_bytes + (int64_t{64} << 20));
 
-  CudaBackend before(plan, initial, adamw);
-  run(before, 0, kResumeAt, nullptr);
-  ModelWeights saved = before.DownloadWeights();
-  CudaOptimizerState state = before.DownloadOptimizer();
+  CudaBackend interrupted(plan, initial, adamw);
+  run(interrupted, 0, kResumeAt, nullptr);
+  const ModelWeights saved = interrupted.DownloadWeights();
+  const CudaOptimizerState state = interrupted.DownloadOptimizer();
   EXPECT_EQ(state.steps_taken, kResumeAt);
-  CudaBackend resumed(plan, std::move(saved), adamw);
+  CudaBackend resumed(plan, saved, adamw);
   resumed.UploadOptimizer(state);
-  run(resumed, kResumeAt, kSteps, nullptr);
+  // What the checkpoint holds goes back bit for bit.
+  EXPECT_EQ(flatten(resumed.DownloadWeights()), flatten(saved));
+  const CudaOptimizerState back = resumed.DownloadOptimizer();
+  EXPECT_EQ(flatten(back.m), flatten(state.m));
+  EXPECT_EQ(flatten(back.v), flatten(state.v));
+  EXPECT_EQ(back.steps_taken, kResumeAt);
+  CudaBackend forgetful(plan, saved, adamw);  // resumed without its moments and step count
 
+  // The next step, from the same state three ways.
+  for (CudaBackend* gpu : {&interrupted, &resumed, &forgetful})
+    run(*gpu, kResumeAt, kResumeAt + 1, nullptr);
+  const std::vector<float> next = flatten(interrupted.DownloadWeights());
+  const double one_step = RelativeError(flatten(resumed.DownloadWeights()), next);
+  const double dropped = RelativeError(flatten(forgetful.DownloadWeights()), next);
+  EXPECT_LT(one_step, 1e-4);
+  EXPECT_GT(dropped, 20.0 * std::max(one_step, 1e-5));
+
+  // On to the end.
+  run(interrupted, kResumeAt + 1, kSteps, nullptr);
+  run(resumed, kResumeAt + 1, kSteps, nullptr);
   const std::vector<float> a = flatten(straight.DownloadWeights());
-  const std::vector<float> b = flatten(resumed.DownloadWeights());
-  ASSERT_EQ(a.size(), b.size());
+  const std::vector<float> b = flatten(interrupted.DownloadWeights());
+  const std::vector<float> c = flatten(resumed.DownloadWeights());
+  ASSERT_EQ(b.size(), c.size());
   size_t differing = 0;
-  for (size_t i = 0; i < a.size(); ++i) differing += a[i] != b[i];
-  EXPECT_EQ(differing, 0u) << "of " << a.size() << " weights";
+  for (size_t i = 0; i < b.size(); ++i) differing += b[i] != c[i];
+  const double noise = RelativeError(b, a);   // two straight runs
+  const double resume = RelativeError(c, b);  // resumed against the run it was cut from
+  if (noise == 0.0)
+    EXPECT_EQ(differing, 0u) << "of " << c.size() << " weights";
+  else
+    EXPECT_LE(resume, 3.0 * noise) << "two straight runs end " << noise << " apart";
   const double early = (losses[0] + losses[1] + losses[2]) / 3;
   const double late = (losses[kSteps - 1] + losses[kSteps - 2] + losses[kSteps - 3]) / 3;
   std::printf(
-      "  soak: %d steps, loss %.4f -> %.4f, arena %.3f GiB, pinned %.3f GiB flat; "
-      "resumed at %d: %zu of %zu weights differ\n",
+      "  soak: %d steps, loss %.4f -> %.4f, arena %.3f GiB, host stores %.3f GiB flat; resumed at "
+      "%d: state bit for bit, the next step %.3g from the interrupted run's (without moments "
+      "%.3g); at step %d two straight runs %.3g apart, resumed vs interrupted %.3g (%zu of %zu "
+      "weights differ)\n",
       kSteps, early, late, last.arena_allocated_peak_bytes / 1073741824.0,
-      last.pinned_pages_peak_bytes / 1073741824.0, kResumeAt, differing, a.size());
+      last.host_bytes / 1073741824.0, kResumeAt, one_step, dropped, kSteps, noise, resume,
+      differing, c.size());
 }
 
 // LoRA on the GPU against LoRA on the CPU: the adapters' gradients (base frozen), then a few

@@ -155,8 +155,10 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
 #endif
 }
 
-// Whether one GPU repeats its own dense offloaded step bit for bit: the reference the pipeline
-// is held to must be (a race in it would show as a pipeline difference).
+// How closely one GPU repeats its own dense offloaded step: the reference the pipeline is held to
+// must repeat itself well within that bound (5e-3), or a pipeline difference could hide in its
+// noise. Bit for bit on the H200s measured; on H100s the attention backward's fp32 dQ atomics,
+// added in the order SMs take work, left 7.7e-4 between runs of the 2-layer model (2026-11-26).
 TEST(Pipeline, OneGpuDenseOffloadRepeatsItself) {
   SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
@@ -182,8 +184,8 @@ TEST(Pipeline, OneGpuDenseOffloadRepeatsItself) {
     const double second = RelativeError(runs[1], runs[0]), third = RelativeError(runs[2], runs[0]);
     std::printf("  one GPU, %d layers, dense offload: runs 2 and 3 within %.2e, %.2e of run 1\n",
                 layers, second, third);
-    EXPECT_EQ(second, 0.0) << layers << " layers";
-    EXPECT_EQ(third, 0.0) << layers << " layers";
+    EXPECT_LE(second, 1e-3) << layers << " layers";
+    EXPECT_LE(third, 1e-3) << layers << " layers";
   }
   (void)weights;
 }

@@ -210,13 +210,17 @@ class Progress final : public StepObserver {
 };
 
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
-// Brackets each op for CUPTI (so its GPU work maps to its plan id) and hands the plan's memory
-// events to the tracer, which writes them on its clock.
+// Brackets each op of this process's rank for CUPTI (so its GPU work maps to its plan id) and
+// hands the rank's memory events to the tracer, which writes them on its clock. The other ranks'
+// ops run in their own processes, and their traces.
 class CuptiStepObserver final : public StepObserver {
  public:
-  explicit CuptiStepObserver(gpu::CuptiTracer& tracer) : tracer_(tracer) {}
-  void BeforeOp(const Op& op) override { tracer_.PushOp(op); }
+  CuptiStepObserver(gpu::CuptiTracer& tracer, int32_t rank) : tracer_(tracer), rank_(rank) {}
+  void BeforeOp(const Op& op) override {
+    if (op.rank == rank_) tracer_.PushOp(op);
+  }
   void AfterOp(const Op& op) override {
+    if (op.rank != rank_) return;
     tracer_.PopOp();
     if (!IsMemory(op.kind)) return;
     tracer_.OnMemoryEvent(op.space, op.category, memory_.Apply(op));
@@ -224,6 +228,7 @@ class CuptiStepObserver final : public StepObserver {
 
  private:
   gpu::CuptiTracer& tracer_;
+  int32_t rank_;
   PlanMemoryTally memory_;
 };
 
@@ -398,7 +403,7 @@ class StopSignals {
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  int received() const { return received_.load(); }
+  static int received() { return received_.load(); }
 
  private:
   static inline std::atomic<int> received_{0};
@@ -473,9 +478,10 @@ int Main(int argc, char** argv) {
                      ": this ctxtrain was built without NCCL; accepted: --gpus 1");
 #else
     const std::vector<std::string> args(argv + 1, argv + argc);
+    // Exit codes 2 and 3 come with ctxtrain's own line, naming the rank and the cause.
     return dist::LaunchLocalRanks(dist::ExecutablePath(), args,
                                   static_cast<int>(cli::ParseNonNegative(f.run.gpus, "--gpus")),
-                                  std::cerr);
+                                  std::cerr, {2, 3});
 #endif
   }
   if (ranks) {
@@ -781,7 +787,7 @@ int Main(int argc, char** argv) {
             tracer_options.enabled = true;
             gpu::CuptiTracer tracer(tracer_options);
             tracer.SetOutputs(writer, chrome);
-            CuptiStepObserver observer(tracer);
+            CuptiStepObserver observer(tracer, ranks ? ranks->rank : 0);
             BothObservers both(&observer, &progress);
             tracer.BeginStep();
             last = RunStep(plan, {inputs.tokens, inputs.labels}, backend, &both);
@@ -1041,6 +1047,13 @@ int Main(int argc, char** argv) {
 }  // namespace ctxplan::train
 
 namespace {
+// A rank that `ctxtrain --gpus N` stopped (SIGTERM) after another rank failed: that rank's line,
+// or the launcher's, has said why; whatever this one fails on next is the stop's echo.
+bool StoppedByLauncher() {
+  return ctxplan::dist::LaunchedByLocalLauncher() &&
+         ctxplan::train::StopSignals::received() == SIGTERM;
+}
+
 // "rank R: " before an error line of a rank, unless the message names its rank already.
 std::string RankPrefix(const char* message) {
   const std::string& prefix = ctxplan::train::rank_prefix;
@@ -1052,22 +1065,27 @@ int main(int argc, char** argv) {
   try {
     return ctxplan::train::Main(argc, argv);
   } catch (const ctxplan::InputError& e) {
+    if (StoppedByLauncher()) return 128 + SIGTERM;
     std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
     return 2;
   } catch (const ctxplan::TrainingError& e) {
+    if (StoppedByLauncher()) return 128 + SIGTERM;
     std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
     return 3;
   } catch (const ctxplan::dist::DistError& e) {
+    if (StoppedByLauncher()) return 128 + SIGTERM;
     std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
     return 3;
   }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   catch (const ctxplan::kernels::CudaError& e) {  // the device failed: the run did, not our code
+    if (StoppedByLauncher()) return 128 + SIGTERM;
     std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "CUDA error: " << e.what() << "\n";
     return 3;
   }
 #endif
   catch (const std::exception& e) {
+    if (StoppedByLauncher()) return 128 + SIGTERM;
     std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "internal error: " << e.what() << "\n";
     return 1;
   }

@@ -3,10 +3,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +25,7 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/bf16.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
+#include "ctxplan/runtime/cuda/injected_fault.h"
 #include "ctxplan/runtime/cuda/memcpy_batch.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
 #include "ctxplan/runtime/cuda/probe_kernel.h"
@@ -60,23 +64,9 @@ inline float ToFloat(bf16 x) {
   return Bf16ToFp32(static_cast<__nv_bfloat16_raw>(x).x);
 }
 
-// What a fault-injection run asks for (CTXPLAN_INJECT_FAULT): the real error paths of a failing
-// pin or a failing kernel, driven end to end through ctxtrain by tests.
-enum class InjectedFault { kNone, kPinnedAlloc, kCudaError };
-
 // Seconds of the steady clock since `start`: ctxtrain's start-up phases, measured where they run.
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-InjectedFault FaultFromEnvironment() {
-  const char* value = std::getenv("CTXPLAN_INJECT_FAULT");
-  if (value == nullptr || *value == '\0') return InjectedFault::kNone;
-  const std::string v(value);
-  if (v == "pinned-alloc") return InjectedFault::kPinnedAlloc;
-  if (v == "cuda-error") return InjectedFault::kCudaError;
-  throw InputError("CTXPLAN_INJECT_FAULT: '" + v +
-                   "' is not a fault; accepted: pinned-alloc, cuda-error (or unset)");
 }
 
 }  // namespace
@@ -139,7 +129,7 @@ class TypedImpl final : public CudaBackend::Impl {
       throw InputError("--query-tile " + std::to_string(o_.query_tile) +
                        ": the CUDA page-sparse attention selects pages per 128 queries; accepted: "
                        "a multiple of 128");
-    fault_ = FaultFromEnvironment();
+    fault_ = gpu::InjectedFaultFromEnvironment(rank_);
     d_ = m_.hidden_size;
     q_dim_ = m_.q_dim();
     kv_dim_ = m_.kv_dim();
@@ -344,6 +334,12 @@ class TypedImpl final : public CudaBackend::Impl {
         want.Want(device_dkv_[static_cast<size_t>(l)], store, MemCategory::kDkvPages, "dKV pages");
       }
     }
+    if (fault_ == gpu::InjectedFault::kArenaOom)
+      want.ReserveExtra(uint64_t{1} << 50, MemCategory::kWorkspace);
+    if (fault_ == gpu::InjectedFault::kCopyError) {  // a device address that was, and is no more
+      CTXPLAN_CUDA_CHECK(cudaMalloc(&freed_device_memory_, kFreedBytes));
+      CTXPLAN_CUDA_CHECK(cudaFree(freed_device_memory_));
+    }
     auto phase = std::chrono::steady_clock::now();
     arena_ = want.Commit(log);
     startup_.arena_seconds = SecondsSince(phase);
@@ -393,14 +389,17 @@ class TypedImpl final : public CudaBackend::Impl {
             total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages - tier_pages_, 1);
         kv.capacity_pages = static_cast<uint64_t>(stage_layers_ * homed);
         kv.category = MemCategory::kKvPages;
-        if (fault_ == InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
+        if (fault_ ==
+            gpu::InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails
           kv.block_bytes = uint64_t{1} << 50;
           kv.capacity_pages = kv.block_bytes / kv.page_bytes;
         }
         kv_store_ = std::make_unique<gpu::PinnedPageStore>(kv, log);
         gpu::PinnedPageStoreOptions dkv;
         dkv.page_bytes = static_cast<uint64_t>(pe_) * sizeof(G);
-        dkv.capacity_pages = static_cast<uint64_t>(stage_layers_ * homed);
+        dkv.capacity_pages = fault_ == gpu::InjectedFault::kHostStore
+                                 ? 1
+                                 : static_cast<uint64_t>(stage_layers_ * homed);
         dkv.category = MemCategory::kDkvPages;
         dkv_store_ = std::make_unique<gpu::PinnedPageStore>(dkv, log);
       } catch (const gpu::PinnedMemoryError& e) {
@@ -419,6 +418,9 @@ class TypedImpl final : public CudaBackend::Impl {
   CudaStartupTimes StartupTimes() const override { return startup_; }
 
   ~TypedImpl() override {
+    // Destroyed by a failure mid-step: NCCL kernels still waiting for a peer would hold the
+    // synchronisation below (and any cudaFree) forever.
+    if (peers_ != nullptr && std::uncaught_exceptions() > 0) peers_->Abort();
     cudaDeviceSynchronize();
     for (cudaEvent_t e : union_copied_)
       if (e != nullptr) cudaEventDestroy(e);
@@ -704,15 +706,29 @@ class TypedImpl final : public CudaBackend::Impl {
     }
     const cudaStream_t stream = StreamOf(op.stream);
     for (int i = 0; i < op.num_deps; ++i) Wait(stream, op.deps[i]);
-    Run(op);
-    if (fault_ == InjectedFault::kCudaError && op.kind == OpKind::kAttentionBackward)
-      gpu::LaunchProbeKernel(reinterpret_cast<float*>(uintptr_t{256}), 1, 1.0f, 0.0f, stream);
+    try {
+      Run(op);
+    } catch (const gpu::PageStoreExhaustedError& e) {
+      throw TrainingError(std::string("the host page store ran out mid-step: ") + e.what());
+    }
+    if (op.kind == OpKind::kAttentionBackward) InjectAfterAttentionBackward(stream);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(events_[op.id % kEventRing], stream));
     event_op_[op.id % kEventRing] = op.id;
   }
 
  private:
   static constexpr size_t kEventRing = 2 * StepPlan::kMaxDependencyDistance + 1024;
+  static constexpr size_t kFreedBytes = size_t{2} << 20;  // copy-error's freed device block
+
+  // The injected faults that strike mid-step (injected_fault.h).
+  void InjectAfterAttentionBackward(cudaStream_t stream) {
+    if (fault_ == gpu::InjectedFault::kCudaError)
+      gpu::LaunchProbeKernel(reinterpret_cast<float*>(uintptr_t{256}), 1, 1.0f, 0.0f, stream);
+    if (fault_ == gpu::InjectedFault::kKill) {
+      CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());  // the step well under way on the GPU
+      ::raise(SIGKILL);
+    }
+  }
 
   cudaStream_t StreamOf(Stream s) const {
     switch (s) {
@@ -731,10 +747,27 @@ class TypedImpl final : public CudaBackend::Impl {
     }
   }
 
+  // The host's waits inside a step. With peers, a wait may hang on a transfer from a rank that
+  // died: it polls, bounded by the peers' timeout, instead of blocking in CUDA for ever.
+  void HostWait(cudaEvent_t event) {
+    if (peers_ != nullptr)
+      peers_->WaitEvent(event);
+    else
+      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(event));
+  }
+  void HostWait(cudaStream_t stream) {
+    if (peers_ != nullptr) {
+      void* const streams[] = {stream};
+      peers_->Synchronize(streams);
+    } else {
+      CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
+
   void WaitOnHost(OpId dep) {
     if (dep == kNoOp) return;
     const size_t slot = dep % kEventRing;
-    if (event_op_[slot] == dep) CTXPLAN_CUDA_CHECK(cudaEventSynchronize(events_[slot]));
+    if (event_op_[slot] == dep) HostWait(events_[slot]);
   }
 
   void Wait(cudaStream_t stream, OpId dep) {
@@ -1276,7 +1309,7 @@ class TypedImpl final : public CudaBackend::Impl {
     if (Saves(op))
       gpu::CopyBySms(selected_.get(), saved_selection_[S(op)].get(), static_cast<int64_t>(n),
                      compute_);
-    CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    HostWait(compute_);
     selection_host_.assign(selected_host_.get(), selected_host_.get() + n);
     if (Saves(op)) saved_selection_host_[S(op)] = selection_host_;
     selected_union_ = AttendedPages(c_, selection_host_);
@@ -1337,7 +1370,7 @@ class TypedImpl final : public CudaBackend::Impl {
     if (c_.sparse) {
       // The backward launches key blocks over the union of the tiles' selections only. Its
       // pinned staging was last read by the copy two layers ago: wait for that before rewriting.
-      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(union_copied_[parity_]));
+      HostWait(union_copied_[parity_]);
       std::copy(pages.begin(), pages.end(), union_host_[parity_].get());
       gpu::CopyBySms(union_host_[parity_].get(), union_dev_[parity_].get(),
                      static_cast<int64_t>(pages.size()), compute_);
@@ -1378,6 +1411,14 @@ class TypedImpl final : public CudaBackend::Impl {
       copy_batch_.Add(pairs[i].dst, pairs[i].src, run * page_bytes);
       i += run;
     }
+    if (freed_device_memory_ != nullptr && stream == d2h_ && copy_batch_.size() > 0) {
+      // copy-error: the first copy home reads a freed device block instead of its slot (named a
+      // device address, so the copy engine, not the host, reads it).
+      const void* freed = std::exchange(freed_device_memory_, nullptr);
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(copy_batch_.dsts[0], freed,
+                                         std::min(copy_batch_.sizes[0], kFreedBytes),
+                                         cudaMemcpyDeviceToHost, stream));
+    }
     gpu::IssueCopyBatch(copy_batch_, stream);
   }
 
@@ -1402,7 +1443,7 @@ class TypedImpl final : public CudaBackend::Impl {
     const std::vector<int32_t> attended = UnionPages(op);
     const OpId previous = table_user_[parity_];
     if (previous != kNoOp && event_op_[previous % kEventRing] == previous)
-      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(events_[previous % kEventRing]));
+      HostWait(events_[previous % kEventRing]);
     table_user_[parity_] = op.id;
     table_staged_[parity_] = layer_key_;
     int32_t* table = slot_table_host_[parity_].get();
@@ -1484,7 +1525,7 @@ class TypedImpl final : public CudaBackend::Impl {
     // have finished before the host rewrites the table.
     const OpId previous = table_user_[parity_];
     if (previous != kNoOp && event_op_[previous % kEventRing] == previous)
-      CTXPLAN_CUDA_CHECK(cudaEventSynchronize(events_[previous % kEventRing]));
+      HostWait(events_[previous % kEventRing]);
     table_user_[parity_] = op.id;
     int32_t* table = slot_table_host_[parity_].get();
     std::fill(table, table + std::max<int64_t>(c_.earlier_pages, 0), -1);
@@ -1740,7 +1781,8 @@ class TypedImpl final : public CudaBackend::Impl {
   int64_t labelled_total_ = 0, labelled_ = 0;
   uint64_t ops_ = 0;
   PlanMemoryTally memory_;
-  InjectedFault fault_ = InjectedFault::kNone;
+  gpu::InjectedFault fault_ = gpu::InjectedFault::kNone;
+  void* freed_device_memory_ = nullptr;  // copy-error: freed at start-up, copied from mid-offload
   CudaStartupTimes startup_;
 };
 

@@ -44,12 +44,19 @@ class ArenaPlan {
     requests_.push_back({reinterpret_cast<void**>(&array.ptr_), n * sizeof(T), category, name});
   }
 
+  // Bytes reserved beyond the arrays' (a fault injection's oversized request).
+  void ReserveExtra(uint64_t bytes, MemCategory category) {
+    extra_bytes_ = bytes;
+    extra_category_ = category;
+  }
+
   // Reserves the arena for everything asked for and points every array into it. The arrays must
   // not have moved since Want.
   std::unique_ptr<gpu::DeviceArena> Commit(std::ostream* log) {
     gpu::DeviceArena::Reservations reservations{};
     for (const Request& r : requests_)
       reservations[static_cast<size_t>(r.category)] += gpu::AlignUp(r.bytes);
+    reservations[static_cast<size_t>(extra_category_)] += gpu::AlignUp(extra_bytes_);
     auto arena = std::make_unique<gpu::DeviceArena>(reservations, log);
     for (const Request& r : requests_) *r.slot = arena->Allocate(r.category, r.bytes, r.name).ptr;
     requests_.clear();
@@ -64,6 +71,8 @@ class ArenaPlan {
     const char* name;
   };
   std::vector<Request> requests_;
+  uint64_t extra_bytes_ = 0;
+  MemCategory extra_category_ = MemCategory::kWorkspace;
 };
 
 // Pinned host memory: the home of offloaded pages and the staging of small tables.

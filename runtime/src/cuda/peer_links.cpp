@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <span>
 #include <system_error>
 #include <thread>
@@ -10,6 +12,7 @@
 
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/cuda/injected_fault.h"
 #include "ctxplan/runtime/dist/rendezvous.h"
 
 namespace ctxplan::gpu {
@@ -93,6 +96,7 @@ void ThrowNccl(ncclResult_t result, const char* call, const char* file, int line
 
 PeerLinks::PeerLinks(int rank, int world_size, int device, std::chrono::seconds timeout)
     : rank_(rank), world_size_(world_size), device_(device), timeout_(timeout) {
+  inject_nccl_error_ = InjectedFaultFromEnvironment(rank) == InjectedFault::kNcclError;
   SetDevice();
   try {
     for (cudaStream_t& s : streams_)
@@ -113,6 +117,9 @@ PeerLinks::PeerLinks(int rank, int world_size, int device, std::chrono::seconds 
 }
 
 PeerLinks::~PeerLinks() {
+  // Destroyed by an error unwinding the run (a CUDA error, a peer gone): the queued transfers
+  // will never drain, and finalizing would wait out the whole timeout before aborting.
+  if (std::uncaught_exceptions() > 0) Abort();
   Finalize();
 }
 
@@ -392,7 +399,8 @@ void PeerLinks::Transfer(int slot, void* data, size_t bytes, bool send) {
   if (bytes == 0) return;  // both sides know the size: nothing to match
   CTXPLAN_CHECK(data != nullptr, RankPrefix(rank_) + what + " of " + std::to_string(bytes) +
                                      " bytes from a null buffer");
-  const int peer = slot == kSlotSendNext || slot == kSlotRecvNext ? 1 : 0;
+  int peer = slot == kSlotSendNext || slot == kSlotRecvNext ? 1 : 0;
+  if (std::exchange(inject_nccl_error_, false)) peer = 2;  // a pair communicator has ranks 0, 1
   SetDevice();
   if (send) {
     CTXPLAN_NCCL_CHECK_RANK(rank_, ncclSend(data, bytes, ncclUint8, peer, comm, streams_[slot]));
@@ -456,11 +464,19 @@ void PeerLinks::CheckHealthy() {
 }
 
 void PeerLinks::WaitStream(cudaStream_t s, std::chrono::seconds timeout) {
+  WaitUntil([s] { return cudaStreamQuery(s); }, timeout);
+}
+
+void PeerLinks::WaitEvent(cudaEvent_t e, std::chrono::seconds timeout) {
+  WaitUntil([e] { return cudaEventQuery(e); }, timeout);
+}
+
+void PeerLinks::WaitUntil(const std::function<cudaError_t()>& query, std::chrono::seconds timeout) {
   SetDevice();
   const auto started = Clock::now();
   const auto deadline = started + timeout;
   for (;;) {
-    const cudaError_t status = cudaStreamQuery(s);
+    const cudaError_t status = query();
     if (status != cudaErrorNotReady) CTXPLAN_CUDA_CHECK(status);
     CheckHealthy();
     if (status == cudaSuccess) return;

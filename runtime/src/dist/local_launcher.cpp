@@ -9,10 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -38,8 +40,10 @@ constexpr auto kStopGrace = std::chrono::seconds(10);
 constexpr timespec kPollInterval{0, 20'000'000};  // 20 ms
 
 // The variables each child gets from the launcher, replacing inherited ones of the same name.
-constexpr const char* kSetVariables[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                         "MASTER_ADDR", "MASTER_PORT", "NCCL_NVLS_ENABLE"};
+constexpr const char* kLocalLaunchVariable = "CTXPLAN_LOCAL_LAUNCH";
+constexpr const char* kSetVariables[] = {
+    "RANK",        "WORLD_SIZE",       "LOCAL_RANK",        "MASTER_ADDR",
+    "MASTER_PORT", "NCCL_NVLS_ENABLE", kLocalLaunchVariable};
 
 std::string Cause(int error) {
   std::string text = std::strerror(error);
@@ -134,6 +138,7 @@ std::vector<std::string> ChildEnvironment(int rank, int ranks, int port) {
   variables.push_back("MASTER_ADDR=127.0.0.1");
   variables.push_back("MASTER_PORT=" + std::to_string(port));
   variables.push_back("NCCL_NVLS_ENABLE=0");
+  variables.push_back(std::string(kLocalLaunchVariable) + "=1");
   return variables;
 }
 
@@ -217,8 +222,13 @@ class Children {
 
 }  // namespace
 
+bool LaunchedByLocalLauncher() {
+  const char* value = std::getenv(kLocalLaunchVariable);
+  return value != nullptr && std::string_view(value) == "1";
+}
+
 int LaunchLocalRanks(const std::string& executable, const std::vector<std::string>& args, int ranks,
-                     std::ostream& err) {
+                     std::ostream& err, const std::vector<int>& self_reported_codes) {
   CTXPLAN_CHECK(ranks >= 1, "LaunchLocalRanks needs at least one rank");
   const int port = FreeLocalPort();
   // Declared in this order so that the children are reaped (on any path) before the signal
@@ -244,8 +254,12 @@ int LaunchLocalRanks(const std::string& executable, const std::vector<std::strin
       failed_code = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
       children.Signal(SIGTERM);
       kill_at = Clock::now() + kStopGrace;
-      err << "ctxtrain: rank " << rank << " failed (" << HowItEnded(*status) << ")"
-          << (ranks > 1 ? "; stopped the other ranks" : "") << std::endl;
+      const bool reported =
+          WIFEXITED(*status) && std::find(self_reported_codes.begin(), self_reported_codes.end(),
+                                          failed_code) != self_reported_codes.end();
+      if (!reported)
+        err << "ctxtrain: rank " << rank << " failed (" << HowItEnded(*status) << ")"
+            << (ranks > 1 ? "; stopped the other ranks" : "") << std::endl;
     }
     if (kill_at && !killed && Clock::now() >= *kill_at) {
       children.Signal(SIGKILL);

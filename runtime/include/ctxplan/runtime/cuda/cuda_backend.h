@@ -84,6 +84,12 @@ class StagePeers {
   // Waits until the work queued on `streams` (cudaStream_t) is done; throws TrainingError
   // instead of hanging when a peer fails.
   virtual void Synchronize(std::span<void* const> streams) = 0;
+  // Waits until `event` (cudaEvent_t) has completed, bounded as Synchronize: the backend's host
+  // waits inside a step may depend on a peer's transfer.
+  virtual void WaitEvent(void* event) = 0;
+  // Ends the transfers in flight for good (a run failing mid-step): their kernels would otherwise
+  // wait for a peer that never comes, and every device synchronisation with them.
+  virtual void Abort() noexcept = 0;
 };
 
 class CudaBackend final : public StepBackend {

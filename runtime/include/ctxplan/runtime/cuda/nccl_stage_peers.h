@@ -25,6 +25,10 @@ class NcclStagePeers final : public StagePeers {
   void Synchronize(std::span<void* const> streams) override {
     for (void* s : streams) links_.WaitStream(static_cast<cudaStream_t>(s), timeout_);
   }
+  void WaitEvent(void* event) override {
+    links_.WaitEvent(static_cast<cudaEvent_t>(event), timeout_);
+  }
+  void Abort() noexcept override { links_.Abort(); }
 
  private:
   PeerLinks& links_;

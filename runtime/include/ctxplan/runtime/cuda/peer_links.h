@@ -32,6 +32,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,8 +92,9 @@ class PeerLinks {
 
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
-  // Finalizes and destroys the communicators (bounded by the timeout; past it they are aborted),
-  // or only frees the streams and buffers once aborted. Never throws.
+  // Finalizes and destroys the communicators (bounded by the timeout; past it they are aborted);
+  // aborts them at once when destroyed by an exception's unwinding; only frees the streams and
+  // buffers once aborted. Never throws.
   ~PeerLinks();
 
   int rank() const { return rank_; }
@@ -136,6 +138,8 @@ class PeerLinks {
   // `timeout` it aborts every communicator (their kernels then exit) and throws TrainingError
   // "rank R: no progress for N s (a peer rank died or hung?)".
   void WaitStream(cudaStream_t s, std::chrono::seconds timeout);
+  // cudaEventSynchronize, bounded the same way.
+  void WaitEvent(cudaEvent_t e, std::chrono::seconds timeout);
 
   // ncclCommAbort on every communicator, all at once (one after the other can hang: see the
   // .cpp): pending transfers are cancelled, the links are unusable afterwards. Idempotent.
@@ -175,11 +179,17 @@ class PeerLinks {
   void WaitAllStreams(std::chrono::seconds timeout);
   void Finalize() noexcept;
 
+  // Polls `query` (cudaStreamQuery or cudaEventQuery) until it succeeds; the peers' health
+  // checked between polls; past `timeout`, Abort and TrainingError.
+  void WaitUntil(const std::function<cudaError_t()>& query, std::chrono::seconds timeout);
+
   int rank_;
   int world_size_;
   int device_;
   std::chrono::seconds timeout_;
   bool aborted_ = false;
+  bool inject_nccl_error_ =
+      false;  // CTXPLAN_INJECT_FAULT=nccl-error: the first transfer's peer is invalid
   ncclComm_t world_ = nullptr;
   // ncclCommSplit writes the child handle when the split completes, from NCCL's thread: these
   // must stay where they are until then (a PeerLinks never moves: it lives behind unique_ptr).

@@ -12,13 +12,16 @@ namespace ctxplan::dist {
 // Runs `ranks` children `executable` args... (args are argv[1..]; argv[0] is `executable`, a
 // path: PATH is not searched) and waits for them. Each child's environment is this process's
 // plus RANK=i, WORLD_SIZE=ranks, LOCAL_RANK=i, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a port
-// FreeLocalPort found> and NCCL_NVLS_ENABLE=0 (always: NVLink multicast must stay off on our GPU
-// machines), these replacing any same-named variables inherited.
+// FreeLocalPort found>, NCCL_NVLS_ENABLE=0 (always: NVLink multicast must stay off on our GPU
+// machines) and CTXPLAN_LOCAL_LAUNCH=1 (a rank stopped by this launcher need not say why), these
+// replacing any same-named variables inherited.
 //   - All exit 0: returns 0, printing nothing.
-//   - As soon as one exits non-zero or dies by a signal, prints one line to `err`,
-//     "ctxtrain: rank 1 failed (exit code 3); stopped the other ranks" or "... (killed by signal
-//     9: SIGKILL); ...", sends the others SIGTERM, then SIGKILL to any still running 10 s later,
-//     waits for all of them, and returns the failed rank's exit code (128 + the signal if killed).
+//   - As soon as one exits non-zero or dies by a signal, sends the others SIGTERM, then SIGKILL
+//     to any still running 10 s later, waits for all of them, and returns the failed rank's exit
+//     code (128 + the signal if killed). Unless the rank exited with one of `self_reported_codes`
+//     (the codes after which the program has printed its one line, naming its rank and the
+//     cause), it prints one line to `err`: "ctxtrain: rank 1 failed (exit code 1); stopped the
+//     other ranks" or "... (killed by signal 9: SIGKILL); ...".
 // While it runs, SIGINT and SIGTERM sent to this process are forwarded to the children (which
 // stay in this process's group, so a terminal's Ctrl-C reaches them directly as well; ctxtrain's
 // stop handler takes a repeated signal as one); the previous handlers come back on return. One
@@ -26,7 +29,10 @@ namespace ctxplan::dist {
 // DistError if a child cannot be started, after killing and reaping the ones that were.
 // InternalError unless ranks >= 1.
 int LaunchLocalRanks(const std::string& executable, const std::vector<std::string>& args, int ranks,
-                     std::ostream& err);
+                     std::ostream& err, const std::vector<int>& self_reported_codes = {});
+
+// True in a rank started by LaunchLocalRanks.
+bool LaunchedByLocalLauncher();
 
 // A TCP port of 127.0.0.1 free right now: bound with port 0, read back, closed. Another process
 // may take it before the caller binds it (unlikely; rank 0 then fails with "address in use").
