@@ -1,7 +1,7 @@
 // Groups attention and select: the paged attention forward and backward (dense, over the chunk's
 // own positions and earlier pages, and page-sparse), and the page selection kernels (summaries,
 // scores, top-k), called as the runtime's CUDA backend calls them
-// (runtime/src/cuda/cuda_backend.cpp: AttentionForward, AttentionBackward, UnionPages).
+// (runtime/src/cuda/cuda_backend_attention.cpp: AttentionForward, AttentionBackward, UnionPages).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

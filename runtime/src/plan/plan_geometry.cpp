@@ -279,7 +279,7 @@ int64_t PlanGeometry::workspace_bytes() const {
   const int64_t attention = c * m.num_attention_heads * m.head_dim * kFp32Bytes +
                             2 * m.num_attention_heads * padded * kFp32Bytes;
   // The RMSNorm backward's d_weight partial rows: the layers' norms', and unless the norms are
-  // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend.cpp,
+  // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend_layers.cpp,
   // FinalNormBackward).
   const int64_t norm_partial_sets = options_.lora_rank > 0 ? 1 : 2;
   const int64_t norm_partials =

@@ -122,7 +122,7 @@ class CudaBackend final : public StepBackend {
   LoraWeights DownloadLoraGrads() const;  // and their gradients
   CudaStartupTimes StartupTimes() const;  // measured while constructing
 
-  class Impl;  // cuda_backend.cpp
+  class Impl;  // runtime/src/cuda/cuda_backend_impl.h
 
  private:
   std::unique_ptr<Impl> impl_;
