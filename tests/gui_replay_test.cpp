@@ -8,6 +8,7 @@
 #include <QImage>
 #include <QTableWidget>
 #include <QTemporaryDir>
+#include <QThread>
 
 #include <cstdio>
 #include <filesystem>
@@ -226,6 +227,18 @@ TEST_F(GuiReplayTest, BrokenFilesGiveAnErrorNotACrash) {
   EXPECT_FALSE(model.busy());
   EXPECT_TRUE(model.data().ok()) << model.data().error;
   EXPECT_EQ(model.data().path, kRecorded.toStdString());
+}
+
+// As the timeline's: the worker's loads against the model's teardown, mid-load or with the
+// answer posted but not delivered.
+TEST_F(GuiReplayTest, DestroyingTheModelWithWorkInFlightIsSafe) {
+  for (int i = 0; i < 4; ++i) {
+    ReplayModel model;
+    model.Open(kRecorded);
+    if (i % 2 == 1) QThread::msleep(100 * i);  // time to finish and post
+    if (i >= 2) model.Open(kRecorded);
+  }
+  QCoreApplication::processEvents();  // the destroyed models' wake-ups are dropped
 }
 
 TEST_F(GuiReplayTest, ViewShowsTableAndTwoTimelinesInStep) {
