@@ -14,9 +14,9 @@
 #   gui_timeline_test         WorkerQueue (the Mailbox pair that TimelineModel and ReplayModel
 #   gui_replay_test           share): simulations and trace loads abandoned, dropped or posted and
 #                             never delivered when the model goes; their views paint offscreen on
-#                             the test's thread. Not LargeTraceLoadsAndPaintsQuickly: it starts no
-#                             thread (LoadNow), takes half the program's time under the sanitizer,
-#                             and its paint-time limits are for unsanitised builds
+#                             the test's thread. Not LargeTraceLoadsAndPaints: it starts no
+#                             thread (LoadNow) and takes half the program's time under the
+#                             sanitizer
 #   gui_main_window_test      the window: the explorer's, trade-off and timeline workers started by
 #                             selection and tab changes while the GUI thread computes the same
 #                             views (ComputeNow) and paints them
@@ -58,7 +58,7 @@ else
   echo "tsan: Qt6 not found: the explorer's worker threads are not checked" >&2
 fi
 # Tests a program leaves out (why: above).
-declare -A filter=([gui_replay_test]="-GuiReplayTest.LargeTraceLoadsAndPaintsQuickly")
+declare -A filter=([gui_replay_test]="-GuiReplayTest.LargeTraceLoadsAndPaints")
 cmake --build build-tsan --parallel "$(nproc)" --target "${tests[@]}"
 built=$SECONDS
 
