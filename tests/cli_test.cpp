@@ -433,6 +433,36 @@ TEST(CliTest, MaxContextJsonDefaults) {
   EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
 }
 
+// A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
+// (the H100's: attention over pages of 96 ran 3.2x slower forward, 1.7x backward per FLOP than
+// over pages of 128), and names page sizes that run at full rate; at 128 it says nothing.
+TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
+  ScratchDir dir;
+  const std::vector<std::string> slow = {
+      "plan",   "--model", "llama-3.1-8b", "--machine", "h100-125g", "--chunk", "3072",
+      "--page", "96",      "--budget",     "48",        "--context", "32K"};
+  const RunResult r = RunCtxplan(slow, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(slow, r);
+  EXPECT_NE(r.out.find("attention over pages of 96: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at full rate with --page 128"), std::string::npos) << r.out;
+  std::vector<std::string> json = slow;
+  json.push_back("--json");
+  const RunResult j = RunCtxplan(json, dir.path());
+  ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
+  const size_t at = j.out.find("\"attention_page_rate_vs_128\"");
+  ASSERT_NE(at, std::string::npos);
+  const double forward = std::stod(j.out.substr(j.out.find("\"forward\":", at) + 10));
+  const double backward = std::stod(j.out.substr(j.out.find("\"backward\":", at) + 11));
+  EXPECT_LT(forward, 0.5);
+  EXPECT_LT(backward, 0.9);
+  EXPECT_GT(backward, 0.1);
+  std::vector<std::string> fast = slow;
+  fast[8] = "128";
+  const RunResult f = RunCtxplan(fast, dir.path());
+  ASSERT_EQ(f.exit_code, 0) << Describe(fast, f);
+  EXPECT_EQ(f.out.find("attention over pages of"), std::string::npos) << f.out;
+}
+
 // recommend names a fitting configuration and the ctxtrain command that runs it; with the GPU
 // tier, max-context reaches further than without (issue 12: Qwen2.5-7B, H200, 125 GiB).
 TEST(CliTest, RecommendAndTheGpuTier) {

@@ -29,6 +29,29 @@ std::string Header(const PlanContext& c) {
   return s;
 }
 
+// Attention over pages of a size off the kernels' fast path runs slower per FLOP; the profile
+// knows by how much. Empty when the rate is within 10% of pages of 128 or no page is attended.
+std::string PageRateWarning(const PlanContext& c) {
+  const RunOptions& o = c.options;
+  if (o.context_tokens <= o.chunk_tokens || o.page_tokens == 128) return "";
+  const sim::KernelTimeModel model(c.machine);
+  auto rate = [&](int64_t page) {
+    return model.PageRateAgainst128(page, c.model.head_dim, !o.dense());
+  };
+  const sim::KernelTimeModel::PageRate r = rate(o.page_tokens);
+  if (std::min(r.forward, r.backward) >= 0.9) return "";
+  std::string faster;  // page sizes that divide the chunk and run within 10% of 128's rate
+  for (const int64_t page : {64, 128, 256})
+    if (o.chunk_tokens % page == 0 && std::min(rate(page).forward, rate(page).backward) >= 0.9)
+      faster += (faster.empty() ? "" : ", ") + std::to_string(page);
+  return "  attention over pages of " + std::to_string(o.page_tokens) + ": " +
+         Printf("%.0f%%", 100.0 * r.forward) + " (forward) and " +
+         Printf("%.0f%%", 100.0 * r.backward) + " (backward) of the per-FLOP rate over pages of " +
+         "128 on this GPU (" + (o.dense() ? "dense" : "page-sparse") +
+         ", from its profile; the step time includes it)" +
+         (faster.empty() ? "" : "; at full rate with --page " + faster) + "\n";
+}
+
 int64_t CudaContextBytes(const MachineSpec& machine) {
   return static_cast<int64_t>(machine.gpu.cuda_context_gib.value * static_cast<double>(kGiB));
 }
@@ -41,6 +64,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
        " chunks; predicted by the " + c.path + " path\n";
   s += "  kernel times: " + sim::DescribeKernelProfile(sim::EffectiveKernelProfile(c.machine.gpu)) +
        "\n";
+  s += PageRateWarning(c);
   if (c.options.pipeline_stages > 1) {
     // Each GPU its stage of layers; the memory below is the GPU with the highest peak.
     const PlanGeometry g(c.model, c.options);
@@ -150,6 +174,14 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("gpus", o.pipeline_stages)
       .EndObject();
   j.Field("chunks", r.chunks);
+  {
+    const sim::KernelTimeModel::PageRate rate = sim::KernelTimeModel(c.machine).PageRateAgainst128(
+        o.page_tokens, c.model.head_dim, !o.dense());
+    j.BeginObject("attention_page_rate_vs_128")
+        .Field("forward", rate.forward)
+        .Field("backward", rate.backward)
+        .EndObject();
+  }
   j.Field("gpus", r.gpus).Field("machines", r.machines);
   {
     const PlanGeometry g(c.model, c.options);

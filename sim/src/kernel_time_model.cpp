@@ -210,6 +210,33 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
   return best;
 }
 
+KernelTimeModel::PageRate KernelTimeModel::PageRateAgainst128(int64_t page_tokens, int64_t head_dim,
+                                                              bool sparse) const {
+  const KernelProfile& k = profile_;
+  const bool d64 = head_dim > 0 && head_dim <= 64;
+  // The same tables AttentionComputeSeconds reads: the paged path's fraction of the contiguous
+  // rate, times the sparse selection's where pages are selected.
+  auto efficiency = [&](bool backward, int64_t p) {
+    double e = PageEfficiency(
+        backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
+                                                              : k.page_bwd_efficiency)
+                 : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
+                                                              : k.page_fwd_efficiency),
+        p);
+    if (sparse) {
+      const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
+      e *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
+                         : PageEfficiency(table, p);
+    }
+    return e;
+  };
+  PageRate r;
+  if (page_tokens <= 0) return r;
+  r.forward = efficiency(false, page_tokens) / efficiency(false, 128);
+  r.backward = efficiency(true, page_tokens) / efficiency(true, 128);
+  return r;
+}
+
 KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
   CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
   KernelTimeModel m = *this;

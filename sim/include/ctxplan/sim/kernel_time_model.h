@@ -95,6 +95,14 @@ class KernelTimeModel {
   // The fraction of the contiguous rate reached over pages of `page_tokens` (1 for 0).
   static double PageEfficiency(const std::map<int64_t, double>& table, int64_t page_tokens);
 
+  // The paged attention's per-FLOP rate over pages of `page_tokens` against pages of 128 on this
+  // profile, forward and backward, for the head dim and dense or page-sparse selection: below 1
+  // where a page size is off the kernels' fast path (what `ctxplan plan` warns of).
+  struct PageRate {
+    double forward = 1.0, backward = 1.0;
+  };
+  PageRate PageRateAgainst128(int64_t page_tokens, int64_t head_dim, bool sparse) const;
+
  private:
   KernelProfile profile_;
   double clock_fraction_ = 1.0;  // of the maximum SM clock
