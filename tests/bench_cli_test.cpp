@@ -40,11 +40,19 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--reps", "0"}, dir), "attention_bench", 2,
                      {"--reps", "1 to 1000"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", "sparse"}, dir), "attention_bench", 2,
-                     {"--only", "full,chunked,last"});
+                     {"--only", "full,chunked,last,sweep"});
   const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
                      2, {"--csv", csv.string()});
   EXPECT_FALSE(std::filesystem::exists(csv.parent_path()));
+  // --only sweep passes the parser: the run gets as far as opening the CSV (which comes after
+  // parsing and before any GPU work), and the error is the CSV's, not --only's.
+  const std::filesystem::path sweep_csv = dir.path() / "missing" / "sweep.csv";
+  const test::RunResult sweep =
+      RunBench(ATTENTION_BENCH_EXE, {"--only", "sweep", "--csv", sweep_csv.string()}, dir);
+  ExpectOneLineError(sweep, "attention_bench", 2, {"--csv", sweep_csv.string()});
+  EXPECT_EQ(sweep.err.find("--only"), std::string::npos) << sweep.err;
+  EXPECT_FALSE(std::filesystem::exists(sweep_csv.parent_path()));
 #endif
 }
 

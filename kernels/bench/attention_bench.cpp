@@ -9,11 +9,22 @@
 //             for pages of 64 tokens and of 128 (the runtime's default); and with one selection
 //             shared by every tile
 //   select    page summaries, scores and top-k of that last chunk
+//   sweep     (only with --only sweep; not part of the default run) the per-FLOP rate against the
+//             page size, head_dim and chunk (issue 14): head_dim 128 (28/4 heads, Qwen2.5-7B) and
+//             64 (32/8 heads, Llama-3.2-1B); chunks of 1024, 3072, 4096 and 16384; pages of 32,
+//             48, 64, 96, 128, 192 and 256 tokens where they divide the chunk (48, 96 and 192
+//             divide only the 3072 chunk). Each point is the last chunk of a --tokens context
+//             (rounded down to a multiple of the chunk) over a shuffled page table, forward and
+//             backward, dense (every earlier page) and page-sparse (each 128-query tile attends
+//             6144 earlier tokens: the sink page and 6144/p - 1 random pages, so the attended pairs
+//             are the same at every page size). A table per (head_dim, chunk) gives each rate's
+//             ratio to page 128's (bound: within 10%) and, for head_dim 64, to head_dim 128's at
+//             the same chunk and page (bound: within 15%), and marks the ratios outside.
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
 //
-// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last]
+// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last|sweep]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +39,7 @@
 #include <optional>
 #include <ostream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -46,7 +58,22 @@ using ctxplan::kernels::cuda::AttentionShape;
 using ctxplan::kernels::cuda::bf16;
 namespace kc = ctxplan::kernels::cuda;
 
-constexpr int64_t kHq = 28, kHkv = 4, kHd = 128;
+// The attention a family benchmarks: the model's heads and the queries of one call.
+// GQA: query head h reads KV head h / (hq / hkv).
+struct BenchShape {
+  int64_t hq = 28;       // H_q, query heads
+  int64_t hkv = 4;       // H_kv, KV heads (divides H_q)
+  int64_t hd = 128;      // d_h, head_dim: 64 or 128 (what the kernels take)
+  int64_t chunk = 4096;  // c, queries (and own positions) of one call: the runtime's chunk
+
+  int64_t QRow() const { return hq * hd; }    // elements of one token's q, out, dout, dq
+  int64_t KvRow() const { return hkv * hd; }  // elements of one token's k, v, dk, dv
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(hd)); }
+  AttentionShape Attention() const { return {chunk, hq, hkv, hd, Scale()}; }
+};
+
+// The shape of the full, chunked and last families.
+constexpr BenchShape kQwen7B{};
 
 template <typename T>
 struct Dev {
@@ -60,6 +87,15 @@ struct Dev {
   }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
+  // Room for `count` elements instead, contents undefined (the sweep's page tables change length).
+  void Reallocate(size_t count) {
+    if (count == n) return;
+    if (p) cudaFree(p);
+    p = nullptr;
+    n = 0;
+    if (count) CTXPLAN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)));
+    n = count;
+  }
 };
 
 // Random bf16 in [-1, 1) (xorshift; timing does not need normal data, but never zeros).
@@ -107,9 +143,10 @@ double TimeMs(const std::function<void()>& fn, int reps, int warmup = 1) {
 
 struct Row {
   std::string shape;
+  int64_t hq = 0, hd = 0;  // H_q and d_h of the shape: an attended pair is 4 * hq * hd FLOPs fwd
   double pairs = 0, fwd_ms = 0, bwd_ms = 0;
-  double FwdTflops() const { return 4.0 * pairs * kHq * kHd / (fwd_ms * 1e-3) / 1e12; }
-  double BwdTflops() const { return 10.0 * pairs * kHq * kHd / (bwd_ms * 1e-3) / 1e12; }
+  double FwdTflops() const { return 4.0 * pairs * hq * hd / (fwd_ms * 1e-3) / 1e12; }
+  double BwdTflops() const { return 10.0 * pairs * hq * hd / (bwd_ms * 1e-3) / 1e12; }
 };
 
 std::vector<Row> g_rows;
@@ -128,20 +165,16 @@ void Report(const Row& r) {
   std::fflush(stdout);
 }
 
-float Scale() {
-  return 1.0f / std::sqrt(static_cast<float>(kHd));
-}
-
-// One chunk of n own tokens, no earlier pages.
-void BenchFull(int64_t n, int reps) {
-  const size_t qn = n * kHq * kHd, kn = n * kHkv * kHd;
+// One chunk of n own tokens, no earlier pages (s.chunk is not used: the chunk is all n).
+void BenchFull(const BenchShape& s, int64_t n, int reps) {
+  const size_t qn = n * s.QRow(), kn = n * s.KvRow();
   Dev<bf16> q(qn), k(kn), v(kn), out(qn), dout(qn), dq(qn), dk(kn), dv(kn);
-  Dev<float> lse(n * kHq);
+  Dev<float> lse(n * s.hq);
   FillRandom(q.p, qn, 1);
   FillRandom(k.p, kn, 2);
   FillRandom(v.p, kn, 3);
   FillRandom(dout.p, qn, 4);
-  const AttentionShape shape{n, kHq, kHkv, kHd, Scale()};
+  const AttentionShape shape{n, s.hq, s.hkv, s.hd, s.Scale()};
   const PagedKv<const bf16> none{};
   const PagedKv<float> no_dkv{};
   const PageSelection dense{};
@@ -149,6 +182,8 @@ void BenchFull(int64_t n, int reps) {
   Dev<uint8_t> ws(ws_bytes);
   Row r;
   r.shape = "full_" + std::to_string(n / 1024) + "k";
+  r.hq = s.hq;
+  r.hd = s.hd;
   r.pairs = static_cast<double>(n) * (n + 1) / 2.0;
   auto fwd = [&] {
     kc::AttentionForward(shape, q.p, k.p, v.p, none, dense, out.p, lse.p, nullptr);
@@ -164,44 +199,60 @@ void BenchFull(int64_t n, int reps) {
   Report(r);
 }
 
-// The whole n-token sequence as chunks of c queries over earlier pages of p tokens.
+// The whole n-token sequence as chunks of c = s.chunk queries over earlier pages of p tokens.
 // K/V of every position live in a pool of pages (identity or shuffled table); each chunk's own
 // K/V are also given contiguously (as the runtime's projections produce them).
 struct Chunked {
-  int64_t n, c, p;
+  BenchShape s;
+  int64_t n, c, p;  // tokens, chunk (s.chunk), page tokens
   bool shuffled;
-  int64_t pages;
-  Dev<bf16> q, k, v, out, dout, dq, dk, dv, pool;
-  Dev<float> lse, dkv;
-  Dev<int32_t> slots, dkv_slots;
-  Dev<uint8_t> ws;
+  int64_t pages;                  // n / p
+  Dev<bf16> q, k, v, out, dout;   // [n][H_q or H_kv][d_h]: every chunk's
+  Dev<bf16> dq, dk, dv;           // [c][H_q or H_kv][d_h]: the timed chunk's
+  Dev<bf16> pool;                 // [pages][2][p][H_kv][d_h]: K/V of all n positions
+  Dev<float> lse;                 // [n][H_q]
+  Dev<float> dkv;                 // [pages][2][p][H_kv][d_h]: dK/dV accumulated
+  Dev<int32_t> slots, dkv_slots;  // [pages]: logical page -> slot (the same table)
+  Dev<uint8_t> ws;                // the backward's workspace for c queries
   size_t ws_bytes;
 
-  Chunked(int64_t n_, int64_t c_, int64_t p_, bool shuffled_)
-      : n(n_),
-        c(c_),
-        p(p_),
+  Chunked(const BenchShape& s_, int64_t n_, int64_t p_, bool shuffled_)
+      : s(s_),
+        n(n_),
+        c(s_.chunk),
+        p(0),
         shuffled(shuffled_),
-        pages(n_ / p_),
-        q(n_ * kHq * kHd),
-        k(n_ * kHkv * kHd),
-        v(n_ * kHkv * kHd),
-        out(n_ * kHq * kHd),
-        dout(n_ * kHq * kHd),
-        dq(c_ * kHq * kHd),
-        dk(c_ * kHkv * kHd),
-        dv(c_ * kHkv * kHd),
-        pool(static_cast<size_t>(n_ / p_) * 2 * p_ * kHkv * kHd),
-        lse(n_ * kHq),
-        dkv(static_cast<size_t>(n_ / p_) * 2 * p_ * kHkv * kHd),
-        slots(n_ / p_),
-        dkv_slots(n_ / p_),
-        ws(kc::AttentionBackwardWorkspaceBytes({c_, kHq, kHkv, kHd, Scale()})),
-        ws_bytes(kc::AttentionBackwardWorkspaceBytes({c_, kHq, kHkv, kHd, Scale()})) {
+        pages(0),
+        q(n_ * s_.QRow()),
+        k(n_ * s_.KvRow()),
+        v(n_ * s_.KvRow()),
+        out(n_ * s_.QRow()),
+        dout(n_ * s_.QRow()),
+        dq(s_.chunk * s_.QRow()),
+        dk(s_.chunk * s_.KvRow()),
+        dv(s_.chunk * s_.KvRow()),
+        pool(static_cast<size_t>(n_) * 2 * s_.KvRow()),
+        lse(n_ * s_.hq),
+        dkv(static_cast<size_t>(n_) * 2 * s_.KvRow()),
+        ws(kc::AttentionBackwardWorkspaceBytes(s_.Attention())),
+        ws_bytes(kc::AttentionBackwardWorkspaceBytes(s_.Attention())) {
     FillRandom(q.p, q.n, 11);
     FillRandom(k.p, k.n, 12);
     FillRandom(v.p, v.n, 13);
     FillRandom(dout.p, dout.n, 14);
+    SetPages(p_);
+  }
+  // Lays K/V out in pages of p_ tokens (p_ divides n) under a new page table, and zeroes the
+  // dKV pages. The pools hold 2 * n * H_kv * d_h elements whatever the page size, so the sweep
+  // re-pages one Chunked per page size instead of refilling q, k, v and dout (seconds a time).
+  void SetPages(int64_t p_) {
+    if (p_ < 16 || n % p_ != 0)
+      throw std::invalid_argument("Chunked: pages of " + std::to_string(p_) +
+                                  " tokens do not tile " + std::to_string(n));
+    p = p_;
+    pages = n / p;
+    slots.Reallocate(pages);
+    dkv_slots.Reallocate(pages);
     CTXPLAN_CUDA_CHECK(cudaMemset(dkv.p, 0, dkv.n * sizeof(float)));
     std::vector<int32_t> perm(pages);
     std::iota(perm.begin(), perm.end(), 0);
@@ -212,7 +263,7 @@ struct Chunked {
     CTXPLAN_CUDA_CHECK(cudaMemcpy(slots.p, perm.data(), pages * 4, cudaMemcpyHostToDevice));
     CTXPLAN_CUDA_CHECK(cudaMemcpy(dkv_slots.p, perm.data(), pages * 4, cudaMemcpyHostToDevice));
     // Page pg (tokens pg*p..) into slot perm[pg]: K rows then V rows, [p][H_kv][d_h] each.
-    const size_t rows = static_cast<size_t>(p) * kHkv * kHd;
+    const size_t rows = static_cast<size_t>(p) * s.KvRow();
     for (int64_t pg = 0; pg < pages; ++pg) {
       bf16* dst = pool.p + static_cast<size_t>(perm[pg]) * 2 * rows;
       CTXPLAN_CUDA_CHECK(cudaMemcpy(dst, k.p + pg * rows, rows * 2, cudaMemcpyDeviceToDevice));
@@ -220,25 +271,26 @@ struct Chunked {
           cudaMemcpy(dst + rows, v.p + pg * rows, rows * 2, cudaMemcpyDeviceToDevice));
     }
   }
-  AttentionShape Shape() const { return {c, kHq, kHkv, kHd, Scale()}; }
+  AttentionShape Shape() const { return s.Attention(); }
+  KvPageShape PageShape() const { return {p, s.hkv, s.hd}; }
   PagedKv<const bf16> Earlier(int64_t chunk) const {
-    return {KvPageShape{p, kHkv, kHd}, pool.p, slots.p, chunk * c / p};
+    return {PageShape(), pool.p, slots.p, chunk * c / p};
   }
   PagedKv<float> Dkv(int64_t chunk) const {
-    return {KvPageShape{p, kHkv, kHd}, dkv.p, dkv_slots.p, chunk * c / p};
+    return {PageShape(), dkv.p, dkv_slots.p, chunk * c / p};
   }
   void Forward(int64_t chunk, const PageSelection& sel) {
     const int64_t o = chunk * c;
-    kc::AttentionForward(Shape(), q.p + o * kHq * kHd, k.p + o * kHkv * kHd, v.p + o * kHkv * kHd,
-                         Earlier(chunk), sel, out.p + o * kHq * kHd, lse.p + o * kHq, nullptr);
+    kc::AttentionForward(Shape(), q.p + o * s.QRow(), k.p + o * s.KvRow(), v.p + o * s.KvRow(),
+                         Earlier(chunk), sel, out.p + o * s.QRow(), lse.p + o * s.hq, nullptr);
   }
   // own_dkv: fuse the DkvAccumulate of the chunk's own pages (as later chunks left them).
   void Backward(int64_t chunk, const PageSelection& sel, bool own_dkv = false) {
     const int64_t o = chunk * c;
-    const PagedKv<const float> own{KvPageShape{p, kHkv, kHd}, dkv.p, dkv_slots.p + o / p, c / p};
-    kc::AttentionBackward(Shape(), q.p + o * kHq * kHd, k.p + o * kHkv * kHd, v.p + o * kHkv * kHd,
-                          Earlier(chunk), sel, out.p + o * kHq * kHd, lse.p + o * kHq,
-                          dout.p + o * kHq * kHd, dq.p, dk.p, dv.p, Dkv(chunk), ws.p, ws_bytes,
+    const PagedKv<const float> own{PageShape(), dkv.p, dkv_slots.p + o / p, c / p};
+    kc::AttentionBackward(Shape(), q.p + o * s.QRow(), k.p + o * s.KvRow(), v.p + o * s.KvRow(),
+                          Earlier(chunk), sel, out.p + o * s.QRow(), lse.p + o * s.hq,
+                          dout.p + o * s.QRow(), dq.p, dk.p, dv.p, Dkv(chunk), ws.p, ws_bytes,
                           nullptr, own_dkv ? &own : nullptr);
   }
 };
@@ -247,6 +299,8 @@ void BenchChunked(Chunked& ch, int reps) {
   const int64_t chunks = ch.n / ch.c;
   const PageSelection dense{};
   Row r;
+  r.hq = ch.s.hq;
+  r.hd = ch.s.hd;
   r.shape = "chunked_" + std::to_string(ch.n / 1024) + "k_c" + std::to_string(ch.c) + "_p" +
             std::to_string(ch.p) + (ch.shuffled ? "_shuffled" : "_identity");
   r.pairs = static_cast<double>(ch.n) * (ch.n + 1) / 2.0;
@@ -314,6 +368,8 @@ void BenchSparse(Chunked& ch, int reps) {
   const double own_pairs = static_cast<double>(ch.c) * (ch.c + 1) / 2.0;
   const PageSelection dense{};
   Row d;
+  d.hq = ch.s.hq;
+  d.hd = ch.s.hd;
   d.shape = "last_chunk_dense_p" + std::to_string(ch.p);
   d.pairs = own_pairs + static_cast<double>(ch.c) * earlier_pages * ch.p;
   d.fwd_ms = TimeMs([&] { ch.Forward(last, dense); }, reps, 2);
@@ -322,7 +378,7 @@ void BenchSparse(Chunked& ch, int reps) {
   // DkvAccumulate fused into the backward: what it adds to the kernel, against the bytes the
   // standalone kernel moves (fp32 pages read, dK/dV read and written).
   const double fused_ms = TimeMs([&] { ch.Backward(last, dense, true); }, reps, 2);
-  const double acc_bytes = 2.0 * ch.c * kHkv * kHd * 4 + 4.0 * ch.c * kHkv * kHd * 2;
+  const double acc_bytes = 2.0 * ch.c * ch.s.KvRow() * 4 + 4.0 * ch.c * ch.s.KvRow() * 2;
   std::printf(
       "FUSED p=%lld: backward with the own dKV accumulate %.3f ms, without %.3f ms: %+.1f us "
       "for the %.1f MB the standalone DkvAccumulate moves\n",
@@ -334,6 +390,8 @@ void BenchSparse(Chunked& ch, int reps) {
   const DeviceSelection random(sel, tile, per_tile);
   const PageSelection& sparse = random.view;
   Row s;
+  s.hq = ch.s.hq;
+  s.hd = ch.s.hd;
   s.shape = "last_chunk_sparse64_p" + std::to_string(ch.p);
   s.pairs = own_pairs + static_cast<double>(ch.c) * per_tile * ch.p;
   s.fwd_ms = TimeMs([&] { ch.Forward(last, sparse); }, reps, 2);
@@ -389,23 +447,23 @@ void BenchSparse(Chunked& ch, int reps) {
               (d.bwd_ms - t1_bwd) / static_cast<double>(earlier_pages - 1) * 1e3);
 
   // Page selection for this chunk: summaries of the earlier pages, scores, top-k.
-  Dev<bf16> sums(earlier_pages * kHkv * kHd);
+  Dev<bf16> sums(earlier_pages * ch.s.KvRow());
   Dev<float> scores(tiles * earlier_pages);
   Dev<int32_t> picked(tiles * per_tile);
-  const size_t sws = kc::PageScoreWorkspaceBytes(ch.c, kHkv, kHd, tile);
+  const size_t sws = kc::PageScoreWorkspaceBytes(ch.c, ch.s.hkv, ch.s.hd, tile);
   Dev<uint8_t> sw(sws);
-  const bf16* qlast = ch.q.p + last * ch.c * kHq * kHd;
+  const bf16* qlast = ch.q.p + last * ch.c * ch.s.QRow();
   const double t_sum = TimeMs([&] { kc::PageSummary(ch.Earlier(last), sums.p, nullptr); }, reps, 2);
   const double t_score = TimeMs(
       [&] {
-        kc::PageScore(qlast, ch.c, kHq, kHkv, kHd, tile, sums.p, earlier_pages, scores.p, sw.p, sws,
-                      nullptr);
+        kc::PageScore(qlast, ch.c, ch.s.hq, ch.s.hkv, ch.s.hd, tile, sums.p, earlier_pages,
+                      scores.p, sw.p, sws, nullptr);
       },
       reps, 2);
   const double t_topk = TimeMs(
       [&] { kc::PageTopK(scores.p, tiles, earlier_pages, per_tile - 1, 1, picked.p, nullptr); },
       reps, 2);
-  const double sum_bytes = static_cast<double>(earlier_pages) * ch.p * kHkv * kHd * 2;
+  const double sum_bytes = static_cast<double>(earlier_pages) * ch.p * ch.s.KvRow() * 2;
   std::printf(
       "SELECT p=%lld pages=%lld: summary %.3f ms (%.0f GB/s of K read), score %.3f ms, "
       "top-k %.3f ms\n",
@@ -413,20 +471,239 @@ void BenchSparse(Chunked& ch, int reps) {
       sum_bytes / (t_sum * 1e-3) / 1e9, t_score, t_topk);
 }
 
+// The full, chunked and last families (only: one of them, or "" for all), then their table.
+void RunFamilies(const std::string& only, int64_t n, int reps) {
+  if (only.empty() || only == "full") BenchFull(kQwen7B, n, reps);
+  for (const int64_t p : {int64_t{64}, int64_t{128}}) {
+    if (only == "full") break;
+    for (const bool shuffled : {false, true}) {
+      if (only == "last" && !shuffled) continue;
+      Chunked ch(kQwen7B, n, p, shuffled);
+      if (only != "last") BenchChunked(ch, reps);
+      if (shuffled) BenchSparse(ch, reps);
+    }
+  }
+  std::printf("\n%-34s %10s %10s %10s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
+  for (const Row& r : g_rows)
+    std::printf("%-34s %10.2f %10.1f %10.2f %10.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(),
+                r.bwd_ms, r.BwdTflops());
+  // Paging cost: shuffled vs identity page table.
+  for (size_t i = 0; i + 1 < g_rows.size(); ++i) {
+    const Row& a = g_rows[i];
+    const Row& b = g_rows[i + 1];
+    if (a.shape.find("_identity") != std::string::npos &&
+        b.shape.find("_shuffled") != std::string::npos)
+      std::printf("PAGING %s: shuffled/identity time fwd %.3f bwd %.3f\n", a.shape.c_str(),
+                  b.fwd_ms / a.fwd_ms, b.bwd_ms / a.bwd_ms);
+  }
+}
+
+// --- sweep: the per-FLOP rate against page size, head_dim and chunk (issue 14) -------------
+
+// The heads swept (the chunk is set per point): Qwen2.5-7B's head_dim 128 first, as the
+// head_dim 64 rows are compared with it, then a Llama-3.2-1B-like head_dim 64.
+constexpr BenchShape kSweepHeads[] = {{28, 4, 128}, {32, 8, 64}};
+// 3072 is not in issue 14's list: it is the one chunk here that pages of 48, 96 and 192 divide
+// (it takes every swept page size); chunks start on page boundaries, so the others skip them.
+constexpr int64_t kSweepChunks[] = {1024, 3072, 4096, 16384};
+constexpr int64_t kSweepPages[] = {32, 48, 64, 96, 128, 192, 256};
+constexpr int64_t kRefPage = 128;  // the runtime's default page: the page-size ratios' reference
+constexpr int64_t kRefHeadDim = 128;
+constexpr double kPageBound = 0.10;     // issue 14: every page size within 10% of page 128's rate
+constexpr double kHeadDimBound = 0.15;  // and head_dim 64 within 15% of head_dim 128's
+// Page-sparse: the earlier tokens each 128-query tile attends. A multiple of every swept page
+// size (48 pages of 128, 192 of 32, 24 of 256), so the sparse points of one (head_dim, chunk)
+// attend the same pairs at every page size and their rates compare the same work.
+constexpr int64_t kSparseTokens = 6144;
+
+struct SweepPoint {
+  int64_t hd, chunk, page;
+  bool sparse;
+  int64_t pages_per_tile;  // sparse: the pages a tile selects; dense: every earlier page
+  Row row;
+};
+
+const SweepPoint* FindPoint(const std::vector<SweepPoint>& points, int64_t hd, int64_t chunk,
+                            int64_t page, bool sparse) {
+  for (const SweepPoint& x : points)
+    if (x.hd == hd && x.chunk == chunk && x.page == page && x.sparse == sparse) return &x;
+  return nullptr;
+}
+
+// A point's per-FLOP rates over its reference's: page 128 of the same head_dim, chunk and mode;
+// head_dim 128 at the same chunk, page and mode (head_dim 64 only). Absent: no reference.
+struct SweepRatios {
+  std::optional<double> fwd_page, bwd_page, fwd_hd, bwd_hd;
+};
+
+SweepRatios RatiosOf(const SweepPoint& x, const std::vector<SweepPoint>& points) {
+  SweepRatios r;
+  if (const SweepPoint* ref = FindPoint(points, x.hd, x.chunk, kRefPage, x.sparse)) {
+    r.fwd_page = x.row.FwdTflops() / ref->row.FwdTflops();
+    r.bwd_page = x.row.BwdTflops() / ref->row.BwdTflops();
+  }
+  if (x.hd != kRefHeadDim) {
+    if (const SweepPoint* ref = FindPoint(points, kRefHeadDim, x.chunk, x.page, x.sparse)) {
+      r.fwd_hd = x.row.FwdTflops() / ref->row.FwdTflops();
+      r.bwd_hd = x.row.BwdTflops() / ref->row.BwdTflops();
+    }
+  }
+  return r;
+}
+
+bool Outside(const std::optional<double>& ratio, double bound) {
+  return ratio && std::abs(*ratio - 1.0) > bound;
+}
+
+// "0.87 ", "0.73*" (more than `bound` from 1), or "-" without a reference.
+std::string RatioText(const std::optional<double>& ratio, double bound) {
+  if (!ratio) return "-";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f%c", *ratio, Outside(ratio, bound) ? '*' : ' ');
+  return text;
+}
+
+// The table of one (head_dim, chunk): points[first..] are its points.
+void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<SweepPoint>& points,
+                     size_t first) {
+  std::printf(
+      "\nSWEEP d_h %lld, %lld/%lld heads, chunk %lld: the last chunk of %lld tokens, %lld earlier "
+      "in shuffled pages\n  dense: every earlier page; sparse: %lld earlier tokens a 128-query "
+      "tile (the sink page and %lld/p - 1 random ones)\n",
+      static_cast<long long>(s.hd), static_cast<long long>(s.hq), static_cast<long long>(s.hkv),
+      static_cast<long long>(s.chunk), static_cast<long long>(context),
+      static_cast<long long>(context - s.chunk), static_cast<long long>(kSparseTokens),
+      static_cast<long long>(kSparseTokens));
+  std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s\n", "mode", "page", "pages/tile",
+              "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128", "fwd/d128", "bwd/d128");
+  // Dense rows, then sparse ones, each by page size (the order they were measured in is by page).
+  for (const bool sparse : {false, true}) {
+    for (size_t i = first; i < points.size(); ++i) {
+      const SweepPoint& x = points[i];
+      if (x.sparse != sparse) continue;
+      const SweepRatios r = RatiosOf(x, points);
+      std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s\n",
+                  sparse ? "sparse" : "dense", static_cast<long long>(x.page),
+                  static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
+                  RatioText(r.fwd_page, kPageBound).c_str(), x.row.bwd_ms, x.row.BwdTflops(),
+                  RatioText(r.bwd_page, kPageBound).c_str(),
+                  RatioText(r.fwd_hd, kHeadDimBound).c_str(),
+                  RatioText(r.bwd_hd, kHeadDimBound).c_str());
+    }
+  }
+  std::printf(
+      "(TF/s per FLOP as counted for the attended pairs; * outside issue 14's bounds: /p128 more "
+      "than %.0f%% from 1, /d128 more than %.0f%%)\n",
+      kPageBound * 100, kHeadDimBound * 100);
+  std::fflush(stdout);
+}
+
+// Every point with a ratio outside issue 14's bounds (SWEEP-OUT lines), then their count.
+void PrintSweepSummary(const std::vector<SweepPoint>& points) {
+  std::printf("\n");
+  int outside = 0;
+  for (const SweepPoint& x : points) {
+    const SweepRatios r = RatiosOf(x, points);
+    const bool out = Outside(r.fwd_page, kPageBound) || Outside(r.bwd_page, kPageBound) ||
+                     Outside(r.fwd_hd, kHeadDimBound) || Outside(r.bwd_hd, kHeadDimBound);
+    if (!out) continue;
+    ++outside;
+    std::printf(
+        "SWEEP-OUT %s: fwd /p128 %s /d128 %s, bwd /p128 %s /d128 %s\n", x.row.shape.c_str(),
+        RatioText(r.fwd_page, kPageBound).c_str(), RatioText(r.fwd_hd, kHeadDimBound).c_str(),
+        RatioText(r.bwd_page, kPageBound).c_str(), RatioText(r.bwd_hd, kHeadDimBound).c_str());
+  }
+  std::printf("SWEEP: %d of %zu points outside issue 14's bounds\n", outside, points.size());
+}
+
+// The last chunk of a `context`-token sequence (context a multiple of s.chunk, at least two
+// chunks) at every swept page size that divides the chunk: dense, then page-sparse, forward and
+// backward. Reports each point (RESULT line, CSV row), appends it to points, prints the table.
+void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<SweepPoint>& points) {
+  const int64_t c = s.chunk, last = context / c - 1, earlier = last * c;
+  const int64_t tile = 128, tiles = c / tile;  // query tiles of the page selection
+  const double own_pairs = static_cast<double>(c) * (c + 1) / 2.0;
+  // sweep_d<d_h>_h<H_q>x<H_kv>_c<chunk>_p<page>_dense_e<earlier tokens each query attends> and
+  // ..._sparse_e<earlier tokens a tile attends>of<earlier tokens>: sdpa_peer.py reads these.
+  const std::string name = "sweep_d" + std::to_string(s.hd) + "_h" + std::to_string(s.hq) + "x" +
+                           std::to_string(s.hkv) + "_c" + std::to_string(c);
+  const size_t first = points.size();
+  std::optional<Chunked> ch;  // one per (head_dim, chunk), re-paged per page size
+  for (const int64_t p : kSweepPages) {
+    if (c % p != 0) continue;
+    if (ch) {
+      ch->SetPages(p);
+    } else {
+      ch.emplace(s, context, p, /*shuffled=*/true);
+    }
+    const int64_t earlier_pages = earlier / p;
+
+    SweepPoint d{s.hd, c, p, false, earlier_pages, {}};
+    d.row.shape = name + "_p" + std::to_string(p) + "_dense_e" + std::to_string(earlier);
+    d.row.hq = s.hq;
+    d.row.hd = s.hd;
+    d.row.pairs = own_pairs + static_cast<double>(c) * earlier;
+    const PageSelection dense{};
+    d.row.fwd_ms = TimeMs([&] { ch->Forward(last, dense); }, reps, 2);
+    d.row.bwd_ms = TimeMs([&] { ch->Backward(last, dense); }, reps, 2);
+    Report(d.row);
+    points.push_back(d);
+
+    // BenchSparse's selection (sink + random pages, one generator, seed 3), kSparseTokens a tile.
+    const int64_t per_tile = std::min(kSparseTokens / p, earlier_pages);
+    const DeviceSelection sel(RandomSelection(tiles, earlier_pages, per_tile, 3), tile, per_tile);
+    SweepPoint sp{s.hd, c, p, true, per_tile, {}};
+    sp.row.shape = name + "_p" + std::to_string(p) + "_sparse_e" + std::to_string(per_tile * p) +
+                   "of" + std::to_string(earlier);
+    sp.row.hq = s.hq;
+    sp.row.hd = s.hd;
+    sp.row.pairs = own_pairs + static_cast<double>(c) * per_tile * p;
+    sp.row.fwd_ms = TimeMs([&] { ch->Forward(last, sel.view); }, reps, 2);
+    sp.row.bwd_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
+    Report(sp.row);
+    points.push_back(sp);
+  }
+  PrintSweepTable(s, context, points, first);
+}
+
+// Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
+// of the chunk), then the ratios outside the bounds.
+void RunSweep(int64_t tokens, int reps) {
+  std::vector<SweepPoint> points;
+  for (BenchShape s : kSweepHeads) {
+    for (const int64_t c : kSweepChunks) {
+      s.chunk = c;
+      const int64_t context = tokens / c * c;
+      if (context < 2 * c) {
+        std::printf("SWEEP d_h %lld, chunk %lld: skipped, --tokens %lld leaves no earlier chunk\n",
+                    static_cast<long long>(s.hd), static_cast<long long>(c),
+                    static_cast<long long>(tokens));
+        continue;
+      }
+      SweepChunk(s, context, reps, points);
+    }
+  }
+  PrintSweepSummary(points);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "attention_bench: ctxplan's paged attention on Qwen2.5-7B shapes (28/4 heads, d_h 128); "
+      "--only sweep (not in the default run) sweeps the last chunk's per-FLOP rate over page sizes "
+      "32-256, d_h 64 and 128, chunks 1024-16384 against page 128's (issue 14); "
       "kernels/bench/sdpa_peer.py --ours FILE runs the PyTorch SDPA peers on the same shapes"};
   int reps = 5;
   int64_t n = 65536;
-  constexpr int64_t c = 4096;  // the runtime's chunk
+  constexpr int64_t c = kQwen7B.chunk;  // the runtime's chunk
   std::string only, csv;
   app.add_option("--reps", reps, "timed repetitions per shape")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  app.add_option("--tokens", n, "context tokens, a multiple of the 4096-token chunk")
+  app.add_option("--tokens", n,
+                 "context tokens, a multiple of the 4096-token chunk (sweep: rounded down to a "
+                 "multiple of each chunk; its last chunk is timed)")
       ->capture_default_str()
       ->check(CLI::Range(c, int64_t{1} << 22))
       ->check(CLI::Validator(
@@ -434,8 +711,10 @@ int main(int argc, char** argv) {
             return std::stoll(v) % c == 0 ? std::string{} : "must be a multiple of 4096";
           },
           "MULTIPLE OF 4096"));
-  app.add_option("--only", only, "one family of shapes")
-      ->check(CLI::IsMember({"full", "chunked", "last"}));
+  app.add_option("--only", only,
+                 "one family of shapes; sweep: page size x head_dim x chunk, run only when asked "
+                 "(about a minute on an H100)")
+      ->check(CLI::IsMember({"full", "chunked", "last", "sweep"}));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -458,34 +737,20 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CTXPLAN_CUDA_CHECK(cudaGetDevice(&dev));
     CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    std::printf("device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld, n=%lld\n",
-                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-                static_cast<long long>(kHq), static_cast<long long>(kHkv),
-                static_cast<long long>(kHd), static_cast<long long>(n));
-    if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
-    if (only.empty() || only == "full") BenchFull(n, reps);
-    for (const int64_t p : {int64_t{64}, int64_t{128}}) {
-      if (only == "full") break;
-      for (const bool shuffled : {false, true}) {
-        if (only == "last" && !shuffled) continue;
-        Chunked ch(n, c, p, shuffled);
-        if (only != "last") BenchChunked(ch, reps);
-        if (shuffled) BenchSparse(ch, reps);
-      }
+    if (only == "sweep") {
+      std::printf("device: %s, %d SMs, L2 %d MB; sweep of the last chunk, n=%lld\n", prop.name,
+                  prop.multiProcessorCount, prop.l2CacheSize >> 20, static_cast<long long>(n));
+    } else {
+      std::printf("device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld, n=%lld\n",
+                  prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+                  static_cast<long long>(kQwen7B.hq), static_cast<long long>(kQwen7B.hkv),
+                  static_cast<long long>(kQwen7B.hd), static_cast<long long>(n));
     }
-    std::printf("\n%-34s %10s %10s %10s %10s\n", "shape", "fwd ms", "fwd TF/s", "bwd ms",
-                "bwd TF/s");
-    for (const Row& r : g_rows)
-      std::printf("%-34s %10.2f %10.1f %10.2f %10.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(),
-                  r.bwd_ms, r.BwdTflops());
-    // Paging cost: shuffled vs identity page table.
-    for (size_t i = 0; i + 1 < g_rows.size(); ++i) {
-      const Row& a = g_rows[i];
-      const Row& b = g_rows[i + 1];
-      if (a.shape.find("_identity") != std::string::npos &&
-          b.shape.find("_shuffled") != std::string::npos)
-        std::printf("PAGING %s: shuffled/identity time fwd %.3f bwd %.3f\n", a.shape.c_str(),
-                    b.fwd_ms / a.fwd_ms, b.bwd_ms / a.bwd_ms);
+    if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
+    if (only == "sweep") {
+      RunSweep(n, reps);
+    } else {
+      RunFamilies(only, n, reps);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());

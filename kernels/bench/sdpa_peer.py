@@ -10,20 +10,33 @@ Shapes (FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h
                 bottom right (the chunk's last query sees every key); the sum of the 16 calls.
                 Compared with every chunked_* row of ours (identity and shuffled page tables).
   last_chunk    the last chunk alone: 4096 queries over 65536 keys (ours: last_chunk_dense_*).
+  sweep_*       attention_bench --only sweep's rows, named
+                sweep_d<d_h>_h<H_q>x<H_kv>_c<chunk>_p<page>_dense_e<E> or ..._sparse_e<A>of<E>:
+                the last chunk of <chunk> queries over E earlier tokens in pages, every one (dense)
+                or A of them a 128-query tile (sparse). The peer is the contiguous attention with
+                the same attended pairs, head_dim and heads: one bottom-right causal call of <chunk>
+                queries over <chunk> + E keys (dense) or <chunk> + A (sparse: as if each tile's
+                pages were gathered), one peer for every page size of a (d_h, heads, chunk, E/A).
+                Measured only for the sweep rows --ours holds; when it holds nothing else, the 64K
+                peers above are skipped (a line says so).
 Inputs are laid out as ours, [tokens][heads][d_h], viewed as (1, heads, tokens, d_h). GQA: K/V
-with 4 heads through enable_gqa=True where the backend takes it, else expanded to 28 heads
+with H_kv heads through enable_gqa=True where the backend takes it, else expanded to H_q heads
 (the arithmetic is the same). Timing: CUDA events, warm-up, median.
 """
 import argparse
 import csv
 import math
+import re
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-HQ, HKV, D = 28, 4, 128
+HQ, HKV, D = 28, 4, 128  # the full / chunked / last_chunk shapes (Qwen2.5-7B)
+
+# attention_bench --only sweep's shape names (kernels/bench/attention_bench.cpp, SweepChunk).
+SWEEP_RE = re.compile(r"^sweep_d(\d+)_h(\d+)x(\d+)_c(\d+)_p(\d+)_(dense|sparse)_e(\d+)(?:of\d+)?$")
 
 
 def time_ms(fn, reps, warmup=2):
@@ -43,21 +56,23 @@ def time_ms(fn, reps, warmup=2):
     return ts[len(ts) // 2]
 
 
-def make(tokens, heads, seed):
+def make(tokens, heads, d, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(1, tokens, heads, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return x.transpose(1, 2)  # (1, heads, tokens, D), strides of [tokens][heads][D]
+    x = torch.randn(1, tokens, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    return x.transpose(1, 2)  # (1, heads, tokens, d), strides of [tokens][heads][d]
 
 
 class Attn:
-    """One attention call of q_len queries over kv_len keys (bottom-right causal)."""
+    """One attention call of q_len queries over kv_len keys (bottom-right causal), with hq query
+    heads, hkv KV heads and head_dim d."""
 
-    def __init__(self, backend, q_len, kv_len):
+    def __init__(self, backend, q_len, kv_len, hq=HQ, hkv=HKV, d=D):
         self.backend = backend
-        self.q = make(q_len, HQ, 1).requires_grad_()
-        self.k4 = make(kv_len, HKV, 2).requires_grad_()
-        self.v4 = make(kv_len, HKV, 3).requires_grad_()
-        self.do = make(q_len, HQ, 4)
+        self.hq, self.hkv = hq, hkv
+        self.q = make(q_len, hq, d, 1).requires_grad_()
+        self.k4 = make(kv_len, hkv, d, 2).requires_grad_()
+        self.v4 = make(kv_len, hkv, d, 3).requires_grad_()
+        self.do = make(q_len, hq, d, 4)
         self.q_len, self.kv_len = q_len, kv_len
         self.mask = None
         if q_len != kv_len:
@@ -79,7 +94,7 @@ class Attn:
                     return self._call(self.k4, self.v4, True)
                 except (RuntimeError, TypeError):
                     self.gqa = False
-            rep = HQ // HKV
+            rep = self.hq // self.hkv
             k = self.k4.repeat_interleave(rep, dim=1)
             v = self.v4.repeat_interleave(rep, dim=1)
             return self._call(k, v, False)
@@ -96,12 +111,12 @@ def causal_pairs(q_len, kv_len):
     return q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
 
 
-def measure(backend, shapes, reps):
-    """Sum of fwd and bwd medians over the calls of a shape; None where the backend refuses."""
+def measure(backend, shapes, reps, hq=HQ, hkv=HKV, d=D):
+    """Sum of fwd and bwd medians over the calls of a shape; raises where the backend refuses."""
     fwd = bwd = 0.0
     pairs = 0.0
     for q_len, kv_len in shapes:
-        a = Attn(backend, q_len, kv_len)
+        a = Attn(backend, q_len, kv_len, hq, hkv, d)
         with torch.no_grad():
             fwd += time_ms(a.forward, reps)
         a.prepare_backward()
@@ -113,8 +128,23 @@ def measure(backend, shapes, reps):
     return fwd, bwd, pairs, mode
 
 
-def tflops(pairs, ms, factor):
-    return factor * pairs * HQ * D / (ms * 1e-3) / 1e12
+def tflops(pairs, ms, factor, hq=HQ, d=D):
+    return factor * pairs * hq * d / (ms * 1e-3) / 1e12
+
+
+def sweep_peer(shape):
+    """The peer of an attention_bench sweep row: (d, hq, hkv, chunk, keys beyond the chunk), or
+    None for a row that is not one."""
+    m = SWEEP_RE.match(shape)
+    if not m:
+        return None
+    d, hq, hkv, c, _page, _mode, attended = m.groups()
+    return (int(d), int(hq), int(hkv), int(c), int(attended))
+
+
+def sweep_peer_name(peer):
+    d, hq, hkv, c, attended = peer
+    return f"sweep_d{d}_h{hq}x{hkv}_c{c}_kv{c + attended}"
 
 
 def fail(message):
@@ -169,18 +199,32 @@ def main():
         "chunked": [(c, (i + 1) * c) for i in range(n // c)],
         "last_chunk": [(c, n)],
     }
+    # What to measure: (peer key, label, calls, H_q, H_kv, d_h). The 64K peers unless --ours holds
+    # only attention_bench --only sweep rows; then one peer per sweep shape that --ours holds.
+    jobs = []
+    only_sweep = bool(ours) and all(row["shape"].startswith("sweep_") for row in ours)
+    if only_sweep:
+        print("PEER: --ours holds only sweep rows: the full / chunked / last_chunk peers are not "
+              "measured", flush=True)
+    else:
+        jobs += [(shape, shape, calls, HQ, HKV, D) for shape, calls in peer_shapes.items()]
+    for row in ours or []:
+        peer = sweep_peer(row["shape"])
+        if peer is not None and all(job[0] != peer for job in jobs):
+            d, hq, hkv, q_len, attended = peer
+            jobs.append((peer, sweep_peer_name(peer), [(q_len, q_len + attended)], hq, hkv, d))
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-    peers = {}  # (shape, backend) -> (fwd_tflops, bwd_tflops, fwd_ms, bwd_ms)
-    for shape, calls in peer_shapes.items():
+    peers = {}  # (peer key, backend) -> (fwd_tflops, bwd_tflops, fwd_ms, bwd_ms)
+    for key, label, calls, hq, hkv, d in jobs:
         for name, be in backends.items():
             try:
-                fwd, bwd, pairs, mode = measure(be, calls, args.reps)
-                r = (tflops(pairs, fwd, 4), tflops(pairs, bwd, 10), fwd, bwd)
-                peers[(shape, name)] = r
-                print(f"PEER,{shape},{name},{mode},{fwd:.3f},{r[0]:.1f},{bwd:.3f},{r[1]:.1f}",
+                fwd, bwd, pairs, mode = measure(be, calls, args.reps, hq, hkv, d)
+                r = (tflops(pairs, fwd, 4, hq, d), tflops(pairs, bwd, 10, hq, d), fwd, bwd)
+                peers[(key, name)] = r
+                print(f"PEER,{label},{name},{mode},{fwd:.3f},{r[0]:.1f},{bwd:.3f},{r[1]:.1f}",
                       flush=True)
             except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"PEER,{shape},{name},unavailable: {type(e).__name__}: "
+                print(f"PEER,{label},{name},unavailable: {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:160]}", flush=True)
                 torch.cuda.empty_cache()
 
@@ -194,6 +238,8 @@ def main():
             return "chunked"
         if shape.startswith("last_chunk_dense"):
             return "last_chunk"
+        if shape.startswith("sweep_"):
+            return sweep_peer(shape)  # None (n/a) for a name it does not know
         return None
 
     def fmt(x):
@@ -202,10 +248,11 @@ def main():
     def ratio(a, b):
         return "   n/a" if b is None else f"{a / b:6.2f}"
 
+    w = max([34] + [len(row["shape"]) for row in ours])  # 34: the width before the sweep rows
     print("\nTFLOP/s (fwd 4*pairs*H*d, bwd 10*pairs*H*d); ratio = ours / peer")
-    hdr = (f"{'shape':34s} | {'ours':>6s} {'flash':>6s} {'cudnn':>6s} {'/fl':>6s} {'/cu':>6s} |"
+    hdr = (f"{'shape':{w}s} | {'ours':>6s} {'flash':>6s} {'cudnn':>6s} {'/fl':>6s} {'/cu':>6s} |"
            f" {'ours':>6s} {'flash':>6s} {'cudnn':>6s} {'/fl':>6s} {'/cu':>6s}")
-    print(f"{'':34s} | {'forward':^34s} | {'backward':^34s}")
+    print(f"{'':{w}s} | {'forward':^34s} | {'backward':^34s}")
     print(hdr)
     print("-" * len(hdr))
     for row in ours:
@@ -214,10 +261,14 @@ def main():
         of, ob = float(row["fwd_tflops"]), float(row["bwd_tflops"])
         fl = peers.get((key, "flash")) if key else None
         cu = peers.get((key, "cudnn")) if key else None
-        print(f"{shape:34s} | {of:6.1f} {fmt(fl and fl[0])} {fmt(cu and cu[0])} "
+        print(f"{shape:{w}s} | {of:6.1f} {fmt(fl and fl[0])} {fmt(cu and cu[0])} "
               f"{ratio(of, fl and fl[0])} {ratio(of, cu and cu[0])} | {ob:6.1f} "
               f"{fmt(fl and fl[1])} {fmt(cu and cu[1])} {ratio(ob, fl and fl[1])} "
               f"{ratio(ob, cu and cu[1])}")
+    if any(row["shape"].startswith("sweep_") for row in ours):
+        print("sweep rows: the peer is one contiguous bottom-right causal call of <chunk> queries "
+              "over <chunk> + E keys (sparse: + A,\n  the tokens a tile attends, as if its pages "
+              "were gathered): the same attended pairs, heads and head_dim, whatever the page size")
     return 0
 
 
