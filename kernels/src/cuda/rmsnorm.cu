@@ -17,18 +17,9 @@
 // Rows of at most 512 16-byte chunks (hidden <= 4096) take the pipelined variant, which streams
 // the next row into shared memory with cp.async and takes one barrier a row; wider rows prefetch
 // the next row into registers (or, past 8 elements a thread, not at all).
-// Measured at t = 4096, d = 3584 on the H200 (kernels_bench): 28.0 us, of which the row kernel
-// alone 25.1 us (3.5 TB/s, within 4% of an elementwise kernel moving the same three streams:
-// 24.2 us) and the column sums ~2.8 us, the kernel boundary: blocks of 32 x 8 ... 8 x 32 or eight
-// loads in flight a thread changed nothing. With d_add 33.8 us (row kernel 30.8 us, the
-// elementwise peer of four streams 30.7 us). Tried and slower (most against the earlier kernel:
-// two barriers a row, four stages, 29.9 us): three or four stages instead of two (+0.3 / +0.5
-// us), two rows an iteration (+2 us), the blocks of a cluster of 2 / 4 / 8 adding their d_weight
-// rows through distributed shared memory first (+1.4 us with the cluster launch alone, +10 us at 4
-// and 8: fewer resident blocks), one cooperative kernel (grid barrier, then the whole grid sums the
-// partials; 31.9 us), the row kernel summing in its last-arriving blocks (32.9 us), one 448-thread
-// block a multiprocessor with 8 stages (36.9 us), the register-prefetch kernel at this width (35.6
-// us).
+// At t = 4096, d = 3584 the backward's row kernel runs within 4% of an elementwise kernel moving
+// the same streams: the layout is at the memory bound, and the variants tried (kernels/PERF.md)
+// were slower.
 #include <cuda_runtime.h>
 
 #include <algorithm>
