@@ -415,6 +415,14 @@ TEST(GpuAttention, BackwardBf16DkvPool) {
   SKIP_WITHOUT_GPU();
   CheckProblem(Make(190, 8, 2, 128, 64, 3), 7, true, /*bf16_pool=*/true);
 }
+// Page sizes off the powers of two (chunks of 3072 and 6144 take them): the kernels' blocks of 64
+// or 128 keys then straddle pages.
+TEST(GpuAttention, PagesOf48And96And192) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(300, 14, 2, 128, 96, 5), 10);
+  CheckProblem(Make(200, 8, 2, 64, 48, 7), 11);
+  CheckProblem(Make(384, 28, 4, 128, 192, 3), 12);
+}
 TEST(GpuAttention, TinyChunk) {
   SKIP_WITHOUT_GPU();
   CheckProblem(Make(1, 4, 1, 128, 64, 2), 8);

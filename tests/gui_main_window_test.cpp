@@ -60,7 +60,7 @@ TEST(MainWindow, EveryViewShowsRendersAndExports) {
     QCoreApplication::processEvents();
     const QImage image = window.grab().toImage();
     EXPECT_GT(DrawnPixels(image), 20000);
-    for (const QString& format : {"png", "svg", "csv"}) {
+    for (const QString format : {"png", "svg", "csv"}) {
       const QString path = dir.filePath(view + "." + format);
       QString error;
       EXPECT_TRUE(window.ExportCurrentView(path, &error)) << error.toStdString();
