@@ -20,12 +20,17 @@ for t in gpu_peer_links_test gpu_pipeline_test; do
 done
 ctxtrain=$(find_bin ctxtrain)
 ctxplan=$(find_bin ctxplan)
-flags="--model qwen2.5-7b --machine h200-x2 --chunk 4096 --page 128 --budget 64 --offload on
+# MACHINE and RUNS ("context gpus steps", ...) choose other hosts and runs: on the x4 host,
+# MACHINE=h200-x4 RUNS="4194304 4 1" is the 4M step over 4 GPUs (planned 318.6 s plus start-up).
+machine=${MACHINE:-h200-x2}
+runs=${RUNS:-"128K 1 2,128K 2 2,1M 1 1,1M 2 1,2097152 2 1"}
+flags="--model qwen2.5-7b --machine $machine --chunk 4096 --page 128 --budget 64 --offload on
        --gpu-tier off --keep-layer-inputs off --optimizer adamw-gpu"
-for run in "128K 1 2" "128K 2 2" "1M 1 1" "1M 2 1" "2097152 2 1"; do
+IFS=, read -ra run_list <<< "$runs"
+for run in "${run_list[@]}"; do
   set -- $run
   echo "=== ctxtrain --backend cuda $flags --context $1 --gpus $2 --steps $3 --force"
-  # --force: the x2 host's MemTotal starts at 31 GiB and grows as memory is used.
+  # --force: the lent hosts' MemTotal starts low (31 GiB on x2) and grows as memory is used.
   timeout 590 "$ctxtrain" --backend cuda $flags --context "$1" --gpus "$2" --steps "$3" --force \
     2>&1 | grep -E "tokens/s|a step|start-up|memory|rank [0-9]|rror"
   "$ctxplan" plan $flags --context "$1" --gpus "$2" | grep -E "^Step|allocated|Pinned"
