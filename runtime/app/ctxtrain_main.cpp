@@ -859,7 +859,11 @@ int Main(int argc, char** argv) {
       if (links) last.loss_sum = links->AllReduceSum(last.loss_sum);
 #endif
     } catch (const TrainingError& e) {
-      throw TrainingError("step " + std::to_string(s) + ": " + e.what());
+      // "rank 1: step 0: ..." where the error names its rank already, not "step 0: rank 1: ...".
+      std::string what = e.what();
+      const bool named = !rank_prefix.empty() && what.rfind(rank_prefix, 0) == 0;
+      if (named) what.erase(0, rank_prefix.size());
+      throw TrainingError((named ? rank_prefix : "") + "step " + std::to_string(s) + ": " + what);
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
