@@ -27,6 +27,7 @@
 #include "ctxplan/runtime/dist/local_launcher.h"
 #include "ctxplan/runtime/dist/rank_env.h"
 #include "ctxplan/runtime/dist/rendezvous.h"
+#include "support/process.h"
 
 namespace ctxplan::dist {
 namespace {
@@ -390,16 +391,30 @@ TEST(LocalLauncherTest, FirstFailureStopsTheOthers) {
   EXPECT_EQ(error, ESRCH);
 }
 
-// ctxtrain's exit codes 2 and 3 come with its own line naming the rank: the launcher adds none.
-TEST(LocalLauncherTest, ASelfReportedFailureGetsNoSecondLine) {
+// A rank that said why it failed (it claimed the run's error line first) gets no second line from
+// the launcher; when every rank fails the same way, one of them says it.
+TEST(LocalLauncherTest, TheRunsErrorLineIsSaidOnce) {
+  test::ScratchDir dir;
+  const std::string said = (dir.path() / "said").string();
+  // What ctxtrain's ClaimTheErrorLine does: create the report path exclusively, say it if won.
+  const std::string claim =
+      "if (set -C; : > \"$CTXPLAN_LOCAL_LAUNCH_REPORT\") 2>/dev/null; then echo \"rank $RANK\" "
+      ">> " +
+      said + "; fi; ";
   std::ostringstream err;
-  const int code = LaunchLocalRanks(
-      "/bin/sh",
-      {"-c",
-       "if [ \"$RANK\" = 1 ] && [ \"$CTXPLAN_LOCAL_LAUNCH\" = 1 ]; then exit 3; fi; exec sleep 30"},
-      2, err, {2, 3});
-  EXPECT_EQ(code, 3);
+  EXPECT_EQ(
+      LaunchLocalRanks("/bin/sh",
+                       {"-c", "if [ \"$RANK\" = 1 ]; then " + claim + "exit 3; fi; exec sleep 30"},
+                       2, err),
+      3);
   EXPECT_EQ(err.str(), "");
+  EXPECT_EQ(test::ReadAll(said), "rank 1\n");
+  std::filesystem::remove(said);
+  std::ostringstream err_all;
+  EXPECT_EQ(LaunchLocalRanks("/bin/sh", {"-c", claim + "exit 2"}, 3, err_all), 2);
+  EXPECT_EQ(err_all.str(), "");
+  const std::string lines = test::ReadAll(said);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 1) << lines;
 }
 
 TEST(LocalLauncherTest, RankKilledByASignal) {

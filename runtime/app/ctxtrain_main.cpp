@@ -478,10 +478,9 @@ int Main(int argc, char** argv) {
                      ": this ctxtrain was built without NCCL; accepted: --gpus 1");
 #else
     const std::vector<std::string> args(argv + 1, argv + argc);
-    // Exit codes 2 and 3 come with ctxtrain's own line, naming the rank and the cause.
     return dist::LaunchLocalRanks(dist::ExecutablePath(), args,
                                   static_cast<int>(cli::ParseNonNegative(f.run.gpus, "--gpus")),
-                                  std::cerr, {2, 3});
+                                  std::cerr);
 #endif
   }
   if (ranks) {
@@ -1058,6 +1057,16 @@ bool StoppedByLauncher() {
          ctxplan::train::StopSignals::received() == SIGTERM;
 }
 
+// The run's one error line, written whole (ranks share the terminal), and its exit code. A rank
+// of `ctxtrain --gpus N` says it only if no other rank (nor the launcher) has said the run's:
+// the same bad input on every rank is one line, not N.
+int ErrorLine(const std::string& line, int code) {
+  if (StoppedByLauncher()) return 128 + SIGTERM;
+  if (!ctxplan::dist::ClaimTheErrorLine()) return code;
+  std::cerr << ("ctxtrain: " + line + "\n") << std::flush;
+  return code;
+}
+
 // "rank R: " before an error line of a rank, unless the message names its rank already.
 std::string RankPrefix(const char* message) {
   const std::string& prefix = ctxplan::train::rank_prefix;
@@ -1069,28 +1078,18 @@ int main(int argc, char** argv) {
   try {
     return ctxplan::train::Main(argc, argv);
   } catch (const ctxplan::InputError& e) {
-    if (StoppedByLauncher()) return 128 + SIGTERM;
-    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
-    return 2;
+    return ErrorLine(RankPrefix(e.what()) + e.what(), 2);
   } catch (const ctxplan::TrainingError& e) {
-    if (StoppedByLauncher()) return 128 + SIGTERM;
-    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
-    return 3;
+    return ErrorLine(RankPrefix(e.what()) + e.what(), 3);
   } catch (const ctxplan::dist::DistError& e) {
-    if (StoppedByLauncher()) return 128 + SIGTERM;
-    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << e.what() << "\n";
-    return 3;
+    return ErrorLine(RankPrefix(e.what()) + e.what(), 3);
   }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   catch (const ctxplan::kernels::CudaError& e) {  // the device failed: the run did, not our code
-    if (StoppedByLauncher()) return 128 + SIGTERM;
-    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "CUDA error: " << e.what() << "\n";
-    return 3;
+    return ErrorLine(RankPrefix(e.what()) + "CUDA error: " + e.what(), 3);
   }
 #endif
   catch (const std::exception& e) {
-    if (StoppedByLauncher()) return 128 + SIGTERM;
-    std::cerr << "ctxtrain: " << RankPrefix(e.what()) << "internal error: " << e.what() << "\n";
-    return 1;
+    return ErrorLine(RankPrefix(e.what()) + "internal error: " + e.what(), 1);
   }
 }

@@ -1,6 +1,7 @@
 #include "ctxplan/runtime/dist/local_launcher.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -40,10 +41,10 @@ constexpr auto kStopGrace = std::chrono::seconds(10);
 constexpr timespec kPollInterval{0, 20'000'000};  // 20 ms
 
 // The variables each child gets from the launcher, replacing inherited ones of the same name.
-constexpr const char* kLocalLaunchVariable = "CTXPLAN_LOCAL_LAUNCH";
-constexpr const char* kSetVariables[] = {
-    "RANK",        "WORLD_SIZE",       "LOCAL_RANK",        "MASTER_ADDR",
-    "MASTER_PORT", "NCCL_NVLS_ENABLE", kLocalLaunchVariable};
+constexpr const char* kReportVariable = "CTXPLAN_LOCAL_LAUNCH_REPORT";
+constexpr const char* kSetVariables[] = {"RANK",         "WORLD_SIZE",  "LOCAL_RANK",
+                                         "MASTER_ADDR",  "MASTER_PORT", "NCCL_NVLS_ENABLE",
+                                         kReportVariable};
 
 std::string Cause(int error) {
   std::string text = std::strerror(error);
@@ -123,7 +124,8 @@ class SpawnAttributes {
 };
 
 // This process's environment without the variables the launcher sets, then those, for `rank`.
-std::vector<std::string> ChildEnvironment(int rank, int ranks, int port) {
+std::vector<std::string> ChildEnvironment(int rank, int ranks, int port,
+                                          const std::string& report) {
   std::vector<std::string> variables;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
@@ -138,7 +140,7 @@ std::vector<std::string> ChildEnvironment(int rank, int ranks, int port) {
   variables.push_back("MASTER_ADDR=127.0.0.1");
   variables.push_back("MASTER_PORT=" + std::to_string(port));
   variables.push_back("NCCL_NVLS_ENABLE=0");
-  variables.push_back(std::string(kLocalLaunchVariable) + "=1");
+  variables.push_back(std::string(kReportVariable) + "=" + report);
   return variables;
 }
 
@@ -175,10 +177,10 @@ class Children {
 
   // Starts rank `rank` (the next one); DistError if it cannot be.
   void Spawn(const std::string& executable, const std::vector<std::string>& args, int rank,
-             int ranks, int port) {
+             int ranks, int port, const std::string& report) {
     std::vector<std::string> argv_strings{executable};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<std::string> env_strings = ChildEnvironment(rank, ranks, port);
+    std::vector<std::string> env_strings = ChildEnvironment(rank, ranks, port, report);
     std::vector<char*> argv = Pointers(argv_strings);
     std::vector<char*> envp = Pointers(env_strings);
     pid_t pid = 0;
@@ -222,20 +224,50 @@ class Children {
 
 }  // namespace
 
+namespace {
+
+// Creates `path` if no one has: the one who does says the run's error line.
+bool Claim(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return errno != EEXIST;  // unusable path: better two lines than none
+  ::close(fd);
+  return true;
+}
+
+// The claim's path, removed when the launch ends.
+struct ReportPath {
+  std::string path;
+  explicit ReportPath(int port) {
+    const char* tmp = std::getenv("TMPDIR");
+    path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ctxtrain-report-" +
+           std::to_string(::getpid()) + "-" + std::to_string(port);
+    ::unlink(path.c_str());
+  }
+  ~ReportPath() { ::unlink(path.c_str()); }
+};
+
+}  // namespace
+
 bool LaunchedByLocalLauncher() {
-  const char* value = std::getenv(kLocalLaunchVariable);
-  return value != nullptr && std::string_view(value) == "1";
+  const char* value = std::getenv(kReportVariable);
+  return value != nullptr && *value != '\0';
+}
+
+bool ClaimTheErrorLine() {
+  return !LaunchedByLocalLauncher() || Claim(std::getenv(kReportVariable));
 }
 
 int LaunchLocalRanks(const std::string& executable, const std::vector<std::string>& args, int ranks,
-                     std::ostream& err, const std::vector<int>& self_reported_codes) {
+                     std::ostream& err) {
   CTXPLAN_CHECK(ranks >= 1, "LaunchLocalRanks needs at least one rank");
   const int port = FreeLocalPort();
+  const ReportPath report(port);
   // Declared in this order so that the children are reaped (on any path) before the signal
   // dispositions are restored: a signal until then is forwarded, not fatal to us alone.
   SupervisorSignals signals;
   Children children;
-  for (int rank = 0; rank < ranks; ++rank) children.Spawn(executable, args, rank, ranks, port);
+  for (int rank = 0; rank < ranks; ++rank)
+    children.Spawn(executable, args, rank, ranks, port, report.path);
 
   int failed_rank = -1;
   int failed_code = 0;
@@ -254,10 +286,7 @@ int LaunchLocalRanks(const std::string& executable, const std::vector<std::strin
       failed_code = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
       children.Signal(SIGTERM);
       kill_at = Clock::now() + kStopGrace;
-      const bool reported =
-          WIFEXITED(*status) && std::find(self_reported_codes.begin(), self_reported_codes.end(),
-                                          failed_code) != self_reported_codes.end();
-      if (!reported)
+      if (Claim(report.path))  // no rank said why: this line does
         err << "ctxtrain: rank " << rank << " failed (" << HowItEnded(*status) << ")"
             << (ranks > 1 ? "; stopped the other ranks" : "") << std::endl;
     }
