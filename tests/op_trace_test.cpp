@@ -270,6 +270,11 @@ TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
       EXPECT_NEAR(k.measured_seconds, k.predicted_seconds, 1e-9 * k.count + 1e-9);
   }
   EXPECT_NE(prediction.gpu_peak_by_rank[0], prediction.gpu_peak_by_rank[1]);
+  // A trace naming no rank (the prediction of every GPU, as `ctxplan timeline` writes it): all.
+  const sim::ReplayResult all = sim::Replay(both, plan, time_model, "t");
+  EXPECT_EQ(all.rank, -1);
+  EXPECT_EQ(all.plan_ops, ops_of_rank[0] + ops_of_rank[1]);
+  EXPECT_EQ(all.traced_ops, all.plan_ops);
   OpTrace bad = both;
   bad.metadata["rank"] = "2";
   EXPECT_THROW(sim::Replay(bad, plan, time_model, "t"), InputError);

@@ -536,7 +536,7 @@ int RunReplay(ReplayFlags f) {
   char line[256];
   std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
                   machine.name + " (" + machine_from + ")\n";
-  if (plan.geometry().stages() > 1)
+  if (plan.geometry().stages() > 1 && r.rank >= 0)
     s += "GPU " + std::to_string(r.rank) + " of " + std::to_string(plan.geometry().stages()) +
          " (pipeline stage of layers " + std::to_string(plan.geometry().stage_first_layer(r.rank)) +
          "-" + std::to_string(plan.geometry().stage_first_layer(r.rank + 1) - 1) +
@@ -587,6 +587,11 @@ int RunReplay(ReplayFlags f) {
                   k.predicted_seconds > 0 ? k.measured_seconds / k.predicted_seconds : 0.0);
     s += line;
   }
+  if (std::any_of(r.by_kind.begin(), r.by_kind.end(), [](const sim::KindComparison& k) {
+        return k.kind == OpKind::kPeerSend || k.kind == OpKind::kPeerRecv;
+      }))
+    s += "  (peer_send, peer_recv: an NCCL kernel spans its wait for the other GPU too; the plan "
+         "times the transfer alone and puts the wait in the step)\n";
   if (!f.by_chunk.empty()) {
     s += "by chunk, " + f.by_chunk +
          " (per op)\n  chunk      ops   measured ms  predicted ms   ratio\n";

@@ -142,9 +142,11 @@ UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
 
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name) {
-  // A trace of one rank of a pipelined run (ctxtrain writes one a GPU) holds that rank's ops and
-  // memory: it is compared with the plan's ops of that rank and that GPU's predicted peak.
-  int32_t rank = 0;
+  // A trace of one rank of a pipelined run (ctxtrain writes one a GPU, with its rank) holds that
+  // rank's ops and memory: it is compared with the plan's ops of that rank and that GPU's
+  // predicted peak. A trace naming no rank (one GPU, or a prediction of every GPU) is compared
+  // with all of the plan's ops.
+  int32_t rank = -1;
   if (const auto it = trace.metadata.find("rank"); it != trace.metadata.end()) {
     char* end = nullptr;
     const long parsed = std::strtol(it->second.c_str(), &end, 10);
@@ -159,11 +161,12 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   ReplayResult r;
   r.rank = rank;
   r.predicted_step_seconds = prediction.step_seconds();
-  r.predicted_gpu_peak = static_cast<size_t>(rank) < prediction.gpu_peak_by_rank.size()
+  r.predicted_gpu_peak = rank >= 0 && static_cast<size_t>(rank) < prediction.gpu_peak_by_rank.size()
                              ? prediction.gpu_peak_by_rank[static_cast<size_t>(rank)]
                              : prediction.gpu.peak_bytes;
   r.predicted_host_peak = prediction.host.peak_bytes;
-  for (const Predicted& p : recorder.ops) r.plan_ops += p.start >= 0 && p.rank == rank ? 1 : 0;
+  for (const Predicted& p : recorder.ops)
+    r.plan_ops += p.start >= 0 && (rank < 0 || p.rank == rank) ? 1 : 0;
 
   std::map<std::pair<OpKind, OpPart>, KindComparison> by_kind;
   std::map<std::tuple<OpKind, OpPart, int32_t>, ChunkComparison> by_chunk;
@@ -188,7 +191,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
                        " in the plan; accepted: a trace of this plan version and these options");
     if (seen[m.op_id])
       throw InputError(trace_name + ": op " + std::to_string(m.op_id) + " appears twice");
-    if (p.rank != rank) continue;  // another GPU's, bracketed by an older ctxtrain: not timed here
+    if (rank >= 0 && p.rank != rank) continue;  // another GPU's (an older ctxtrain's bracket)
     seen[m.op_id] = true;
     ++r.traced_ops;
     first_start = std::min(first_start, m.start_ns);

@@ -58,7 +58,7 @@ struct ReplayResult {
   int64_t predicted_host_peak = 0;
   uint64_t plan_ops = 0;                  // kernels and copies in the plan
   uint64_t traced_ops = 0;                // of which the trace holds this many
-  int32_t rank = 0;                       // the GPU of a pipelined run the trace is of
+  int32_t rank = -1;                      // the GPU of a pipelined run the trace is of; -1: all
   std::vector<KindComparison> by_kind;    // sorted by measured time, largest first
   std::vector<ChunkComparison> by_chunk;  // every kind, part and chunk, in that order
   std::vector<OpComparison> worst;        // largest |measured - predicted|, at most 10
