@@ -159,18 +159,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     return LaunchSeconds(work, longest, sms);
   }
   const double p = static_cast<double>(s.page_tokens);
-  double efficiency = PageEfficiency(
-      backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
-                                                            : k.page_bwd_efficiency)
-               : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
-                                                            : k.page_fwd_efficiency),
-      s.page_tokens);
-  if (sparse) {
-    const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
-    efficiency *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
-                                : PageEfficiency(table, s.page_tokens);
-  }
-  const double paged_block = block / efficiency;
+  const double paged_block = block / PagedEfficiency(s.page_tokens, backward, d64, sparse);
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
   const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));
@@ -210,30 +199,32 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
   return best;
 }
 
+double KernelTimeModel::PagedEfficiency(int64_t page_tokens, bool backward, bool d64,
+                                        bool sparse) const {
+  const KernelProfile& k = profile_;
+  double efficiency = PageEfficiency(
+      backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
+                                                            : k.page_bwd_efficiency)
+               : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
+                                                            : k.page_fwd_efficiency),
+      page_tokens);
+  if (sparse) {
+    const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
+    efficiency *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
+                                : PageEfficiency(table, page_tokens);
+  }
+  return efficiency;
+}
+
 KernelTimeModel::PageRate KernelTimeModel::PageRateAgainst128(int64_t page_tokens, int64_t head_dim,
                                                               bool sparse) const {
-  const KernelProfile& k = profile_;
-  const bool d64 = head_dim > 0 && head_dim <= 64;
-  // The same tables AttentionComputeSeconds reads: the paged path's fraction of the contiguous
-  // rate, times the sparse selection's where pages are selected.
-  auto efficiency = [&](bool backward, int64_t p) {
-    double e = PageEfficiency(
-        backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
-                                                              : k.page_bwd_efficiency)
-                 : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
-                                                              : k.page_fwd_efficiency),
-        p);
-    if (sparse) {
-      const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
-      e *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
-                         : PageEfficiency(table, p);
-    }
-    return e;
-  };
   PageRate r;
   if (page_tokens <= 0) return r;
-  r.forward = efficiency(false, page_tokens) / efficiency(false, 128);
-  r.backward = efficiency(true, page_tokens) / efficiency(true, 128);
+  const bool d64 = head_dim > 0 && head_dim <= 64;
+  r.forward =
+      PagedEfficiency(page_tokens, false, d64, sparse) / PagedEfficiency(128, false, d64, sparse);
+  r.backward =
+      PagedEfficiency(page_tokens, true, d64, sparse) / PagedEfficiency(128, true, d64, sparse);
   return r;
 }
 
