@@ -396,9 +396,11 @@ TEST(LocalLauncherTest, FirstFailureStopsTheOthers) {
 TEST(LocalLauncherTest, TheRunsErrorLineIsSaidOnce) {
   test::ScratchDir dir;
   const std::string said = (dir.path() / "said").string();
-  // What ctxtrain's ClaimTheErrorLine does: create the report path exclusively, say it if won.
+  // What ctxtrain's ErrorLine does: ignore the launcher's stop from here on, create the report
+  // path exclusively, and say the line if it won.
   const std::string claim =
-      "if (set -C; : > \"$CTXPLAN_LOCAL_LAUNCH_REPORT\") 2>/dev/null; then echo \"rank $RANK\" "
+      "trap '' TERM INT; if (set -C; : > \"$CTXPLAN_LOCAL_LAUNCH_REPORT\") 2>/dev/null; then echo "
+      "\"rank $RANK\" "
       ">> " +
       said + "; fi; ";
   std::ostringstream err;

@@ -1060,7 +1060,14 @@ bool StoppedByLauncher() {
 // The run's one error line, written whole (ranks share the terminal), and its exit code. A rank
 // of `ctxtrain --gpus N` says it only if no other rank (nor the launcher) has said the run's:
 // the same bad input on every rank is one line, not N.
+// From here the process only ends: SIGINT and SIGTERM stay blocked, so the launcher stopping the
+// other ranks cannot end this one between its claim and its line (which would leave none).
 int ErrorLine(const std::string& line, int code) {
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   if (StoppedByLauncher()) return 128 + SIGTERM;
   if (!ctxplan::dist::ClaimTheErrorLine()) return code;
   std::cerr << ("ctxtrain: " + line + "\n") << std::flush;
