@@ -422,6 +422,19 @@ TEST(GpuAttention, PagesOf48And96And192) {
   CheckProblem(Make(300, 14, 2, 128, 96, 5), 10);
   CheckProblem(Make(200, 8, 2, 64, 48, 7), 11);
   CheckProblem(Make(384, 28, 4, 128, 192, 3), 12);
+  // Page-sparse over them: the forward's loader walks each tile's selected pages by a cursor.
+  Problem sparse96 = Make(256, 8, 2, 128, 96, 10);
+  sparse96.per_tile = 3;
+  sparse96.sel = {1, 4, 7, 0, 2, 9};  // 2 tiles of 128 queries
+  CheckProblem(sparse96, 13);
+  Problem sparse48 = Make(384, 8, 4, 64, 48, 9);
+  sparse48.per_tile = 2;
+  sparse48.sel = {0, 5, 3, 8, 1, 2};  // 3 tiles
+  CheckProblem(sparse48, 14);
+  Problem sparse32 = Make(256, 14, 2, 128, 32, 12);
+  sparse32.per_tile = 5;
+  sparse32.sel = {0, 2, 3, 7, 11, 1, 4, 5, 6, 10};
+  CheckProblem(sparse32, 15);
 }
 TEST(GpuAttention, TinyChunk) {
   SKIP_WITHOUT_GPU();
@@ -469,14 +482,18 @@ TEST(GpuAttention, SparseTopK) {
 // launched over every earlier page: dK/dV and the dKV pool bit for bit (no block of an unselected
 // page writes anything), dQ up to the order of its fp32 atomics (dQ is rounded to bf16 after
 // them, so another order flips the last bit of a few elements: 1.1e-5 measured on the H200). Pages
-// of 128 and 64 tokens (64- and 128-key blocks), head_dim 128 (wgmma) and 64 (mma.sync).
+// of 128 and 64 tokens (64- and 128-key blocks), head_dim 128 (wgmma) and 64 (mma.sync); pages of
+// 96, 192 and 48, whose blocks over the union end at their page's end (a block over every
+// position spans two pages).
 TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
   SKIP_WITHOUT_GPU();
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages;
   };
   for (const Shape sh : {Shape{384, 14, 2, 128, 128, 24}, Shape{256, 8, 2, 128, 64, 40},
-                         Shape{256, 8, 4, 64, 128, 16}}) {
+                         Shape{256, 8, 4, 64, 128, 16}, Shape{256, 8, 2, 128, 96, 30},
+                         Shape{256, 8, 2, 128, 192, 14}, Shape{256, 8, 2, 128, 48, 40},
+                         Shape{256, 8, 4, 64, 96, 20}}) {
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(31);
     const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;

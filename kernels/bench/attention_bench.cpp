@@ -521,6 +521,9 @@ struct SweepPoint {
   bool sparse;
   int64_t pages_per_tile;  // sparse: the pages a tile selects; dense: every earlier page
   Row row;
+  // Sparse: the backward with its earlier key blocks over every position, a block across pages
+  // (CTXPLAN_ATTN_BWD_SPARSE=positions), against which the blocks over the union's pages compare.
+  double bwd_positions_ms = 0;
 };
 
 const SweepPoint* FindPoint(const std::vector<SweepPoint>& points, int64_t hd, int64_t chunk,
@@ -574,26 +577,31 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
       static_cast<long long>(s.chunk), static_cast<long long>(context),
       static_cast<long long>(context - s.chunk), static_cast<long long>(kSparseTokens),
       static_cast<long long>(kSparseTokens));
-  std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s\n", "mode", "page", "pages/tile",
-              "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128", "fwd/d128", "bwd/d128");
+  std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
+              "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
+              "fwd/d128", "bwd/d128", "bwd pos/");
   // Dense rows, then sparse ones, each by page size (the order they were measured in is by page).
   for (const bool sparse : {false, true}) {
     for (size_t i = first; i < points.size(); ++i) {
       const SweepPoint& x = points[i];
       if (x.sparse != sparse) continue;
       const SweepRatios r = RatiosOf(x, points);
-      std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s\n",
+      char positions[16] = "-";
+      if (x.bwd_positions_ms > 0)
+        std::snprintf(positions, sizeof(positions), "%.2f", x.bwd_positions_ms / x.row.bwd_ms);
+      std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s\n",
                   sparse ? "sparse" : "dense", static_cast<long long>(x.page),
                   static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
                   RatioText(r.fwd_page, kPageBound).c_str(), x.row.bwd_ms, x.row.BwdTflops(),
                   RatioText(r.bwd_page, kPageBound).c_str(),
                   RatioText(r.fwd_hd, kHeadDimBound).c_str(),
-                  RatioText(r.bwd_hd, kHeadDimBound).c_str());
+                  RatioText(r.bwd_hd, kHeadDimBound).c_str(), positions);
     }
   }
   std::printf(
       "(TF/s per FLOP as counted for the attended pairs; * outside issue 14's bounds: /p128 more "
-      "than %.0f%% from 1, /d128 more than %.0f%%)\n",
+      "than %.0f%% from 1, /d128 more than %.0f%%; bwd pos/: the sparse backward's time with its "
+      "key blocks over every position, over this one's)\n",
       kPageBound * 100, kHeadDimBound * 100);
   std::fflush(stdout);
 }
@@ -660,6 +668,9 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     sp.row.pairs = own_pairs + static_cast<double>(c) * per_tile * p;
     sp.row.fwd_ms = TimeMs([&] { ch->Forward(last, sel.view); }, reps, 2);
     sp.row.bwd_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
+    setenv("CTXPLAN_ATTN_BWD_SPARSE", "positions", 1);
+    sp.bwd_positions_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
+    unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
     Report(sp.row);
     points.push_back(sp);
   }

@@ -91,14 +91,18 @@ struct BwdParams {
 
 // The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
 // key blocks first (own block 0 sees every query: the heaviest), then the earlier ones, over
-// every earlier position or over the union's pages only (then p % BN == 0 and each page has
-// p / BN blocks). KV heads outermost keep the blocks resident at one time on one head's queries
-// (Q, dO and the dQ accumulator of one head group: 29 MB at t = 4096, within the L2). Other
-// orders (KV head fastest, heaviest blocks first) measured no better (kernels/PERF.md).
+// every earlier position or over the union's pages only. Over the union a block never holds two
+// pages: a page is ceil(p / BN) blocks, the last one cut at the page's end (pages of 96 keys are
+// one 128-key block three quarters full), because tiles select pages independently: a block
+// across two pages computes every item of either page, half of it masked. KV heads outermost keep
+// the blocks resident at one time on one head's queries (Q, dO and the dQ accumulator of one
+// head group: 29 MB at t = 4096, within the L2). Other orders (KV head fastest, heaviest blocks
+// first) measured no better (kernels/PERF.md).
 struct KeyBlock {
   int hkv;
   bool earlier;
   int kb0;  // first key: an own position, or an index into the earlier positions
+  int end;  // keys from `end` on are not this block's (past the chunk, the pages or its page)
 };
 // Over the union (kOverUnion) is a template parameter: reading the union's page list at the
 // block's start, even behind a branch never taken, made the dense backward's main loop compile
@@ -108,13 +112,14 @@ __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int hkv = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.x);
   const int own_blocks = (prm.t + BN - 1) / BN;
-  if (b < own_blocks) return {hkv, false, b * BN};
+  if (b < own_blocks) return {hkv, false, b * BN, prm.t};
   const int eb = b - own_blocks;
   if constexpr (!kOverUnion) {
-    return {hkv, true, eb * BN};
+    return {hkv, true, eb * BN, prm.num_pages * prm.p};
   } else {
-    const int per_page = prm.p / BN;
-    return {hkv, true, (__ldg(prm.union_pages + eb / per_page) * per_page + eb % per_page) * BN};
+    const int per_page = (prm.p + BN - 1) / BN;
+    const int page_start = __ldg(prm.union_pages + eb / per_page) * prm.p;
+    return {hkv, true, page_start + (eb % per_page) * BN, page_start + prm.p};
   }
 }
 
@@ -248,13 +253,13 @@ __device__ __forceinline__ bool ListContains(const int32_t* list, int n, int pag
 // Page-sparse key block: which of its pages each selection tile selected (s_mask[tile], bit i =
 // page first_page + i) and their union, which it returns (0: no tile attends these keys).
 template <int kThreads, int BN>
-__device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0, int n_e,
+__device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0, int end,
                                                    int first_page, uint32_t* s_mask,
                                                    uint32_t* s_union) {
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) *s_union = 0u;
   __syncthreads();
-  const int last_page = (min(kb0 + BN, n_e) - 1) / prm.p;
+  const int last_page = (min(kb0 + BN, end) - 1) / prm.p;
   uint32_t local_union = 0u;
   for (int st = tid; st < prm.sel_tiles; st += kThreads) {
     const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
@@ -408,8 +413,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   const bool earlier = block.earlier;
   const int kb0 = block.kb0;
   const int t = prm.t;
-  const int n_e = prm.num_pages * prm.p;
-  const int region_end = earlier ? n_e : t;  // valid key index bound in this region
+  const int region_end = block.end;  // valid key index bound
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
   const bool sparse = earlier && prm.sel != nullptr;
   const int first_page = earlier ? kb0 / prm.p : 0;
@@ -417,7 +421,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
   // Which of the block's pages each selection tile selected (sparse), and their union.
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
-    union_mask = ScanSelections<kBwdThreads, BN>(prm, kb0, n_e, first_page, s_mask, s_union);
+    union_mask = ScanSelections<kBwdThreads, BN>(prm, kb0, region_end, first_page, s_mask, s_union);
     if (union_mask == 0u) return;  // no tile attends these keys
   }
   const int qt_begin = earlier ? 0 : kb0 / BM;
@@ -741,15 +745,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const bool earlier = block.earlier;
   const int kb0 = block.kb0;
   const int t = prm.t;
-  const int n_e = prm.num_pages * prm.p;
-  const int region_end = earlier ? n_e : t;
+  const int region_end = block.end;
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
   const bool sparse = earlier && prm.sel != nullptr;
   const int first_page = earlier ? kb0 / prm.p : 0;
 
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
-    union_mask = ScanSelections<kWbThreads, BN>(prm, kb0, n_e, first_page, s_mask, s_union);
+    union_mask = ScanSelections<kWbThreads, BN>(prm, kb0, region_end, first_page, s_mask, s_union);
     if (union_mask == 0u) return;
   }
   const int qt_begin = earlier ? 0 : kb0 / BM;
@@ -1000,15 +1003,23 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
         out, prm.d_out, lse, prm.t, prm.t_pad, prm.hq, delta, lse2);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   }
-  // Earlier key blocks of `bn` keys: over every earlier position, or over the union's pages
-  // only when the selection gives one and pages are whole blocks.
+  // Earlier key blocks of `bn` keys: over the union's pages, page by page, when the selection
+  // gives a union and a page's blocks are at least three quarters full (pages of 96 or 192 in
+  // 128-key blocks, 48 in 64-key ones); else over every earlier position, a block across pages
+  // (16 or 32 in 64-key blocks: one page a block would leave most of it masked).
+  // CTXPLAN_ATTN_BWD_SPARSE=positions takes the latter always, to compare.
+  const char* sparse_blocks = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
+  const bool page_blocks_allowed =
+      !(sparse_blocks != nullptr && std::strcmp(sparse_blocks, "positions") == 0);
   auto with_blocks = [&](int bn, int own_bn) {
     BwdParams q = prm;
-    const bool over_union = prm.sel != nullptr && prm.union_pages != nullptr && prm.p % bn == 0;
+    const int per_page = (prm.p + bn - 1) / bn;
+    const bool over_union = prm.sel != nullptr && prm.union_pages != nullptr &&
+                            page_blocks_allowed && 4 * prm.p >= 3 * per_page * bn;
     q.union_pages = over_union ? prm.union_pages : nullptr;
     const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
     q.n_earlier_blocks =
-        over_union ? prm.n_union * (prm.p / bn) : static_cast<int>((n_e + bn - 1) / bn);
+        over_union ? prm.n_union * per_page : static_cast<int>((n_e + bn - 1) / bn);
     const int64_t blocks = q.n_earlier_blocks + (static_cast<int64_t>(prm.t) + own_bn - 1) / own_bn;
     Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
     return std::pair{q, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv))};
@@ -1023,7 +1034,9 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
-    if (prm.sel != nullptr && prm.p < kBwdBN) {  // page-sparse over small pages: 64-key blocks
+    // Page-sparse over pages of 64 or fewer: 64-key blocks (a 128-key block would be half
+    // masked), though they run at ~0.65 of the 128-key blocks' rate (kernels/PERF.md).
+    if (prm.sel != nullptr && prm.p <= 64) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<1>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {

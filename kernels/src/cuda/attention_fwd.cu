@@ -17,7 +17,8 @@
 // A key tile of earlier positions is gathered page by page: when p is a power of two >= the tile
 // (or >= 64 for the wgmma kernel), a tile spans at most two pages whose slots are fetched one
 // tile ahead (a register prefetch), and its rows are p-contiguous with stride H_kv * d_h; other
-// page sizes (p >= 16) resolve the page per row.
+// page sizes (p >= 16) are walked row by row, by a per-thread cursor in the wgmma kernel (the
+// page table read once a page) and with the page resolved per row in the mma.sync one.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,6 +32,7 @@
 #include "attention_wgmma.cuh"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "page_row_cursor.h"
 
 namespace ctxplan::kernels::cuda {
 namespace {
@@ -389,8 +391,9 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
 // P_{j-1} V_{j-1}, wait for S_j, softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j;
 // two named barriers make the consumers take turns issuing ("ping-pong"), so one's softmax runs
 // while the other's GEMMs use the tensor cores. The loader gives registers to the consumers
-// (setmaxnreg). Earlier pages: a 128-key tile is two 64-row halves, each within one page when p
-// is a power of two >= 64 (else the page is resolved per row).
+// (setmaxnreg). Earlier pages: when p is a power of two >= 64 (kPow2Pages) a 128-key tile is two
+// 64-row halves, each within one page, their slots read a tile ahead; other page sizes are walked
+// by a cursor per thread (page_row_cursor.h) that reads the page table once a page.
 // The loader's copies must stay cheap (a running pointer, not the row address recomputed per
 // copy): the four loader warps were the bound otherwise. Numbers in kernels/PERF.md.
 constexpr int kWsBM = 128, kWsBN = 128;
@@ -416,7 +419,7 @@ struct WsSmem {  // tiles [HD / 64][rows][64] bf16, 128-byte swizzle
   static constexpr int kBytes = kBars + 8 * 8 + 1024;  // + alignment slack
 };
 
-template <int HD>
+template <int HD, bool kPow2Pages>
 __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(const FwdParams prm) {
   using L = WsSmem<HD>;
   constexpr int BM = kWsBM, BN = kWsBN;
@@ -462,7 +465,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
   if (role == 0) {  // --- loader ---
     SetMaxRegistersDec<kWsLoaderRegisters>();
     const int pg = prm.p;
-    const bool pow2 = pg >= 64 && (pg & (pg - 1)) == 0;
     const int p_shift = __ffs(pg) - 1;
     auto slot_of = [&](int li) -> int {
       const int page = sel_list ? __ldg(sel_list + li) : li;
@@ -472,7 +474,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
     auto tile_slots = [&](int j, int& sa, int& sb) {
       sa = 0;
       sb = 0;
-      if (!pow2 || j >= ne_tiles) return;
+      if (!kPow2Pages || j >= ne_tiles) return;
       const int v0 = j * BN;
       sa = slot_of(v0 >> p_shift);
       if (v0 + 64 < n_e) sb = pg >= 128 ? sa : slot_of((v0 + 64) >> p_shift);
@@ -494,11 +496,35 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
         src += step;
       }
     };
+    // Other page sizes: this thread's rows r0, r0 + kRowsPerPass, ... of the earlier keys, K and
+    // V each walked by a cursor over the tiles in the order they are loaded.
+    const PageRowWalk walk{pg, kRowsPerPass, kv_row};
+    auto slot_or_0 = [&](int li) { return li < n_pages_b ? slot_of(li) : 0; };
+    const bf16* column = prm.pool + hkv * HD + c * 8;
+    auto k_row = [&](int slot, int off) {
+      return column + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row;
+    };
+    auto v_row = [&](int slot, int off) {
+      return column + static_cast<int64_t>(slot) * prm.page_elems + (pg + off) * kv_row;
+    };
+    PageRowCursor<bf16> k_rows, v_rows;
+    if constexpr (!kPow2Pages) {
+      k_rows.Start(walk, r0, slot_or_0, k_row);
+      v_rows.Start(walk, r0, slot_or_0, v_row);
+    }
+    auto walk_tile = [&](uint32_t dst, PageRowCursor<bf16>& rows, auto row_at) {
+#pragma unroll
+      for (int i = 0; i < BN / kRowsPerPass; ++i) {
+        const bool valid = rows.page < n_pages_b;  // past the last page: zero-filled
+        CpAsync16(dst + Sw128<BN>(i * kRowsPerPass + r0, c), valid ? rows.row : prm.pool, valid);
+        rows.Advance(walk, slot_or_0, row_at);
+      }
+    };
     auto load_kv = [&](int j, int which, int sa, int sb) {
       const uint32_t dst = (which ? sV : sK) + (j & 1) * L::kTile;
       if (j < ne_tiles) {
         const int v0 = j * BN;
-        if (pow2) {
+        if constexpr (kPow2Pages) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int off = (v0 + 64 * half) & (pg - 1);
@@ -508,20 +534,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
             copy_rows(std::integral_constant<int, 64>{}, dst, half * 64, first,
                       n_e - v0 - half * 64 - r0);
           }
+        } else if (which) {
+          walk_tile(dst, v_rows, v_row);
         } else {
-#pragma unroll
-          for (int i = 0; i < BN / kRowsPerPass; ++i) {
-            const int row = i * kRowsPerPass + r0;
-            const int v = v0 + row;
-            const bool valid = v < n_e;
-            const bf16* src = prm.pool;
-            if (valid) {
-              const int li = v / pg;
-              src = prm.pool + static_cast<int64_t>(slot_of(li)) * prm.page_elems +
-                    (static_cast<int64_t>(which) * pg + v - li * pg) * kv_row + hkv * HD + c * 8;
-            }
-            CpAsync16(dst + Sw128<BN>(row, c), src, valid);
-          }
+          walk_tile(dst, k_rows, k_row);
         }
       } else {
         const int kbase = (j - ne_tiles) * BN;
@@ -769,10 +785,20 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
     return;
   }
   constexpr int smem = WsSmem<HD>::kBytes;
-  CTXPLAN_CUDA_CHECK(cudaFuncSetAttribute(AttnFwdWarpSpecializedKernel<HD>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  AttnFwdWarpSpecializedKernel<HD><<<grid, kWsThreads, smem, stream>>>(prm);
-  CTXPLAN_CUDA_CHECK_LAUNCH();
+  auto launch = [&](auto kernel) {
+    CTXPLAN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, kWsThreads, smem, stream>>>(prm);
+    CTXPLAN_CUDA_CHECK_LAUNCH();
+  };
+  // A page walk's step must not cross two pages' ends: p >= the loader's rows per pass.
+  static_assert(kWsLoaderThreads / (HD / 8) <= 16, "pages of 16 rows and up are walked");
+  const bool pow2_pages = prm.p >= 64 && (prm.p & (prm.p - 1)) == 0;
+  if (pow2_pages) {
+    launch(AttnFwdWarpSpecializedKernel<HD, true>);
+  } else {
+    launch(AttnFwdWarpSpecializedKernel<HD, false>);
+  }
 }
 
 }  // namespace
