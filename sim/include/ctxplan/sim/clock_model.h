@@ -32,30 +32,9 @@ namespace ctxplan::sim {
 // Checked against the SM clock NVML measured in the calibration runs of
 // traces/recorded/matrix.csv alone (11 H200 runs; median / max clock error with exponents 1, 2,
 // 3, 4: 3.1/15.4%, 2.9/10.9%, 2.4/4.6%, 3.7/8.4%), never on a validation run.
-// Measured and not adopted (2026-11-25, H200): a GEMM run with idle gaps (power group,
-// "power_duty_gemm_fwd") draws as clock^1.38 between 1437 and 1980 MHz; with that exponent the
-// model holds the calibration runs' clock at 1980 MHz where NVML read 1716-1920 (clock median /
-// max error 2.4/6.4% -> 3.1/15.4%, step time median 2.3% -> 5.8%). The step-averaged power
-// this model assumes is not how the board's limit acts on a mix of kernels; `ctxplan calibrate`
-// prints the duty-cycle exponent for the record.
-// Also measured and not adopted (2026-11-25): the same GEMM runs 1.21x slower at 1437 MHz than
-// at 1980 (H200; 1.17x at 1355 on the H100), not 1.38x: as if 56% (H200) / 38% (H100) of a
-// compute-bound kernel's time went as 1 / clock. With that share in the kernel model and the
-// samples' clock normalisation, calibration runs at their measured clock: 3.6% -> 2.7% median,
-// but predicted end to end 2.0% -> 2.6% (exponent 3), and with the exponent re-chosen on their
-// clock (2.5: clock median 1.7%) 2.8% / 14.5%; the H100 from the scaled H200 profile went from
-// max 5.4% to 8.4%. Rejected on the calibration runs' step time.
-// Also measured and not adopted (2026-11-25): the GEMM's watts anchored at its duty-cycled run
-// (500 us gaps: 1735-1755 MHz, near where steps run) instead of its sustained run (1355-1437
-// MHz): both GPUs then draw ~806 W above idle there, and the H100's own profile predicts its runs
-// within 2.2% / 7.8% (5.2% / 9.2%), but the calibration runs' step time goes 2.0% -> 2.9% median
-// (exponents 2-5 re-chosen on them: 3.3-3.7%); energy by kernel time rather than by FLOPs at
-// the full rate: 4.2-5.9%. Rejected on the calibration runs.
-// Also tried and not adopted (2026-11-25, after the GPU-tier rows, whose clocks the model puts
-// 4-5% above NVML's: 1671 / 1588 MHz at 1M): sparse attention drawing its kind's watts for its
-// whole time (not only its FLOPs at the full rate): calibration step time 2.1% -> 2.3% median;
-// at 0.8 of the time 3.1%; the attention kinds' watts x1.4: 3.3%. The GPU-tier steps' clock gap
-// is still open.
+// Variants measured and not adopted (the duty-cycle exponent, a clock-bound share of a GEMM's
+// time, watts anchored at a duty-cycled run, sparse attention drawing its watts for its whole
+// time): sim/MODEL-LOG.md.
 inline constexpr double kPowerExponent = 3.0;
 // No step is predicted slower than this fraction of the maximum clock.
 inline constexpr double kMinClockFraction = 0.5;
