@@ -12,8 +12,8 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/checkpoint.h"
-#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/io/checkpoint.h"
+#include "ctxplan/runtime/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ctxplan::ModelSpec model = [] {

@@ -7,7 +7,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -11,7 +11,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ctxplan::ModelSpec model = ctxplan::LoadModel("tiny");

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/token_data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

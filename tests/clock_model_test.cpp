@@ -7,7 +7,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/kernel_time_model.h"

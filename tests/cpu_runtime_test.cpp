@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/cpu_backend.h"
-#include "ctxplan/runtime/full_sequence_reference.h"
-#include "ctxplan/runtime/step_backend.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/cpu/cpu_backend.h"
+#include "ctxplan/runtime/cpu/full_sequence_reference.h"
+#include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 #include "support/compare.h"
 
 namespace ctxplan {

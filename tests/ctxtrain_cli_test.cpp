@@ -17,10 +17,10 @@
 #include <regex>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/checkpoint.h"
-#include "ctxplan/runtime/model_weights.h"
-#include "ctxplan/runtime/safetensors.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/checkpoint.h"
+#include "ctxplan/runtime/io/safetensors.h"
+#include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 #include "ctxplan/traces/op_trace.h"
 #include "support/process.h"
 

@@ -29,8 +29,8 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/full_sequence_reference.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/cpu/full_sequence_reference.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan {
 namespace {

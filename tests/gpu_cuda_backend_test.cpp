@@ -9,9 +9,9 @@
 #include <random>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/cpu_backend.h"
+#include "ctxplan/runtime/cpu/cpu_backend.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/token_data.h"
 #include "support/compare.h"
 #include "support/gpu.h"
 

@@ -24,7 +24,7 @@
 #include "ctxplan/kernels/op_kind.h"
 #include "ctxplan/runtime/cuda/cupti_check.h"
 #include "ctxplan/runtime/cuda/cupti_tracer.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/json_reader.h"
 #include "support/cupti.h"

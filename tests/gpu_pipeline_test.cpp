@@ -19,7 +19,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/token_data.h"
 #include "support/compare.h"
 #include "support/gpu.h"
 

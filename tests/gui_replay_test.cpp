@@ -22,8 +22,8 @@
 #include <gtest/gtest.h>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/run_metadata.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/trace_recorder.h"

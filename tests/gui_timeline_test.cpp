@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "model/timeline_model.h"

@@ -16,8 +16,8 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/bf16.h"
-#include "ctxplan/runtime/host_adamw.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/cpu/host_adamw.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan {
 namespace {

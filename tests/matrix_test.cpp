@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/run_metadata.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/plan_report.h"
 #include "ctxplan/sim/replay.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ctxplan/models/catalog.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/plan_report.h"
 #include "support/csv.h"

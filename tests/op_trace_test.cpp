@@ -11,7 +11,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/trace_recorder.h"
 #include "ctxplan/traces/op_trace.h"

@@ -8,8 +8,8 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/plan_geometry.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 
 namespace ctxplan {
 namespace {

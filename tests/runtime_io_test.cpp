@@ -19,12 +19,12 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/checkpoint.h"
-#include "ctxplan/runtime/model_weights.h"
-#include "ctxplan/runtime/plan_geometry.h"
-#include "ctxplan/runtime/run_metadata.h"
-#include "ctxplan/runtime/safetensors.h"
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/checkpoint.h"
+#include "ctxplan/runtime/io/safetensors.h"
+#include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/model_weights.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
 #include "ctxplan/traces/crc32c.h"
 
 namespace ctxplan {

@@ -10,7 +10,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/units.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"

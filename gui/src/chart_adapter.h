@@ -10,7 +10,7 @@
 
 #include <array>
 
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 #include "explorer_model.h"
 
 QT_BEGIN_NAMESPACE

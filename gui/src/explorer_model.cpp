@@ -10,8 +10,8 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/plan_geometry.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/kernel_time_model.h"

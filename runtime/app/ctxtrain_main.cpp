@@ -26,11 +26,11 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
-#include "ctxplan/runtime/checkpoint.h"
-#include "ctxplan/runtime/cpu_backend.h"
+#include "ctxplan/runtime/cpu/cpu_backend.h"
 #include "ctxplan/runtime/dist/local_launcher.h"
 #include "ctxplan/runtime/dist/rank_env.h"
 #include "ctxplan/runtime/dist/rendezvous.h"
+#include "ctxplan/runtime/io/checkpoint.h"
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
 #include <cuda_runtime_api.h>
 
@@ -44,11 +44,11 @@
 #include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
 #include "ctxplan/runtime/cuda/machine_identity.h"
 #endif
-#include "ctxplan/runtime/run_metadata.h"
-#include "ctxplan/runtime/safetensors.h"
-#include "ctxplan/runtime/step_backend.h"
-#include "ctxplan/runtime/token_data.h"
-#include "ctxplan/runtime/wall_clock_tracer.h"
+#include "ctxplan/runtime/cpu/wall_clock_tracer.h"
+#include "ctxplan/runtime/io/safetensors.h"
+#include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/gpu_tier.h"
 #include "ctxplan/sim/plan_report.h"

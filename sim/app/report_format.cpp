@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "ctxplan/models/units.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "run_flags.h"
 

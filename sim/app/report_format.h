@@ -5,7 +5,7 @@
 
 #include "ctxplan/models/gpu_spec.h"
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/plan_report.h"
 #include "json_out.h"

@@ -20,9 +20,9 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/plan_geometry.h"
-#include "ctxplan/runtime/run_options.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/runtime/plan/run_options.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"

@@ -8,8 +8,8 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/lora.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/lora.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 
 namespace ctxplan::sim {
 

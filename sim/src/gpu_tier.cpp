@@ -4,7 +4,7 @@
 
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/plan_report.h"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/kernel_time_model.h"

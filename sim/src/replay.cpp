@@ -11,7 +11,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
-#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
 #include "ctxplan/sim/event_simulator.h"
 
 namespace ctxplan::sim {

@@ -1,6 +1,6 @@
 #include "ctxplan/sim/trace_recorder.h"
 
-#include "ctxplan/runtime/op_record.h"
+#include "ctxplan/runtime/plan/op_record.h"
 
 namespace ctxplan::sim {
 

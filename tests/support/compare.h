@@ -10,7 +10,7 @@
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan::test {
 

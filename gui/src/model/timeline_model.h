@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "explorer_model.h"
 #include "model/mailbox.h"

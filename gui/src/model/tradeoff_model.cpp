@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/gpu_tier.h"

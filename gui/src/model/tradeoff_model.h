@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 #include "explorer_model.h"
 #include "model/mailbox.h"
 

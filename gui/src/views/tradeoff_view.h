@@ -14,7 +14,7 @@
 
 #include <functional>
 
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 #include "model/tradeoff_model.h"
 
 QT_BEGIN_NAMESPACE

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/cpu_backend.h"
+#include "ctxplan/runtime/cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <array>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/op_dispatch.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/op_dispatch.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 namespace ctxplan {
 

@@ -3,7 +3,7 @@
 // Notation in the shape comments: n tokens, d hidden, H_q / H_kv heads, d_h head dim,
 // q_dim = H_q d_h, kv_dim = H_kv d_h, R = q_dim + 2 kv_dim (fused QKV rows), I MLP width,
 // V vocabulary.
-#include "ctxplan/runtime/full_sequence_reference.h"
+#include "ctxplan/runtime/cpu/full_sequence_reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/host_adamw.h"
+#include "ctxplan/runtime/cpu/host_adamw.h"
 
 #include <algorithm>
 #include <cmath>

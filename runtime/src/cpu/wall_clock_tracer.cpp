@@ -1,6 +1,6 @@
-#include "ctxplan/runtime/wall_clock_tracer.h"
+#include "ctxplan/runtime/cpu/wall_clock_tracer.h"
 
-#include "ctxplan/runtime/op_record.h"
+#include "ctxplan/runtime/plan/op_record.h"
 
 namespace ctxplan {
 

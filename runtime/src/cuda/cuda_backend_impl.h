@@ -34,9 +34,9 @@
 #include "ctxplan/runtime/cuda/injected_fault.h"
 #include "ctxplan/runtime/cuda/memcpy_batch.h"
 #include "ctxplan/runtime/cuda/pinned_page_store.h"
-#include "ctxplan/runtime/lora.h"
-#include "ctxplan/runtime/op_dispatch.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/lora.h"
+#include "ctxplan/runtime/plan/op_dispatch.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "device_buffers.h"
 #include "device_weights.h"
 

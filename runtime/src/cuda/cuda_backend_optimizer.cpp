@@ -12,7 +12,7 @@
 
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/runtime/bf16.h"
-#include "ctxplan/runtime/host_adamw.h"
+#include "ctxplan/runtime/cpu/host_adamw.h"
 #include "cuda_backend_impl.h"
 
 namespace ctxplan::cuda_backend_detail {

@@ -14,7 +14,7 @@
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/cuda/device_arena.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan::gpu {
 

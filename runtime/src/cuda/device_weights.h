@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 #include "device_buffers.h"
 
 namespace ctxplan::gpu {

@@ -1,6 +1,6 @@
-#include "ctxplan/runtime/checkpoint.h"
+#include "ctxplan/runtime/io/checkpoint.h"
 
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 #include <charconv>
 #include <set>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/io/safetensors.h"
 #include "ctxplan/traces/crc32c.h"
 
 namespace ctxplan {

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/safetensors.h"
+#include "ctxplan/runtime/io/safetensors.h"
 #include "ctxplan/traces/json_reader.h"
 
 #include <fcntl.h>

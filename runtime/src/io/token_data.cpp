@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/token_data.h"
+#include "ctxplan/runtime/io/token_data.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

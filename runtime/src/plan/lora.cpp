@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/lora.h"
+#include "ctxplan/runtime/plan/lora.h"
 
 #include <cmath>
 #include <random>

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 #include <algorithm>
 #include <atomic>

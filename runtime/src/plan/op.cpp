@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 #include <array>
 

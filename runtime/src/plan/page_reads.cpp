@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/page_reads.h"
+#include "ctxplan/runtime/plan/page_reads.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/pipeline_schedule.h"
+#include "ctxplan/runtime/plan/pipeline_schedule.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 #include <algorithm>
 #include <cmath>

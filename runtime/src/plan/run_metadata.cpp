@@ -1,11 +1,11 @@
-#include "ctxplan/runtime/run_metadata.h"
+#include "ctxplan/runtime/plan/run_metadata.h"
 
 #include <charconv>
 #include <filesystem>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 
 namespace ctxplan {
 

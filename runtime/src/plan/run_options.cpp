@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 
 #include <charconv>
 #include <cmath>

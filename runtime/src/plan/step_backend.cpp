@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 
 #include "ctxplan/models/errors.h"
 

@@ -1,4 +1,4 @@
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +8,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/lora.h"
+#include "ctxplan/runtime/plan/lora.h"
 
 namespace ctxplan {
 

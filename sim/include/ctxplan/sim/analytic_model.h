@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/sim/prediction.h"
 

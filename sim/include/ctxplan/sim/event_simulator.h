@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/sim/prediction.h"
 

@@ -11,7 +11,7 @@
 
 #include "ctxplan/models/gpu_spec.h"
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 
 namespace ctxplan::sim {
 

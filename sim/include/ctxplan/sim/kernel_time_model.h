@@ -38,7 +38,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/gpu_spec.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 #include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/tick.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "ctxplan/models/gpu_spec.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/sim/prediction.h"
 
 namespace ctxplan::sim {

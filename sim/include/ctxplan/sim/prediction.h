@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 #include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/tick.h"
 

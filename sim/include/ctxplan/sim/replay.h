@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ctxplan/models/gpu_spec.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/traces/op_trace.h"
 

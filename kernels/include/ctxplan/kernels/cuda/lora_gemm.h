@@ -1,6 +1,6 @@
-// LoRA adapters' GEMMs for one projection (runtime/include/ctxplan/runtime/lora.h), on cuBLASLt:
-// the CUDA backend runs them after each fused linear, ctxplan-measure times them as it does.
-// A projection writes columns [out_offset, out_offset + out) of its fused linear's output:
+// LoRA adapters' GEMMs for one projection (runtime/include/ctxplan/runtime/plan/lora.h), on
+// cuBLASLt: the CUDA backend runs them after each fused linear, ctxplan-measure times them as it
+// does. A projection writes columns [out_offset, out_offset + out) of its fused linear's output:
 //   y[:, seg] += scale * (x A^T) B^T,   A [r][in], B [out][r] bf16
 // The GEMMs are thin (one side is the rank, 8-64): each reads a [t][in] input or a [t][out]
 // gradient and writes or adds into a [t][*] output, so HBM, not the tensor cores, bounds them

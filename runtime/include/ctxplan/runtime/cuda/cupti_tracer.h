@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "ctxplan/runtime/cuda/memory_events.h"
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
 

@@ -34,7 +34,7 @@
 #include <unordered_map>
 
 #include "ctxplan/runtime/cuda/memory_events.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan::gpu {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan::gpu {
 

@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "ctxplan/runtime/dist/rank_env.h"
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 
 namespace ctxplan::gpu {
 

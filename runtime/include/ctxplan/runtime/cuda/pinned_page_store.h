@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "ctxplan/runtime/cuda/memory_events.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan::gpu {
 

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/generator.h"
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/pipeline_schedule.h"
-#include "ctxplan/runtime/plan_geometry.h"
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/generator.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/pipeline_schedule.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/runtime/plan/run_options.h"
 
 namespace ctxplan {
 

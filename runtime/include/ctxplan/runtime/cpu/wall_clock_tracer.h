@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 namespace ctxplan {
 

@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "ctxplan/kernels/cpu/reference.h"
-#include "ctxplan/runtime/lora.h"
-#include "ctxplan/runtime/model_weights.h"
-#include "ctxplan/runtime/step_backend.h"
+#include "ctxplan/runtime/plan/lora.h"
+#include "ctxplan/runtime/plan/model_weights.h"
+#include "ctxplan/runtime/plan/step_backend.h"
 
 namespace ctxplan {
 

@@ -24,8 +24,8 @@
 #include <string>
 
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/lora.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/lora.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 #include "ctxplan/traces/op_trace.h"
 
 namespace ctxplan {

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "ctxplan/models/errors.h"
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/plan_geometry.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 
 namespace ctxplan {
 

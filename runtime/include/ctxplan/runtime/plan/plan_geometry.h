@@ -13,7 +13,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 
 namespace ctxplan {
 

@@ -29,7 +29,7 @@
 
 #include "ctxplan/models/model_spec.h"
 #include "ctxplan/runtime/bf16.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan {
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "ctxplan/runtime/run_options.h"
+#include "ctxplan/runtime/plan/run_options.h"
 
 namespace ctxplan {
 

@@ -14,7 +14,7 @@
 #include <span>
 
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/model_weights.h"
+#include "ctxplan/runtime/plan/model_weights.h"
 
 namespace ctxplan {
 

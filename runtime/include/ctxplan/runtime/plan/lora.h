@@ -20,7 +20,7 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/model_spec.h"
-#include "ctxplan/runtime/op.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan {
 

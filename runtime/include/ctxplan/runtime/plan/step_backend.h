@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "ctxplan/runtime/op.h"
-#include "ctxplan/runtime/page_reads.h"
-#include "ctxplan/runtime/step_plan.h"
+#include "ctxplan/runtime/plan/op.h"
+#include "ctxplan/runtime/plan/page_reads.h"
+#include "ctxplan/runtime/plan/step_plan.h"
 
 namespace ctxplan {
 
