@@ -135,8 +135,10 @@ class TimeRecurrence {
     f.copy_in = o_.offload && c.host_union_pages > 0;
     f.copy_out = f.fill && o_.offload && c.own_host_pages > 0;
     f.sparse = c.sparse;
-    // The projections, norms and MLP depend on the chunk's tokens alone: timed once per size.
-    const bool same_tokens = t == forward_cache_.tokens;
+    // The projections, norms, MLP, the KV write and the own positions' attention depend on the
+    // chunk's tokens alone (the latter also on whether it runs inside the paged launch): timed
+    // once per size.
+    const bool same_tokens = t == forward_cache_.tokens && f.paged == forward_cache_.paged;
     if (same_tokens) {
       f.pre = forward_cache_.pre;
     } else {
@@ -145,14 +147,27 @@ class TimeRecurrence {
           f.pre, RopeCost(t, q, kv));
     }
     if (f.fill) {
-      add(f.kv_write, KvWriteCost(t, kv));
-      add(f.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
+      if (same_tokens && forward_cache_.fill) {
+        f.kv_write = forward_cache_.kv_write;
+        f.summary = forward_cache_.summary;
+      } else {
+        add(f.kv_write, KvWriteCost(t, kv));
+        add(f.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
+        if (same_tokens) {
+          forward_cache_.fill = true;
+          forward_cache_.kv_write = f.kv_write;
+          forward_cache_.summary = f.summary;
+        }
+      }
     }
     if (c.sparse) {
       add(f.select, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv))(
           f.select, PageTopKCost(c.tiles, c.earlier_pages));
     }
-    add(f.attn_own, g_.own_attention_forward_cost(c));
+    if (same_tokens)
+      f.attn_own = forward_cache_.attn_own;
+    else
+      add(f.attn_own, g_.own_attention_forward_cost(c));
     if (f.paged) add(f.attn_paged, g_.paged_attention_forward_cost(c));
     if (same_tokens) {
       f.post = forward_cache_.post;
@@ -162,7 +177,7 @@ class TimeRecurrence {
           f.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
           f.post, SwigluForwardCost(t, inter))(
           f.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
-      forward_cache_ = {t, f.pre, f.post};
+      forward_cache_ = {t, f.paged, f.fill, f.pre, f.post, f.kv_write, f.summary, f.attn_own};
     }
     if (f.copy_in) {
       const OpCost copy = CopyCost(c.expected_host_union_pages * g_.kv_page_bytes(), true,
@@ -197,7 +212,7 @@ class TimeRecurrence {
     };
     // The layer's recomputed forward and its MLP and output projection's backward, and the
     // input projections' backward after attention, depend on the chunk's tokens alone.
-    const bool same_tokens = t == backward_cache_.tokens;
+    const bool same_tokens = t == backward_cache_.tokens && b.paged == backward_cache_.paged;
     if (same_tokens) {
       pre = backward_cache_.pre;
       b.after = backward_cache_.post;
@@ -216,11 +231,13 @@ class TimeRecurrence {
       add(b.after, RopeCost(t, q, kv));
       linear(b.after, q + 2 * kv, d, OpPart::kQkv);
       add(b.after, RmsNormBackwardCost(t, d));
-      backward_cache_ = {t, pre, b.after};
+      add(b.attn_own, g_.own_attention_backward_cost(c));
+      add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
+      backward_cache_ = {t, b.paged, false, pre, b.after, {}, {}, b.attn_own, b.dkv_accumulate};
     }
-    add(b.attn_own, g_.own_attention_backward_cost(c));
+    b.attn_own = backward_cache_.attn_own;
     if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
-    if (b.own_dkv) add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
+    b.dkv_accumulate = b.own_dkv ? backward_cache_.dkv_accumulate : Segment{};
     if (b.copy_in) {
       const OpCost copy =
           CopyCost(c.expected_host_union_pages * g_.kv_page_bytes() +
@@ -240,13 +257,19 @@ class TimeRecurrence {
     return b;
   }
 
-  void Kernel(const OpCost& cost, Phase phase) {
-    const KernelTimeModel::OpTime t = model_.Time(cost, phase);
-    const Tick ticks = SecondsToTicks(t.seconds);
-    clock_.compute() += ticks;
-    result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += ticks;
-    result_.flops += cost.flops;
-    result_.energy += t.energy;
+  void Kernel(const OpCost& cost, Phase phase) { Add(model_.Time(cost, phase), cost.flops); }
+
+  // The ops outside the layers (embedding, final norm, loss) depend on a chunk's tokens alone:
+  // timed once per size and phase. cost_of() gives the op's cost.
+  enum class Outside { kEmbedding, kFinalNorm, kLoss, kFinalNormBackward, kEmbeddingBackward };
+  template <typename CostOf>
+  void KernelOutside(Outside which, int64_t tokens, Phase phase, CostOf cost_of) {
+    OutsideTime& memo = outside_[static_cast<size_t>(which)];
+    if (memo.tokens != tokens || memo.phase != phase) {
+      const OpCost cost = cost_of();
+      memo = {tokens, phase, model_.Time(cost, phase), cost.flops};
+    }
+    Add(memo.time, memo.flops);
   }
 
   // Runs the layers of one forward pass over a chunk.
@@ -432,6 +455,14 @@ class TimeRecurrence {
     if (o_.offload && release >= 0) k.slot_release(parity) = release;
   }
 
+  void Add(const KernelTimeModel::OpTime& t, double flops) {
+    const Tick ticks = SecondsToTicks(t.seconds);
+    clock_.compute() += ticks;
+    result_.busy_ticks[static_cast<size_t>(Stream::kCompute)] += ticks;
+    result_.flops += flops;
+    result_.energy += t.energy;
+  }
+
   const PlanGeometry& g_;
   const ModelSpec& m_;
   const RunOptions& o_;
@@ -441,12 +472,21 @@ class TimeRecurrence {
   int64_t layers_;  // the stage's
   StreamClock clock_;
   Tick host_ = 0;
-  // Segments that depend on a chunk's token count alone, for the last count timed.
+  // Segments that depend on a chunk's token count alone (and whether it has earlier pages), for
+  // the last count timed. kv_write and summary: the forward's, when `fill` (pass 1 wrote them).
   struct TokenSegments {
     int64_t tokens = -1;
-    Segment pre, post;
+    bool paged = false, fill = false;
+    Segment pre, post, kv_write, summary, attn_own, dkv_accumulate;
   };
   mutable TokenSegments forward_cache_, backward_cache_;
+  struct OutsideTime {
+    int64_t tokens = -1;
+    Phase phase = Phase::kFill;
+    KernelTimeModel::OpTime time;
+    double flops = 0;
+  };
+  std::array<OutsideTime, 5> outside_;  // by Outside
 };
 
 }  // namespace
@@ -704,25 +744,32 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     const ChunkGeometry c = g.Chunk(item.chunk);
     if (item.kind == PipelineItemKind::kBackward) {
       const DkvState dkv = g.Dkv(c, selected_after[static_cast<size_t>(item.chunk) + 1]);
+      using Outside = TimeRecurrence::Outside;
       if (r == g.last_stage()) {
-        t.Kernel(RmsNormForwardCost(c.tokens, m.hidden_size), Phase::kLoss);
-        t.Kernel(LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
-                                         o.grad_bytes()),
-                 Phase::kLoss);
-        t.Kernel(RmsNormBackwardCost(c.tokens, m.hidden_size), Phase::kLoss);
+        t.KernelOutside(Outside::kFinalNorm, c.tokens, Phase::kLoss,
+                        [&] { return RmsNormForwardCost(c.tokens, m.hidden_size); });
+        t.KernelOutside(Outside::kLoss, c.tokens, Phase::kLoss, [&] {
+          return LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
+                                         o.grad_bytes());
+        });
+        t.KernelOutside(Outside::kFinalNormBackward, c.tokens, Phase::kLoss,
+                        [&] { return RmsNormBackwardCost(c.tokens, m.hidden_size); });
       } else {
         receive(t, g.boundary_backward_bytes(c), Phase::kBackward, backward_arrivals[s]);
       }
       t.RunBackward(backward(c, dkv, t));
       if (r == 0)
-        t.Kernel(EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes()), Phase::kBackward);
+        t.KernelOutside(Outside::kEmbeddingBackward, c.tokens, Phase::kBackward, [&] {
+          return EmbeddingBackwardCost(c.tokens, m.hidden_size, o.grad_bytes());
+        });
       else
         send(t, r, r - 1, g.boundary_backward_bytes(c), Phase::kBackward, backward_arrivals[s - 1]);
       continue;
     }
     const Phase phase = item.kind == PipelineItemKind::kFill ? Phase::kFill : Phase::kRecompute;
     if (r == 0)
-      t.Kernel(EmbeddingForwardCost(c.tokens, m.hidden_size), phase);
+      t.KernelOutside(TimeRecurrence::Outside::kEmbedding, c.tokens, phase,
+                      [&] { return EmbeddingForwardCost(c.tokens, m.hidden_size); });
     else
       receive(t, g.boundary_forward_bytes(c), phase, forward_arrivals[s - 1]);
     t.RunForward(forward(c, phase, t));

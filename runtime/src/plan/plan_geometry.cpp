@@ -31,6 +31,10 @@ PlanGeometry::PlanGeometry(const ModelSpec& model, const RunOptions& options)
   options_.Validate(model_);
   num_chunks_ = static_cast<int32_t>(CeilDiv(options_.context_tokens, options_.chunk_tokens));
   stage_first_layer_ = PipelineStageFirstLayers(model_, options_.pipeline_stages);
+  if (num_chunks_ <= kCachedChunks) {
+    chunks_.reserve(static_cast<size_t>(num_chunks_));
+    for (int32_t i = 0; i < num_chunks_; ++i) chunks_.push_back(ComputeChunk(i));
+  }
 }
 
 std::vector<int32_t> PipelineStageFirstLayers(const ModelSpec& model, int32_t stages) {
@@ -93,6 +97,10 @@ double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
 
 ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
   CTXPLAN_CHECK(index >= 0 && index < num_chunks_, "chunk index out of range");
+  return chunks_.empty() ? ComputeChunk(index) : chunks_[static_cast<size_t>(index)];
+}
+
+ChunkGeometry PlanGeometry::ComputeChunk(int32_t index) const {
   const RunOptions& o = options_;
   ChunkGeometry g;
   g.index = index;

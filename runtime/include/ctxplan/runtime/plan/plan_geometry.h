@@ -198,7 +198,13 @@ class PlanGeometry {
   RunOptions options_;
   int32_t num_chunks_ = 0;
   std::vector<int32_t> stage_first_layer_;  // [stages + 1]
-  int32_t Layers(int32_t stage) const;      // layers of a stage, or of all
+  // Every chunk's geometry, computed once: a prediction reads each chunk's several times (memory,
+  // then time at two clocks, three passes each) and the expected union takes three pow()s. Past
+  // kCachedChunks (tiny chunks of a huge context) each call computes its chunk instead.
+  static constexpr int32_t kCachedChunks = 1 << 16;
+  std::vector<ChunkGeometry> chunks_;
+  ChunkGeometry ComputeChunk(int32_t index) const;
+  int32_t Layers(int32_t stage) const;  // layers of a stage, or of all
 };
 
 }  // namespace ctxplan
