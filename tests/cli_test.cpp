@@ -592,6 +592,26 @@ TEST(CliTest, SweepCsvHeaderAndOneRowPerConfiguration) {
   }
 }
 
+// A combination of values that each run in another combination (chunk 1024 with page 96) is
+// skipped and said once on stderr; the others are swept. A value no combination takes is an
+// error (SweepOneBadChunk above).
+TEST(CliTest, SweepSkipsCombinationsThatCannotRun) {
+  ScratchDir dir;
+  const std::vector<std::string> args = {"sweep",     "--context", "32K",  "--chunk",
+                                         "1024,3072", "--page",    "64,96"};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4) << r.out;  // header + 3 rows
+  EXPECT_EQ(r.out.find(",1024,96,"), std::string::npos) << r.out;
+  for (const char* row : {",1024,64,", ",3072,64,", ",3072,96,"})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_NE(r.err.find("ctxplan: sweep: skipped 1 of 4 combinations that cannot run, e.g. "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("1024 is not a multiple of the page size 96"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 // The timeline is a Chrome trace: complete events (ph X) on several streams (tids) and memory
 // counters (ph C), loadable by any JSON parser.
 TEST(CliTest, TimelineWritesChromeTrace) {

@@ -251,25 +251,49 @@ int RunSweep(SweepFlags f) {
   const MachineSpec machine = ResolveMachine(f.run);
   const sim::KernelTimeModel time_model(machine);
 
-  // Validate every value of every list before the first simulation: bad input costs nothing.
+  // Validate every combination before the first simulation: bad input costs nothing. A value
+  // no combination accepts is an error (its first message); a combination of values that each
+  // run elsewhere (chunk 1024 with page 96) is skipped, and the skips are said on stderr.
   struct Axis {
     std::string RunFlags::*field;
     std::vector<std::string> values;
+    std::vector<bool> runs;             // by value: some combination with it resolved
+    std::vector<std::string> refusals;  // by value: the first combination's error
   };
   std::vector<Axis> axes = {
       {&RunFlags::context, SplitList(f.run.context)}, {&RunFlags::chunk, SplitList(f.run.chunk)},
       {&RunFlags::page, SplitList(f.run.page)},       {&RunFlags::budget, SplitList(f.run.budget)},
       {&RunFlags::offload, SplitList(f.run.offload)}, {&RunFlags::gpus, SplitList(f.run.gpus)}};
+  for (Axis& axis : axes) {
+    axis.runs.assign(axis.values.size(), false);
+    axis.refusals.assign(axis.values.size(), "");
+  }
   std::vector<RunOptions> grid;
   std::vector<size_t> index(axes.size(), 0);
+  int64_t combinations = 0;
+  std::string first_skip;
   while (true) {
     RunFlags one = f.run;
     for (size_t a = 0; a < axes.size(); ++a) one.*(axes[a].field) = axes[a].values[index[a]];
-    grid.push_back(ResolveWithTier(one, model, machine, true));
+    ++combinations;
+    try {
+      grid.push_back(ResolveWithTier(one, model, machine, true));
+      for (size_t a = 0; a < axes.size(); ++a) axes[a].runs[index[a]] = true;
+    } catch (const InputError& e) {
+      for (size_t a = 0; a < axes.size(); ++a)
+        if (axes[a].refusals[index[a]].empty()) axes[a].refusals[index[a]] = e.what();
+      if (first_skip.empty()) first_skip = e.what();
+    }
     size_t a = 0;
     while (a < axes.size() && ++index[a] == axes[a].values.size()) index[a++] = 0;
     if (a == axes.size()) break;
   }
+  for (const Axis& axis : axes)
+    for (size_t v = 0; v < axis.values.size(); ++v)
+      if (!axis.runs[v]) throw InputError(axis.refusals[v]);
+  if (const int64_t skipped = combinations - static_cast<int64_t>(grid.size()); skipped > 0)
+    std::cerr << "ctxplan: sweep: skipped " << skipped << " of " << combinations
+              << " combinations that cannot run, e.g. " << first_skip << "\n";
 
   std::string text;
   JsonOut json;
