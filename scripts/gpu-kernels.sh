@@ -4,11 +4,26 @@
 # PyTorch SDPA peers (flash, cuDNN) in the same run. Run on the GPU machine from the repository
 # root, given the folder holding the built binaries, e.g. `scripts/gpu-kernels.sh build-cuda`;
 # results also go under $OUT (or /tmp) as kernels_bench.txt, kernels.csv, attention.txt, ours.csv,
-# sdpa.txt.
+# sdpa.txt. SWEEP=1 runs only the kernel tests (no sanitizer) and issue 14's sweep over page size,
+# head dim and chunk with its SDPA peers (sweep.txt, sweep.csv, sweep-sdpa.txt).
 set -uo pipefail
 bin=${1:-build}
 out=${OUT:-/tmp}
 find_bin() { find "$bin" -name "$1" -type f -perm -u+x | head -1; }
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "${SWEEP:-0}" = 1 ]; then
+  for t in gpu_kernels_test gpu_attention_test; do
+    echo "=== $t"; timeout 300 "$(find_bin $t)" 2>&1 | grep -E "^\[  (PASSED|FAILED)|FAILED" | tail -8
+  done
+  echo "=== attention_bench --only sweep, then the SDPA peers on the same attended pairs"
+  timeout 420 "$(find_bin attention_bench)" --only sweep --reps 3 --csv "$out/sweep.csv" \
+    > "$out/sweep.txt" 2>&1
+  grep -E "^SWEEP|^(dense|sparse) " "$out/sweep.txt"
+  timeout 300 python3 "$here/../kernels/bench/sdpa_peer.py" --ours "$out/sweep.csv" \
+    > "$out/sweep-sdpa.txt" 2>&1
+  tail -40 "$out/sweep-sdpa.txt"
+  exit 0
+fi
 for t in gpu_kernels_test gpu_attention_test; do
   exe=$(find_bin $t)
   [ -n "$exe" ] || { echo "=== $t: not built"; continue; }
@@ -34,6 +49,5 @@ sed -n '/^kernel /,$p' "$out/kernels_bench.txt"
 echo "=== attention_bench, then the SDPA peers on the same shapes"
 timeout 400 "$(find_bin attention_bench)" --reps 5 --csv "$out/ours.csv" > "$out/attention.txt" 2>&1
 grep -E "SPARSE|PAGING|FUSED|SELECT" "$out/attention.txt"
-here=$(cd "$(dirname "$0")" && pwd)
 timeout 300 python3 "$here/../kernels/bench/sdpa_peer.py" --ours "$out/ours.csv" > "$out/sdpa.txt" 2>&1
 tail -16 "$out/sdpa.txt"
