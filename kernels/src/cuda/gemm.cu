@@ -2,9 +2,8 @@
 // epilogue, input gradient, weight gradient accumulated with beta = 1 into bf16 or fp32, and the
 // bias gradient: the column sums of dy, by two small kernels of our own (partial sums of row
 // slices into the GEMM workspace, then their sums in a fixed order), or, for widths that are not
-// a multiple of 8 or a workspace too small, as a cuBLASLt GEMV against a vector of ones.
-// H200, dy [4096][4608] bf16: 12.4 us vs 13.2-14.9 us for the GEMV (a split-K GEMM kernel of
-// cuBLASLt's, tile 64x8, that keeps too few bytes in flight).
+// a multiple of 8 or a workspace too small, as a cuBLASLt GEMV against a vector of ones (a
+// split-K GEMM kernel of cuBLASLt's that keeps too few bytes in flight: kernels/PERF.md).
 //
 // Row-major to cuBLASLt's column-major: a row-major [r][c] matrix with row stride ld IS the
 // column-major [c][r] matrix with leading dimension ld. So row-major D = op(A) op(B) is computed

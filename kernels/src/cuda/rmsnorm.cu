@@ -4,16 +4,14 @@
 // Forward: one thread block per row; each thread keeps kChunks 16-byte chunks of the row in
 // registers (chunk c = threadIdx.x + i * blockDim.x), so a row is read from memory once. Blocks
 // of ~128 threads (4 chunks a thread at d = 3584) without the residual: more rows resident per
-// multiprocessor than with ~256, hence more bytes in flight (H200, t = 4096, d = 3584: 16.9 us
-// vs 17.5 us with 224 x 2). With the residual (two rows of registers a thread) ~256 threads stay
-// better: 31.4 us vs 35.3 us with 128 x 4.
+// multiprocessor than with ~256, hence more bytes in flight. With the residual (two rows of
+// registers a thread) ~256 threads stay better. Numbers in kernels/PERF.md.
 // Backward: a grid of resident blocks, each looping over rows; a thread always owns the same
 // columns, so d_weight is summed over rows in its registers, written as one fp32 partial row per
 // block into the scratch, and a second kernel adds the column sums of the partials into d_weight
 // in a fixed order: deterministic, no atomics. The final norm's backward (once a chunk, no
 // d_add) skips that second kernel: RmsNormBackwardIntoPartials adds to partial rows the caller
-// keeps across the step's chunks, and RmsNormAddPartials sums them once a step (H200, t = 4096,
-// d = 3584: 25.1 us a chunk against 27.5 us with the sum every call; the sum 3.2 us a step).
+// keeps across the step's chunks, and RmsNormAddPartials sums them once a step (kernels/PERF.md).
 // Rows of at most 512 16-byte chunks (hidden <= 4096) take the pipelined variant, which streams
 // the next row into shared memory with cp.async and takes one barrier a row; wider rows prefetch
 // the next row into registers (or, past 8 elements a thread, not at all).
@@ -327,8 +325,7 @@ __global__ void __launch_bounds__(kPipelinedMaxThreads, 2)
 
 // d_weight[col] += sum over the `rows` partial rows, in a fixed order.
 // grid: ceil(d / 32) blocks of (32, 32) threads.
-// (Eight loads in flight a thread, or blocks of 32 x 8, 16 x 16, 8 x 32 threads, measured no
-// faster on the H200: the ~2.8 us this kernel adds to the backward is the kernel boundary.)
+// (What it adds to the backward is the kernel boundary; the variants tried: kernels/PERF.md.)
 template <typename GradT>
 __global__ void __launch_bounds__(kColumnSumTile* kColumnSumTile)
     ColumnSumKernel(const float* __restrict__ partial, int rows, int64_t hidden,
