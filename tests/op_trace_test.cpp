@@ -275,9 +275,19 @@ TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
   EXPECT_EQ(all.rank, -1);
   EXPECT_EQ(all.plan_ops, ops_of_rank[0] + ops_of_rank[1]);
   EXPECT_EQ(all.traced_ops, all.plan_ops);
-  OpTrace bad = both;
-  bad.metadata["rank"] = "2";
-  EXPECT_THROW(sim::Replay(bad, plan, time_model, "t"), InputError);
+  // A rank outside the plan's stages, or not an integer: one line naming the key.
+  for (const char* rank : {"2", "-1", "1x", ""}) {
+    OpTrace bad = both;
+    bad.metadata["rank"] = rank;
+    try {
+      sim::Replay(bad, plan, time_model, "t.ctxtrace");
+      ADD_FAILURE() << "rank '" << rank << "' accepted";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("t.ctxtrace: metadata key 'rank': ", 0), 0u) << what;
+      EXPECT_NE(what.find("accepted: "), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(TraceUnions, ComparedWithThePlansExpectedUnion) {

@@ -146,16 +146,8 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   // rank's ops and memory: it is compared with the plan's ops of that rank and that GPU's
   // predicted peak. A trace naming no rank (one GPU, or a prediction of every GPU) is compared
   // with all of the plan's ops.
-  int32_t rank = -1;
-  if (const auto it = trace.metadata.find("rank"); it != trace.metadata.end()) {
-    char* end = nullptr;
-    const long parsed = std::strtol(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0' || parsed < 0 || parsed >= plan.geometry().stages())
-      throw InputError(trace_name + ": metadata rank '" + it->second + "' is not a stage of the " +
-                       std::to_string(plan.geometry().stages()) +
-                       "-GPU plan it describes; accepted: 0 to stages - 1");
-    rank = static_cast<int32_t>(parsed);
-  }
+  const int32_t rank =
+      RankFromMetadata(trace.metadata, plan.geometry().stages(), trace_name).value_or(-1);
   Recorder recorder;
   const StepPrediction prediction = EventSimulator(time_model).Run(plan, &recorder);
   ReplayResult r;

@@ -9,6 +9,28 @@
 
 namespace ctxplan {
 
+namespace {
+const std::string& MetadataValue(const RunMetadata& m, const std::string& key,
+                                 const std::string& source) {
+  auto it = m.find(key);
+  if (it == m.end())
+    throw InputError(source + ": metadata key '" + key +
+                     "' is missing; accepted: a trace "
+                     "written by ctxtrain or ctxplan, which records every run option");
+  return it->second;
+}
+
+int64_t MetadataInteger(const RunMetadata& m, const std::string& key, const std::string& source) {
+  const std::string& text = MetadataValue(m, key, source);
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+    throw InputError(source + ": metadata key '" + key + "': '" + text +
+                     "' is not an integer; accepted: an integer");
+  return value;
+}
+}  // namespace
+
 void AddRunOptions(const RunOptions& o, RunMetadata& m) {
   m["plan_version"] = std::to_string(StepPlan::kVersion);
   m["context_tokens"] = std::to_string(o.context_tokens);
@@ -29,22 +51,9 @@ void AddRunOptions(const RunOptions& o, RunMetadata& m) {
 
 RunOptions RunOptionsFromMetadata(const RunMetadata& m, const std::string& source) {
   auto get = [&](const std::string& key) -> const std::string& {
-    auto it = m.find(key);
-    if (it == m.end())
-      throw InputError(source + ": metadata key '" + key +
-                       "' is missing; accepted: a trace "
-                       "written by ctxtrain or ctxplan, which records every run option");
-    return it->second;
+    return MetadataValue(m, key, source);
   };
-  auto integer = [&](const std::string& key) {
-    const std::string& text = get(key);
-    int64_t value = 0;
-    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-      throw InputError(source + ": metadata key '" + key + "': '" + text +
-                       "' is not an integer; accepted: an integer");
-    return value;
-  };
+  auto integer = [&](const std::string& key) { return MetadataInteger(m, key, source); };
   const int64_t version = integer("plan_version");
   if (version != StepPlan::kVersion)
     throw InputError(source + ": metadata key 'plan_version': the trace follows step plan v" +
@@ -132,6 +141,17 @@ std::optional<PlanMachine> PlanMachineFromMetadata(const RunMetadata& m,
   }
   if (const auto name = m.find("plan_machine_name"); name != m.end()) p.name = name->second;
   return p;
+}
+
+std::optional<int32_t> RankFromMetadata(const RunMetadata& m, int32_t stages,
+                                        const std::string& source) {
+  if (!m.contains("rank")) return std::nullopt;
+  const int64_t rank = MetadataInteger(m, "rank", source);
+  if (rank < 0 || rank >= stages)
+    throw InputError(source + ": metadata key 'rank': " + std::to_string(rank) +
+                     " is not a stage of the " + std::to_string(stages) +
+                     "-GPU plan it describes; accepted: 0 to stages - 1");
+  return static_cast<int32_t>(rank);
 }
 
 }  // namespace ctxplan

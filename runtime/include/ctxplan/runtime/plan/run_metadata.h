@@ -18,6 +18,11 @@ using RunMetadata = std::map<std::string, std::string>;
 void AddRunOptions(const RunOptions& options, RunMetadata& metadata);
 // Reads them back; a missing or malformed key throws InputError naming `source` and the key.
 RunOptions RunOptionsFromMetadata(const RunMetadata& metadata, const std::string& source);
+// The GPU (pipeline stage) a per-rank trace of a `stages`-GPU run was recorded on; nullopt when
+// the trace names no rank (one GPU, or a trace of every GPU). Not an integer in 0..stages - 1:
+// InputError naming `source` and the key.
+std::optional<int32_t> RankFromMetadata(const RunMetadata& metadata, int32_t stages,
+                                        const std::string& source);
 
 // The machine a run was planned for, in the terms of the flags that chose it (--machine, or --gpu
 // with --host-ram): what replay needs to rebuild the same MachineSpec.
