@@ -1007,15 +1007,15 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // gives a union and a page's blocks are at least three quarters full (pages of 96 or 192 in
   // 128-key blocks, 48 in 64-key ones); else over every earlier position, a block across pages
   // (16 or 32 in 64-key blocks: one page a block would leave most of it masked).
-  // CTXPLAN_ATTN_BWD_SPARSE=positions takes the latter always, to compare.
+  // CTXPLAN_ATTN_BWD_SPARSE=positions keeps the blocks of before 2026-11-26, to compare: over
+  // the union only where pages are whole blocks, 64-key blocks for every page under 128.
   const char* sparse_blocks = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
-  const bool page_blocks_allowed =
-      !(sparse_blocks != nullptr && std::strcmp(sparse_blocks, "positions") == 0);
+  const bool positions = sparse_blocks != nullptr && std::strcmp(sparse_blocks, "positions") == 0;
   auto with_blocks = [&](int bn, int own_bn) {
     BwdParams q = prm;
     const int per_page = (prm.p + bn - 1) / bn;
     const bool over_union = prm.sel != nullptr && prm.union_pages != nullptr &&
-                            page_blocks_allowed && 4 * prm.p >= 3 * per_page * bn;
+                            (prm.p % bn == 0 || (!positions && 4 * prm.p >= 3 * per_page * bn));
     q.union_pages = over_union ? prm.union_pages : nullptr;
     const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
     q.n_earlier_blocks =
@@ -1036,7 +1036,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     // Page-sparse over pages of 64 or fewer: 64-key blocks (a 128-key block would be half
     // masked), though they run at ~0.65 of the 128-key blocks' rate (kernels/PERF.md).
-    if (prm.sel != nullptr && prm.p <= 64) {
+    const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
+    if (prm.sel != nullptr && small_pages) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<1>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {
