@@ -8,8 +8,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -43,6 +45,24 @@ int GpuCount() {
 
 ModelSpec Small() {
   return test::SmallGpuModel(4);
+}
+
+// Runs body(rank) on one thread per rank of two, each with its GPU current, as each rank would
+// run in its own process; returns what each threw ("" when it returned).
+std::array<std::string, 2> OnTwoRanks(const std::function<void(int)>& body) {
+  std::array<std::string, 2> errors;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  return errors;
 }
 
 RunOptions Options(int64_t budget, bool offload, int64_t tier, int32_t stages) {
@@ -100,21 +120,12 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
     auto run_pipeline = [&]() {
       std::vector<StepOutputs> got(2);
       std::vector<ModelWeights> grads(2);
-      std::vector<std::string> errors(2);
-      std::vector<std::thread> ranks;
-      for (int r = 0; r < 2; ++r)
-        ranks.emplace_back([&, r] {
-          try {
-            if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
-            gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
-            CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
-            got[static_cast<size_t>(r)] = RunStep(plan, {tokens, labels}, backend);
-            grads[static_cast<size_t>(r)] = backend.DownloadGrads();
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
-          }
-        });
-      for (std::thread& t : ranks) t.join();
+      const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
+        gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
+        CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
+        got[static_cast<size_t>(r)] = RunStep(plan, {tokens, labels}, backend);
+        grads[static_cast<size_t>(r)] = backend.DownloadGrads();
+      });
       EXPECT_EQ(errors[0], "") << where;
       EXPECT_EQ(errors[1], "") << where;
       Piped p{got[0].loss_sum, got[1].loss_sum, {}};
@@ -215,25 +226,27 @@ TEST(Pipeline, ARankThatDiesEndsTheOtherWithinItsTimeout) {
     }
     int left;
   };
-  std::string errors[2];
   double seconds[2] = {0, 0};
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.emplace_back([&, r] {
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
-        gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(5));
-        CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
-        Crash crash(300);
-        RunStep(plan, {tokens, labels}, backend, r == 1 ? &crash : nullptr);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-        if (r == 1) links[1]->Abort();  // what its process's exit would do to its links
-      }
-      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    });
-  for (std::thread& t : ranks) t.join();
+  // The rank's seconds until it ended, however it ended.
+  struct Stopwatch {
+    double& seconds;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    ~Stopwatch() {
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  };
+  const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
+    Stopwatch stopwatch{seconds[r]};
+    try {
+      gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(5));
+      CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
+      Crash crash(300);
+      RunStep(plan, {tokens, labels}, backend, r == 1 ? &crash : nullptr);
+    } catch (const std::exception&) {
+      if (r == 1) links[1]->Abort();  // what its process's exit would do to its links
+      throw;
+    }
+  });
   EXPECT_EQ(errors[1], "rank 1 crashed");
   EXPECT_NE(errors[0].find("rank 0"), std::string::npos) << errors[0];
   EXPECT_LT(seconds[0], 30.0) << errors[0];
