@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <exception>
@@ -22,6 +23,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/runtime/cuda/cuda_backend.h"
 #include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/lora.h"
 #include "support/compare.h"
 #include "support/gpu.h"
 
@@ -163,6 +165,69 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
         "(%zu tensors)\n",
         where.c_str(), worst, worst_self, compared);
   }
+#endif
+}
+
+// LoRA over two GPUs: each rank holds, trains and downloads the adapters of its stage's layers
+// (the base frozen on both); their gradients are the one-GPU run's, the other stage's left zero.
+TEST(Pipeline, TwoGpusGiveTheOneGpuLoraGradients) {
+  SKIP_WITHOUT_GPU();
+#ifndef CTXPLAN_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  const ModelSpec model = Small();
+  const ModelWeights weights = SharpWeights(model, 23);
+  const LoraWeights lora = RandomLora(model, 8, 41, /*random_b=*/true);
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  std::vector<std::unique_ptr<gpu::PeerLinks>> links = gpu::PeerLinks::ConnectLocal(2);
+  RunOptions options = Options(2, true, 0, 1);
+  options.lora_rank = 8;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const StepPlan one_plan(model, options);
+  CudaBackend one(one_plan, weights, {}, nullptr, &lora);
+  RunStep(one_plan, {tokens, labels}, one);
+  const LoraWeights want = one.DownloadLoraGrads();
+
+  options.pipeline_stages = 2;
+  const StepPlan plan(model, options);
+  std::vector<LoraWeights> got(2);
+  const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
+    gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
+    CudaBackend backend(plan, weights, {}, nullptr, &lora, &peers);
+    RunStep(plan, {tokens, labels}, backend);
+    got[static_cast<size_t>(r)] = backend.DownloadLoraGrads();
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  double worst = 0;
+  int compared = 0;
+  for (size_t l = 0; l < want.layers.size(); ++l) {
+    const auto owner = static_cast<size_t>(plan.geometry().stage_of_layer(static_cast<int32_t>(l)));
+    for (OpPart part : kLoraParts) {
+      const std::vector<LoraProjection>& w = want.layers[l].Part(part);
+      for (size_t n = 0; n < w.size(); ++n) {
+        for (size_t r = 0; r < 2; ++r) {
+          const LoraProjection& g = got[r].layers[l].Part(part)[n];
+          if (r == owner) {
+            const double e = std::max(RelativeError(g.a, w[n].a), RelativeError(g.b, w[n].b));
+            EXPECT_LE(e, 5e-3) << "layer " << l << " part " << OpPartName(part) << " " << n;
+            worst = std::max(worst, e);
+            ++compared;
+          } else {
+            EXPECT_TRUE(std::all_of(g.a.begin(), g.a.end(), [](float x) { return x == 0.0f; }) &&
+                        std::all_of(g.b.begin(), g.b.end(), [](float x) { return x == 0.0f; }))
+                << "layer " << l << " on rank " << r << ", which does not hold it";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+  std::printf("  2 GPUs, LoRA rank 8: adapter gradients within %.2e of one GPU (%d projections)\n",
+              worst, compared);
 #endif
 }
 

@@ -44,9 +44,6 @@ TypedImpl<G>::TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW ad
                      ": its LM head is tied to the embedding, which the pipeline does not "
                      "share between the first and last GPU yet; accepted: --gpus 1, or an "
                      "untied model");
-  if (g_.stages() > 1 && o_.lora_rank > 0)
-    throw InputError("--lora-rank with --gpus " + std::to_string(g_.stages()) +
-                     ": not yet; accepted: --lora-rank 0 (full fine-tune) on several GPUs");
   first_layer_ = g_.stage_first_layer(rank_);
   end_layer_ = g_.stage_first_layer(rank_ + 1);
   stage_layers_ = end_layer_ - first_layer_;
@@ -102,12 +99,15 @@ TypedImpl<G>::TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW ad
       WantLike(want, adam_v_, weights, MemCategory::kOptimizer, "AdamW v");
     }
   } else {
-    // The base's gradients stay empty arrays, one set per layer, so Grad(op) stays valid.
+    // The base's gradients stay empty arrays, one set per layer, so Grad(op) stays valid. The
+    // adapters of this stage's layers only: another stage's stay empty (their projections
+    // absent), so uploads, steps and downloads pass them by.
     grads_.layers.resize(static_cast<size_t>(layers_));
     lora_scale_ = lora->scale;
     lora_.resize(static_cast<size_t>(layers_));
     for (size_t l = 0; l < lora_.size(); ++l)
       for (OpPart part : kLoraParts) {
+        if (!Owns(static_cast<int32_t>(l))) continue;
         const std::vector<LoraProjection>& host = lora->layers[l].Part(part);
         std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
         dev.resize(host.size());
@@ -405,8 +405,10 @@ void TypedImpl<G>::UploadLora(const LoraWeights& lora) {
   for (size_t l = 0; l < lora_.size(); ++l)
     for (OpPart part : kLoraParts) {
       const std::vector<LoraProjection>& host = lora.layers[l].Part(part);
-      std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
-      for (size_t n = 0; n < host.size(); ++n) {
+      std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);  // empty: another stage's
+      CTXPLAN_CHECK(dev.empty() || dev.size() == host.size(),
+                    "CUDA backend: LoRA projections changed in number");
+      for (size_t n = 0; n < dev.size(); ++n) {
         up(dev[n].a, host[n].a);
         up(dev[n].b, host[n].b);
       }

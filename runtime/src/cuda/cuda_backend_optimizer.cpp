@@ -207,8 +207,8 @@ LoraWeights TypedImpl<G>::DownloadLora(bool grads) {
   for (size_t l = 0; l < lora_.size(); ++l)
     for (OpPart part : kLoraParts) {
       std::vector<LoraProjection>& host = out.layers[l].Part(part);
-      std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);
-      for (size_t n = 0; n < host.size(); ++n) {
+      std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);  // empty: another stage's
+      for (size_t n = 0; n < dev.size(); ++n) {
         if (grads) {
           down(host[n].a, dev[n].grad_a);
           down(host[n].b, dev[n].grad_b);

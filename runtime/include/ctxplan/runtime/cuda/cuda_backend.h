@@ -117,9 +117,11 @@ class CudaBackend final : public StepBackend {
   // from one, so a resumed run takes the very updates a straight one would.
   CudaOptimizerState DownloadOptimizer() const;
   void UploadOptimizer(const CudaOptimizerState& state);
-  CudaMemoryReport Memory() const;        // samples device-level memory now
-  LoraWeights DownloadLora() const;       // LoRA runs: the adapters, widened to fp32
-  LoraWeights DownloadLoraGrads() const;  // and their gradients
+  CudaMemoryReport Memory() const;  // samples device-level memory now
+  // LoRA runs: the adapters, widened to fp32, and their gradients; over several GPUs those of
+  // this stage's layers (another stage's are left zero).
+  LoraWeights DownloadLora() const;
+  LoraWeights DownloadLoraGrads() const;
   CudaStartupTimes StartupTimes() const;  // measured while constructing
 
   class Impl;  // runtime/src/cuda/cuda_backend_impl.h
