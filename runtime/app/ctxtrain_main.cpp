@@ -590,6 +590,7 @@ int Main(int argc, char** argv) {
   optimizer.params.lr = static_cast<float>(f.lr);
   int64_t first_step = 0;
   LoraWeights resumed_lora, resumed_lora_m, resumed_lora_v;  // rank 0: none
+  bool resumed_lora_moments = false;
   if (!f.resume.empty()) {
     weights_start = Clock::now();
     TrainingCheckpoint checkpoint = LoadCheckpoint(f.resume, model);
@@ -617,6 +618,7 @@ int Main(int argc, char** argv) {
                        std::to_string(options.lora_rank) + "; accepted: --lora-rank " +
                        std::to_string(checkpoint.lora.rank));
     resumed_lora = std::move(checkpoint.lora);
+    resumed_lora_moments = checkpoint.lora_m.rank > 0;
     resumed_lora_m = std::move(checkpoint.lora_m);
     resumed_lora_v = std::move(checkpoint.lora_v);
     weights = std::move(checkpoint.weights);
@@ -659,10 +661,16 @@ int Main(int argc, char** argv) {
                                            lora ? &lora->weights : nullptr, stage_peers);
     cuda_backend = b.get();
     owned = std::move(b);
-    // A resumed AdamW on the GPU continues from its checkpoint's moments and step count.
-    // (Another optimizer on CUDA starts afresh: the host AdamW's moments are not saved.)
-    if (!optimizer.m.layers.empty() && options.optimizer == OptimizerKind::kAdamWGpu && !lora)
-      cuda_backend->UploadOptimizer({std::move(optimizer.m), std::move(optimizer.v), first_step});
+    // A resumed AdamW on the GPU continues from its checkpoint's moments and step count, the
+    // base's or (LoRA) the adapters'. (Another optimizer on CUDA starts afresh: the host AdamW's
+    // moments are not saved.)
+    if (options.optimizer == OptimizerKind::kAdamWGpu) {
+      if (!lora && !optimizer.m.layers.empty())
+        cuda_backend->UploadOptimizer(
+            {std::move(optimizer.m), std::move(optimizer.v), {}, {}, first_step});
+      else if (lora && resumed_lora_moments)
+        cuda_backend->UploadOptimizer({{}, {}, lora->m, lora->v, first_step});
+    }
     optimizer.m = optimizer.v = ModelWeights{};
     // The upload, the arena and the pinning happen while the backend is built.
     const CudaStartupTimes built = cuda_backend->StartupTimes();
@@ -709,6 +717,8 @@ int Main(int argc, char** argv) {
       CudaOptimizerState state = cuda_backend->DownloadOptimizer();  // empty but for AdamW-GPU
       checkpoint.adam_m = std::move(state.m);
       checkpoint.adam_v = std::move(state.v);
+      checkpoint.lora_m = std::move(state.lora_m);  // LoRA: the adapters' moments
+      checkpoint.lora_v = std::move(state.lora_v);
     }
 #endif
     if (!cuda) checkpoint.weights = weights;

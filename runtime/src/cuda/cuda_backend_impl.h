@@ -96,6 +96,7 @@ class TypedImpl final : public CudaBackend::Impl {
   CudaOptimizerState DownloadOptimizer() override;
   void UploadOptimizer(const CudaOptimizerState& state) override;
   LoraWeights DownloadLora(bool grads) override;
+  void CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind);
 
  private:
   static constexpr size_t kEventRing = 2 * StepPlan::kMaxDependencyDistance + 1024;

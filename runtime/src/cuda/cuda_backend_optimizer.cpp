@@ -150,8 +150,15 @@ ModelWeights TypedImpl<G>::DownloadGrads() {
 template <typename G>
 CudaOptimizerState TypedImpl<G>::DownloadOptimizer() {
   CudaOptimizerState state;
-  if (o_.optimizer != OptimizerKind::kAdamWGpu || Lora()) return state;
+  if (o_.optimizer != OptimizerKind::kAdamWGpu) return state;
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  state.steps_taken = adam_step_;
+  if (Lora()) {
+    state.lora_m = ZeroLora(m_, o_.lora_rank);
+    state.lora_v = ZeroLora(m_, o_.lora_rank);
+    CopyLoraMoments(state.lora_m, state.lora_v, cudaMemcpyDeviceToHost);
+    return state;
+  }
   for (auto [device, host] : {std::pair{&adam_m_, &state.m}, std::pair{&adam_v_, &state.v}}) {
     *host = ZeroWeights(m_);
     SliceToStage(*host);
@@ -169,10 +176,50 @@ CudaOptimizerState TypedImpl<G>::DownloadOptimizer() {
   return state;
 }
 
+// The LoRA moments of this stage's layers between the GPU and `m`, `v` (shaped by ZeroLora).
+template <typename G>
+void TypedImpl<G>::CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind) {
+  for (size_t l = 0; l < lora_.size(); ++l)
+    for (OpPart part : kLoraParts) {
+      std::vector<DeviceLoraProjection<G>>& dev = LoraPart(l, part);  // empty: another stage's
+      std::vector<LoraProjection>& hm = m.layers.at(l).Part(part);
+      std::vector<LoraProjection>& hv = v.layers.at(l).Part(part);
+      for (size_t n = 0; n < dev.size(); ++n) {
+        DeviceLoraProjection<G>& d = dev[n];
+        const std::pair<DeviceArray<float>*, std::vector<float>*> pairs[] = {{&d.m_a, &hm.at(n).a},
+                                                                             {&d.v_a, &hv.at(n).a},
+                                                                             {&d.m_b, &hm.at(n).b},
+                                                                             {&d.v_b, &hv.at(n).b}};
+        for (auto [device, host] : pairs) {
+          if (host->size() != device->size())
+            throw InputError("LoRA optimizer state not shaped as rank-" +
+                             std::to_string(o_.lora_rank) + " adapters of model " + m_.name +
+                             "; accepted: a checkpoint of this model and LoRA rank");
+          if (kind == cudaMemcpyDeviceToHost)
+            CTXPLAN_CUDA_CHECK(
+                cudaMemcpy(host->data(), device->get(), device->bytes(), cudaMemcpyDeviceToHost));
+          else
+            CTXPLAN_CUDA_CHECK(
+                cudaMemcpy(device->get(), host->data(), device->bytes(), cudaMemcpyHostToDevice));
+        }
+      }
+    }
+}
+
 template <typename G>
 void TypedImpl<G>::UploadOptimizer(const CudaOptimizerState& state) {
-  if (o_.optimizer != OptimizerKind::kAdamWGpu || Lora())
+  if (o_.optimizer != OptimizerKind::kAdamWGpu)
     throw InternalError("CUDA backend: optimizer state for a run without AdamW on the GPU");
+  if (Lora()) {
+    if (state.lora_m.rank != o_.lora_rank || state.lora_v.rank != o_.lora_rank)
+      throw InputError("LoRA optimizer state of rank " + std::to_string(state.lora_m.rank) +
+                       " for a rank-" + std::to_string(o_.lora_rank) +
+                       " run; accepted: a checkpoint of this LoRA rank");
+    LoraWeights m = state.lora_m, v = state.lora_v;
+    CopyLoraMoments(m, v, cudaMemcpyHostToDevice);
+    adam_step_ = state.steps_taken;
+    return;
+  }
   for (auto [device, host] : {std::pair{&adam_m_, &state.m}, std::pair{&adam_v_, &state.v}}) {
     ModelWeights shaped = *host;  // a stage's tensors, or the whole model's cut to them
     SliceToStage(shaped);

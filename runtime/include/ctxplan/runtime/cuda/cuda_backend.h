@@ -39,7 +39,8 @@ struct CudaAdamW {
 // AdamW on the GPU between runs: its fp32 moments, shaped as the weights (a stage's tensors with
 // several GPUs, the others empty), and the steps it has taken (its bias correction's count).
 struct CudaOptimizerState {
-  ModelWeights m, v;
+  ModelWeights m, v;           // full fine-tune: the base's moments (a stage's tensors)
+  LoraWeights lora_m, lora_v;  // LoRA: the adapters' moments (a stage's layers; others zero)
   int64_t steps_taken = 0;
 };
 
@@ -113,8 +114,8 @@ class CudaBackend final : public StepBackend {
   void ZeroGrads();
   ModelWeights DownloadWeights() const;  // bf16 on the GPU, widened to fp32
   ModelWeights DownloadGrads() const;    // widened to fp32
-  // AdamW on the GPU (full fine-tune): its state for a checkpoint (empty otherwise), and back
-  // from one, so a resumed run takes the very updates a straight one would.
+  // AdamW on the GPU (full fine-tune or LoRA): its state for a checkpoint (empty with another
+  // optimizer), and back from one, so a resumed run takes the very updates a straight one would.
   CudaOptimizerState DownloadOptimizer() const;
   void UploadOptimizer(const CudaOptimizerState& state);
   CudaMemoryReport Memory() const;  // samples device-level memory now
