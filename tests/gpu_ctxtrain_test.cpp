@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -138,51 +139,85 @@ TEST(CtxtrainCuda, LoraRunCompletes) {
   EXPECT_NEAR(Number(v, "loss"), std::log(151936.0), 1.0);
 }
 
-// A LoRA run on the CUDA backend saves its adapters' AdamW moments and step count and resumes
-// from them: a resumed third step leaves the adapters where a straight run's third leaves them.
-// (Before, the checkpoint had no LoRA moments: the resumed update restarted Adam from zero.)
-TEST(CtxtrainCuda, LoraResumesItsAdamWState) {
-  SKIP_WITHOUT_GPU();
-  ScratchDir dir;
-  const ModelSpec model = LoadModel("qwen2.5-0.5b");
+// Saved after two steps, resumed for a third, against three straight steps: how far apart the
+// resumed and the straight third steps leave the tensors `flat` reads from a checkpoint, as a
+// fraction of how far the straight third step moved them. A resume that lost the optimizer's
+// state (moments, step count) moves them elsewhere.
+double ResumedThirdStepApart(const std::vector<std::string>& flags, const ModelSpec& model,
+                             const ScratchDir& dir,
+                             const std::function<std::vector<float>(TrainingCheckpoint&)>& flat) {
   const std::string two = (dir.path() / "two.ckpt").string();
   const std::string resumed = (dir.path() / "resumed.ckpt").string();
   const std::string straight = (dir.path() / "straight.ckpt").string();
-  auto lora = [](std::vector<std::string> more) {
-    for (const char* a : {"--lora-rank", "8", "--lr", "1e-2"}) more.push_back(a);
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), flags.begin(), flags.end());
     return more;
   };
-  ASSERT_EQ(Ctxtrain(lora({"--steps", "2", "--save", two}), dir).exit_code, 0);
-  const TrainingCheckpoint saved = LoadCheckpoint(two, model);
-  ASSERT_EQ(saved.lora_m.rank, 8) << "the checkpoint carries the adapters' moments";
-  double moment_sum = 0;
-  LoraWeights v = saved.lora_v;
-  v.ForEach([&](const std::string&, std::vector<float>& t) {
-    for (float x : t) moment_sum += x;
-  });
-  EXPECT_GT(moment_sum, 0.0) << "second moments after two steps";
-  const RunResult r = Ctxtrain(lora({"--steps", "1", "--resume", two, "--save", resumed}), dir);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  ASSERT_EQ(Ctxtrain(lora({"--steps", "3", "--save", straight}), dir).exit_code, 0);
-  LoraWeights a = LoadCheckpoint(resumed, model).lora, b = LoadCheckpoint(straight, model).lora;
-  LoraWeights start = LoadCheckpoint(two, model).lora;
-  std::vector<float> after_resumed, after_straight, before;
-  for (auto [weights, all] :
-       {std::pair{&a, &after_resumed}, std::pair{&b, &after_straight}, std::pair{&start, &before}})
-    weights->ForEach([&, all = all](const std::string&, std::vector<float>& t) {
-      all->insert(all->end(), t.begin(), t.end());
-    });
-  // The third step's update, resumed against straight: the same up to the runs' own noise (the
-  // attention backward's fp32 atomics), far inside the step itself.
+  const RunResult first = Ctxtrain(with({"--steps", "2", "--save", two}), dir);
+  EXPECT_EQ(first.exit_code, 0) << first.err;
+  const RunResult again = Ctxtrain(with({"--steps", "1", "--resume", two, "--save", resumed}), dir);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  const RunResult three = Ctxtrain(with({"--steps", "3", "--save", straight}), dir);
+  EXPECT_EQ(three.exit_code, 0) << three.err;
+  if (first.exit_code != 0 || again.exit_code != 0 || three.exit_code != 0) return 1.0;
+  TrainingCheckpoint c2 = LoadCheckpoint(two, model), cr = LoadCheckpoint(resumed, model),
+                     cs = LoadCheckpoint(straight, model);
+  const std::vector<float> before = flat(c2), after_resumed = flat(cr), after_straight = flat(cs);
   double step = 0, apart = 0;
   for (size_t i = 0; i < before.size(); ++i) {
     step += std::abs(after_straight[i] - before[i]);
     apart += std::abs(after_resumed[i] - after_straight[i]);
   }
   EXPECT_GT(step, 0.0);
-  EXPECT_LT(apart, 0.05 * step) << "resumed step 3 moved the adapters elsewhere";
-  std::printf("  LoRA step 3: resumed and straight adapters apart by %.3g of the step's %.3g\n",
-              apart, step);
+  return step > 0 ? apart / step : 1.0;
+}
+
+// A LoRA run on the CUDA backend saves its adapters' AdamW moments and step count and resumes
+// from them. (Before, the checkpoint had no LoRA moments: the resumed update restarted Adam.)
+TEST(CtxtrainCuda, LoraResumesItsAdamWState) {
+  SKIP_WITHOUT_GPU();
+  ScratchDir dir;
+  const ModelSpec model = LoadModel("qwen2.5-0.5b");
+  const double apart = ResumedThirdStepApart(
+      {"--lora-rank", "8", "--lr", "1e-2"}, model, dir, [](TrainingCheckpoint& c) {
+        EXPECT_EQ(c.lora_m.rank, 8) << "the checkpoint carries the adapters' moments";
+        std::vector<float> all;
+        c.lora.ForEach([&](const std::string&, std::vector<float>& t) {
+          all.insert(all.end(), t.begin(), t.end());
+        });
+        return all;
+      });
+  // The same up to the runs' own noise (the attention backward's fp32 atomics).
+  EXPECT_LT(apart, 0.05);
+  std::printf("  LoRA: resumed step 3 apart from straight by %.3g of the step\n", apart);
+}
+
+// AdamW on the host (CUDA backend): its moments and step count are saved and resumed too.
+// (Before, they were not saved: a resumed run restarted them.)
+TEST(CtxtrainCuda, HostAdamWResumesItsState) {
+  SKIP_WITHOUT_GPU();
+  ScratchDir dir;
+  const std::string yaml =
+      dir.Write("small-untied.yaml",
+                "name: small-untied\nmodel_type: qwen2\nhidden_size: 512\n"
+                "intermediate_size: 1024\nnum_hidden_layers: 4\nnum_attention_heads: 8\n"
+                "num_key_value_heads: 2\nhead_dim: 64\nvocab_size: 4096\n"
+                "max_position_embeddings: 65536\ntie_word_embeddings: false\n"
+                "attention_bias: true\nrope_theta: 10000.0\nrms_norm_eps: 1.0e-6\n");
+  const ModelSpec model = LoadModel(yaml);
+  const double apart = ResumedThirdStepApart(
+      {"--model", yaml, "--optimizer", "adamw-host", "--lr", "1e-3"}, model, dir,
+      [](TrainingCheckpoint& c) {
+        EXPECT_TRUE(c.has_optimizer_state()) << "the checkpoint carries the moments";
+        std::vector<float> all;
+        c.weights.ForEach([&](const std::string&, std::vector<float>& t) {
+          all.insert(all.end(), t.begin(), t.end());
+        });
+        return all;
+      });
+  EXPECT_LT(apart, 0.05);
+  std::printf("  AdamW on the host: resumed step 3 apart from straight by %.3g of the step\n",
+              apart);
 }
 
 TEST(CtxtrainCuda, FaultsEndTheRunWithOneLineAndKeepTheCheckpoint) {

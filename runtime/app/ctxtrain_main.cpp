@@ -661,10 +661,9 @@ int Main(int argc, char** argv) {
                                            lora ? &lora->weights : nullptr, stage_peers);
     cuda_backend = b.get();
     owned = std::move(b);
-    // A resumed AdamW on the GPU continues from its checkpoint's moments and step count, the
-    // base's or (LoRA) the adapters'. (Another optimizer on CUDA starts afresh: the host AdamW's
-    // moments are not saved.)
-    if (options.optimizer == OptimizerKind::kAdamWGpu) {
+    // A resumed AdamW (on the GPU or the host) continues from its checkpoint's moments and step
+    // count, the base's or (LoRA) the adapters'.
+    if (options.optimizer != OptimizerKind::kNone) {
       if (!lora && !optimizer.m.layers.empty())
         cuda_backend->UploadOptimizer(
             {std::move(optimizer.m), std::move(optimizer.v), {}, {}, first_step});
@@ -714,7 +713,7 @@ int Main(int argc, char** argv) {
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     if (cuda_backend) {
       checkpoint.weights = cuda_backend->DownloadWeights();
-      CudaOptimizerState state = cuda_backend->DownloadOptimizer();  // empty but for AdamW-GPU
+      CudaOptimizerState state = cuda_backend->DownloadOptimizer();  // empty without AdamW
       checkpoint.adam_m = std::move(state.m);
       checkpoint.adam_v = std::move(state.v);
       checkpoint.lora_m = std::move(state.lora_m);  // LoRA: the adapters' moments

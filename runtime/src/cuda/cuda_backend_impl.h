@@ -97,6 +97,7 @@ class TypedImpl final : public CudaBackend::Impl {
   void UploadOptimizer(const CudaOptimizerState& state) override;
   LoraWeights DownloadLora(bool grads) override;
   void CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind);
+  void CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_host_optimizer);
 
  private:
   static constexpr size_t kEventRing = 2 * StepPlan::kMaxDependencyDistance + 1024;

@@ -150,9 +150,17 @@ ModelWeights TypedImpl<G>::DownloadGrads() {
 template <typename G>
 CudaOptimizerState TypedImpl<G>::DownloadOptimizer() {
   CudaOptimizerState state;
-  if (o_.optimizer != OptimizerKind::kAdamWGpu) return state;
+  if (o_.optimizer == OptimizerKind::kNone) return state;
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
   state.steps_taken = adam_step_;
+  if (o_.optimizer == OptimizerKind::kAdamWHost) {
+    state.m = ZeroWeights(m_);
+    state.v = ZeroWeights(m_);
+    SliceToStage(state.m);
+    SliceToStage(state.v);
+    CopyHostMoments(state.m, state.v, /*to_host_optimizer=*/false);
+    return state;
+  }
   if (Lora()) {
     state.lora_m = ZeroLora(m_, o_.lora_rank);
     state.lora_v = ZeroLora(m_, o_.lora_rank);
@@ -206,10 +214,40 @@ void TypedImpl<G>::CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKin
     }
 }
 
+// The host AdamW's moments (flat, in the weights' order) and `m`, `v` (a stage's tensors).
+template <typename G>
+void TypedImpl<G>::CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_host_optimizer) {
+  std::vector<std::vector<float>*> tm = HostTensors(m), tv = HostTensors(v);
+  size_t i = 0, offset = 0;
+  weights_.ForEach([&](DeviceArray<bf16>& t) {
+    if (i >= tm.size() || tm[i]->size() != t.size() || tv[i]->size() != t.size())
+      throw InputError("optimizer state not shaped as model " + m_.name +
+                       " (its moments); accepted: a checkpoint of this model");
+    for (auto [flat, tensor] : {std::pair{&host_m_, tm[i]}, std::pair{&host_v_, tv[i]}}) {
+      float* at = flat->data() + offset;
+      if (to_host_optimizer)
+        std::copy(tensor->begin(), tensor->end(), at);
+      else
+        std::copy(at, at + t.size(), tensor->begin());
+    }
+    offset += t.size();
+    ++i;
+  });
+  CTXPLAN_CHECK(offset == host_m_.size(), "CUDA backend: the host moments' size");
+}
+
 template <typename G>
 void TypedImpl<G>::UploadOptimizer(const CudaOptimizerState& state) {
-  if (o_.optimizer != OptimizerKind::kAdamWGpu)
-    throw InternalError("CUDA backend: optimizer state for a run without AdamW on the GPU");
+  if (o_.optimizer == OptimizerKind::kNone)
+    throw InternalError("CUDA backend: optimizer state for a run without an optimizer");
+  if (o_.optimizer == OptimizerKind::kAdamWHost) {
+    ModelWeights m = state.m, v = state.v;  // a stage's tensors, or the model's cut to them
+    SliceToStage(m);
+    SliceToStage(v);
+    CopyHostMoments(m, v, /*to_host_optimizer=*/true);
+    adam_step_ = state.steps_taken;
+    return;
+  }
   if (Lora()) {
     if (state.lora_m.rank != o_.lora_rank || state.lora_v.rank != o_.lora_rank)
       throw InputError("LoRA optimizer state of rank " + std::to_string(state.lora_m.rank) +

@@ -114,8 +114,9 @@ class CudaBackend final : public StepBackend {
   void ZeroGrads();
   ModelWeights DownloadWeights() const;  // bf16 on the GPU, widened to fp32
   ModelWeights DownloadGrads() const;    // widened to fp32
-  // AdamW on the GPU (full fine-tune or LoRA): its state for a checkpoint (empty with another
-  // optimizer), and back from one, so a resumed run takes the very updates a straight one would.
+  // AdamW's state (on the GPU: the base's or the adapters' moments; on the host: the base's) for a
+  // checkpoint, empty without an optimizer; and back from one, so a resumed run takes the very
+  // updates a straight one would.
   CudaOptimizerState DownloadOptimizer() const;
   void UploadOptimizer(const CudaOptimizerState& state);
   CudaMemoryReport Memory() const;  // samples device-level memory now
