@@ -119,6 +119,57 @@ TEST_F(ExplorerModelTest, TwoGpusHalveTheGpuMemoryAndTheStep) {
   EXPECT_EQ(model.selection().options.pipeline_stages, 2);
 }
 
+// Issue 15: LoRA, the query tile, the sinks and keeping the layer inputs are the user's to move
+// in the explorer too, each validated as the CLI validates its flag.
+TEST_F(ExplorerModelTest, LoraQueryTileSinksAndKeptInputsChangeThePlan) {
+  ExplorerModel model;
+  ASSERT_TRUE(model.SetContextTokens(32 * 1024));
+  const ExplorerResult full = model.ComputeNow();
+  ASSERT_TRUE(full.ok()) << full.error;
+
+  // LoRA freezes the base: no gradients or moments of its 7.6B parameters on the GPU.
+  ASSERT_TRUE(model.SetLoraRank(16));
+  const ExplorerResult lora = model.ComputeNow();
+  ASSERT_TRUE(lora.ok()) << lora.error;
+  EXPECT_EQ(lora.selection.options.lora_rank, 16);
+  EXPECT_LT(lora.report.gpu_memory.allocated, 0.5 * full.report.gpu_memory.allocated);
+  ASSERT_TRUE(model.SetLoraRank(0));
+
+  // Kept layer inputs: one forward less a chunk, their memory on the GPU.
+  ASSERT_TRUE(model.SetKeepLayerInputs(true));
+  const ExplorerResult kept = model.ComputeNow();
+  ASSERT_TRUE(kept.ok()) << kept.error;
+  EXPECT_TRUE(kept.selection.options.keep_layer_inputs);
+  EXPECT_LT(kept.report.prediction.step_seconds(), full.report.prediction.step_seconds());
+  EXPECT_GT(kept.report.gpu_memory.allocated, full.report.gpu_memory.allocated);
+  ASSERT_TRUE(model.SetKeepLayerInputs(false));
+
+  // More sinks and a larger query tile: more earlier pages attended, fewer selections.
+  ASSERT_TRUE(model.SetSinkPages(4));
+  ASSERT_TRUE(model.SetQueryTile(256));
+  const ExplorerResult wider = model.ComputeNow();
+  ASSERT_TRUE(wider.ok()) << wider.error;
+  EXPECT_EQ(wider.selection.options.sink_pages, 4);
+  EXPECT_EQ(wider.selection.options.query_tile, 256);
+
+  Recorder recorder(model);
+  EXPECT_FALSE(model.SetLoraRank(-1));
+  EXPECT_FALSE(model.SetQueryTile(0));
+  EXPECT_FALSE(model.SetQueryTile(2 * model.selection().options.chunk_tokens));
+  EXPECT_FALSE(model.SetSinkPages(-1));
+  ASSERT_TRUE(model.SetMachineName("h200-x2"));
+  ASSERT_TRUE(model.SetGpus(2));
+  EXPECT_FALSE(model.SetKeepLayerInputs(true));  // not with several GPUs yet
+  ASSERT_EQ(recorder.errors.size(), 5u);
+  EXPECT_TRUE(recorder.errors[0].contains("--lora-rank")) << recorder.errors[0].toStdString();
+  EXPECT_TRUE(recorder.errors[1].contains("--query-tile")) << recorder.errors[1].toStdString();
+  EXPECT_TRUE(recorder.errors[3].contains("--sinks")) << recorder.errors[3].toStdString();
+  EXPECT_TRUE(recorder.errors[4].contains("--keep-layer-inputs"))
+      << recorder.errors[4].toStdString();
+  EXPECT_EQ(model.selection().options.sink_pages, 4);
+  EXPECT_FALSE(model.selection().options.keep_layer_inputs);
+}
+
 TEST_F(ExplorerModelTest, InvalidChunkIsRefusedAndTheStateKept) {
   ExplorerModel model;
   Recorder recorder(model);

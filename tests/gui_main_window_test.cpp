@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <QApplication>
+#include <QCheckBox>
+#include <QComboBox>
 #include <QEventLoop>
 #include <QFile>
 #include <QImage>
+#include <QSpinBox>
 #include <QTemporaryDir>
 
 #include <chrono>
@@ -76,6 +79,43 @@ TEST(MainWindow, EveryViewShowsRendersAndExports) {
     EXPECT_TRUE(error.contains(view)) << error.toStdString();
   }
   EXPECT_FALSE(window.ShowViewNow("flamegraph"));
+}
+
+// The run options beyond chunk, page and budget (issue 15): LoRA, query tile, sinks, kept layer
+// inputs. Each control sets the model; a selection made elsewhere (Recommend, a refusal) shows in
+// the controls.
+TEST(MainWindow, RunOptionControlsFollowTheModel) {
+  App();
+  ExplorerModel model;
+  MainWindow window(model);
+  auto* lora = window.findChild<QSpinBox*>("lora_rank");
+  auto* tile = window.findChild<QComboBox*>("query_tile");
+  auto* sinks = window.findChild<QSpinBox*>("sinks");
+  auto* keep = window.findChild<QCheckBox*>("keep_layer_inputs");
+  ASSERT_TRUE(lora && tile && sinks && keep);
+  lora->setValue(16);
+  EXPECT_EQ(model.selection().options.lora_rank, 16);
+  tile->setCurrentText("256");
+  EXPECT_EQ(model.selection().options.query_tile, 256);
+  sinks->setValue(3);
+  EXPECT_EQ(model.selection().options.sink_pages, 3);
+  keep->setChecked(true);
+  EXPECT_TRUE(model.selection().options.keep_layer_inputs);
+  // The other way: the model's selection shows.
+  ASSERT_TRUE(model.SetLoraRank(0));
+  ASSERT_TRUE(model.SetSinkPages(1));
+  ASSERT_TRUE(model.SetKeepLayerInputs(false));
+  EXPECT_EQ(lora->value(), 0);
+  EXPECT_EQ(lora->text(), "off (full fine-tune)");
+  EXPECT_EQ(sinks->value(), 1);
+  EXPECT_FALSE(keep->isChecked());
+  // A refused value springs back to the model's: a query tile past the chunk.
+  tile->setCurrentText("64");
+  ASSERT_TRUE(model.SetChunkTokens(256));
+  tile->setCurrentText("512");
+  EXPECT_EQ(model.selection().options.query_tile, 64);
+  EXPECT_EQ(tile->currentText(), "64");
+  model.WaitForWorkers();
 }
 
 }  // namespace

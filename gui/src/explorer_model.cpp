@@ -199,6 +199,22 @@ bool ExplorerModel::SetGpuTier(const QString& text) {
   });
 }
 
+bool ExplorerModel::SetLoraRank(int rank) {
+  return Accept([&](ExplorerSelection& s) { s.options.lora_rank = rank; });
+}
+
+bool ExplorerModel::SetQueryTile(qint64 queries) {
+  return Accept([&](ExplorerSelection& s) { s.options.query_tile = queries; });
+}
+
+bool ExplorerModel::SetSinkPages(qint64 pages) {
+  return Accept([&](ExplorerSelection& s) { s.options.sink_pages = pages; });
+}
+
+bool ExplorerModel::SetKeepLayerInputs(bool keep) {
+  return Accept([&](ExplorerSelection& s) { s.options.keep_layer_inputs = keep; });
+}
+
 bool ExplorerModel::SetGradDtype(const QString& name) {
   return Accept([&](ExplorerSelection& s) {
     s.options.grad_dtype = ParseGradDtype(name.toStdString(), "grad dtype");

@@ -124,6 +124,10 @@ class ExplorerModel : public QObject {
   bool SetOptimizer(const QString& name);       // adamw-gpu | adamw-host | none
   bool SetSelectionModel(const QString& text);  // shared | disjoint | overlap:F
   bool SetGpuTier(const QString& text);         // off | auto | a size, e.g. 32GiB
+  bool SetLoraRank(int rank);                   // 0: full fine-tune
+  bool SetQueryTile(qint64 queries);            // queries sharing one page selection
+  bool SetSinkPages(qint64 pages);              // pages every query tile attends
+  bool SetKeepLayerInputs(bool keep);           // keep them from the fill, or recompute them
 
   // Requests a computation of the current selection on the worker thread.
   void Refresh();

@@ -175,7 +175,7 @@ QWidget* MainWindow::BuildControls() {
   chunk_box_ = new DoublingSpinBox(false);
   chunk_box_->setRange(16, 1 << 20);
   chunk_box_->setSuffix(" tokens");
-  page_box_ = NewCombo({"16", "32", "64", "128", "256", "512", "1024"});
+  page_box_ = NewCombo({"16", "32", "48", "64", "96", "128", "192", "256", "512", "1024"});
   budget_box_ = new DoublingSpinBox(true);
   budget_box_->setRange(0, 1 << 20);
   budget_box_->setSpecialValueText("all (dense)");
@@ -197,6 +197,23 @@ QWidget* MainWindow::BuildControls() {
   selection_box_->setToolTip(
       "Union of the query tiles' page selections: disjoint is the worst case (safe), shared the "
       "best case, overlap:F a measured overlap");
+  lora_box_ = new QSpinBox;
+  lora_box_->setObjectName("lora_rank");
+  lora_box_->setRange(0, 1024);
+  lora_box_->setSpecialValueText("off (full fine-tune)");
+  lora_box_->setToolTip("LoRA adapters of this rank on every projection; the base is frozen");
+  query_tile_box_ = NewCombo({"64", "128", "256", "512"});
+  query_tile_box_->setObjectName("query_tile");
+  query_tile_box_->setToolTip("Queries that share one page selection (at most the chunk)");
+  sinks_box_ = new QSpinBox;
+  sinks_box_->setObjectName("sinks");
+  sinks_box_->setRange(0, 64);
+  sinks_box_->setToolTip("Pages every query tile attends besides its budget (attention sinks)");
+  keep_inputs_box_ = new QCheckBox("keep them from the fill (no recompute)");
+  keep_inputs_box_->setObjectName("keep_layer_inputs");
+  keep_inputs_box_->setToolTip(
+      "Keep every chunk's layer inputs from the first pass instead of recomputing them: one "
+      "forward less, GPU memory growing with the context");
   recommend_button_ = new QPushButton("Recommend settings");
   recommend_button_->setToolTip(
       "Select the fastest chunk, page, offload, kept inputs and optimizer placement that fit at "
@@ -229,6 +246,11 @@ QWidget* MainWindow::BuildControls() {
   connect(grad_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetGradDtype);
   connect(optimizer_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetOptimizer);
   connect(selection_box_, &QComboBox::currentTextChanged, m, &ExplorerModel::SetSelectionModel);
+  connect(lora_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetLoraRank);
+  connect(query_tile_box_, &QComboBox::currentTextChanged, this,
+          [this](const QString& text) { model_.SetQueryTile(text.toLongLong()); });
+  connect(sinks_box_, &QSpinBox::valueChanged, m, &ExplorerModel::SetSinkPages);
+  connect(keep_inputs_box_, &QCheckBox::toggled, m, &ExplorerModel::SetKeepLayerInputs);
   connect(timeline_button_, &QPushButton::clicked, this, [this] { ExportTimeline(); });
   connect(recommend_button_, &QPushButton::clicked, m, &ExplorerModel::Recommend);
   connect(m, &ExplorerModel::recommendationDone, this, [this](bool applied, const QString& text) {
@@ -253,6 +275,10 @@ QWidget* MainWindow::BuildControls() {
   form->addRow("Gradients", grad_box_);
   form->addRow("Optimizer", optimizer_box_);
   form->addRow("Selection", selection_box_);
+  form->addRow("Query tile", query_tile_box_);
+  form->addRow("Sink pages", sinks_box_);
+  form->addRow("Layer inputs", keep_inputs_box_);
+  form->addRow("LoRA rank", lora_box_);
 
   auto* panel = new QWidget;
   auto* layout = new QVBoxLayout(panel);
@@ -460,7 +486,8 @@ void MainWindow::SyncControls() {
   const RunOptions& o = s.options;
   const QSignalBlocker b1(model_box_), b2(machine_box_), b3(context_slider_), b4(chunk_box_),
       b5(page_box_), b6(budget_box_), b7(offload_box_), b8(grad_box_), b9(optimizer_box_),
-      b10(selection_box_), b11(gpu_tier_box_), b12(gpus_box_);
+      b10(selection_box_), b11(gpu_tier_box_), b12(gpus_box_), b13(lora_box_), b14(query_tile_box_),
+      b15(sinks_box_), b16(keep_inputs_box_);
   SelectText(model_box_, QString::fromStdString(s.model_name));
   SelectText(machine_box_, QString::fromStdString(s.machine_name));
   context_slider_->setValue(SliderPosition(o.context_tokens));
@@ -474,6 +501,10 @@ void MainWindow::SyncControls() {
   SelectText(grad_box_, QString::fromUtf8(GradDtypeName(o.grad_dtype)));
   SelectText(optimizer_box_, QString::fromUtf8(OptimizerName(o.optimizer)));
   SelectText(selection_box_, QString::fromStdString(SelectionModelName(o.selection)));
+  lora_box_->setValue(static_cast<int>(o.lora_rank));
+  SelectText(query_tile_box_, QString::number(o.query_tile));
+  sinks_box_->setValue(static_cast<int>(o.sink_pages));
+  keep_inputs_box_->setChecked(o.keep_layer_inputs);
 }
 
 void MainWindow::ShowError(const QString& message) {

@@ -94,6 +94,10 @@ class MainWindow : public QMainWindow {
   QComboBox* grad_box_ = nullptr;
   QComboBox* optimizer_box_ = nullptr;
   QComboBox* selection_box_ = nullptr;
+  QSpinBox* lora_box_ = nullptr;
+  QComboBox* query_tile_box_ = nullptr;
+  QSpinBox* sinks_box_ = nullptr;
+  QCheckBox* keep_inputs_box_ = nullptr;
   QPushButton* max_button_ = nullptr;
   QPushButton* timeline_button_ = nullptr;
   QLabel* error_label_ = nullptr;
