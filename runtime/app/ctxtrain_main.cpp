@@ -490,11 +490,16 @@ int Main(int argc, char** argv) {
                        " ranks (WORLD_SIZE); accepted: --gpus " +
                        std::to_string(ranks->world_size) + " or none");
     f.run.gpus = std::to_string(ranks->world_size);
-    for (const auto& [given, flag] : {std::pair{!f.dump_grads.empty(), "--dump-grads"},
-                                      std::pair{!f.export_weights.empty(), "--export-weights"}})
-      if (given)
-        throw InputError(std::string(flag) + " with several GPUs: not yet; accepted: " + flag +
-                         " on one GPU");
+    // Each rank holds its stage's gradients only; one file of them all is not gathered yet.
+    // --export-weights needs no gathering where every rank starts from the whole model (random
+    // or --weights): the first rank writes it. A resumed rank holds its stage's tensors only.
+    if (!f.dump_grads.empty())
+      throw InputError(
+          "--dump-grads with several GPUs: not yet; accepted: --dump-grads on one GPU");
+    if (!f.export_weights.empty() && !f.resume.empty())
+      throw InputError(
+          "--export-weights with --resume on several GPUs: each rank resumes its own stage's "
+          "tensors; accepted: --export-weights without --resume, or on one GPU");
     rank_prefix = "rank " + std::to_string(ranks->rank) + ": ";
     // One checkpoint file a rank, of its stage's tensors: run.ckpt -> run.ckpt.rank0, ...
     const std::string shard = ".rank" + std::to_string(ranks->rank);
@@ -631,7 +636,7 @@ int Main(int argc, char** argv) {
     optimizer.params.step = first_step + 1;
   }
   const DataSource data(f, model, options.context_tokens);
-  if (!f.export_weights.empty()) ExportHuggingFace(f.export_weights, model, weights);
+  if (!f.export_weights.empty() && lead) ExportHuggingFace(f.export_weights, model, weights);
 
   ModelWeights grads = cuda ? ModelWeights{} : ZeroWeights(model);
   std::unique_ptr<StepBackend> owned;
