@@ -231,6 +231,65 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuLoraGradients) {
 #endif
 }
 
+// A tied LM head over two GPUs: the first stage holds the embedding for the input, the last its
+// own copy as the head; each copy's gradient is the sum of both uses (summed over the world
+// before the optimizer), the one GPU's within the usual tolerance, and the two equal to the bit;
+// after an AdamW step the two copies are still equal to the bit.
+TEST(Pipeline, TwoGpusShareATiedEmbedding) {
+  SKIP_WITHOUT_GPU();
+#ifndef CTXPLAN_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  ModelSpec model = Small();
+  model.name += "-tied";
+  model.tie_word_embeddings = true;
+  const ModelWeights weights = SharpWeights(model, 23);
+  ASSERT_TRUE(weights.lm_head.empty());
+  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
+  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
+  labels.push_back(-1);
+  std::vector<std::unique_ptr<gpu::PeerLinks>> links = gpu::PeerLinks::ConnectLocal(2);
+  for (const OptimizerKind optimizer : {OptimizerKind::kNone, OptimizerKind::kAdamWGpu}) {
+    RunOptions options = Options(2, true, 0, 1);
+    options.optimizer = optimizer;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    const StepPlan one_plan(model, options);
+    CudaBackend one(one_plan, weights);
+    RunStep(one_plan, {tokens, labels}, one);
+    const ModelWeights want = one.DownloadGrads();
+    const ModelWeights want_weights = one.DownloadWeights();
+
+    options.pipeline_stages = 2;
+    const StepPlan plan(model, options);
+    std::vector<ModelWeights> grads(2), after(2);
+    const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
+      gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
+      CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
+      RunStep(plan, {tokens, labels}, backend);
+      grads[static_cast<size_t>(r)] = backend.DownloadGrads();
+      after[static_cast<size_t>(r)] = backend.DownloadWeights();
+    });
+    const std::string where = std::string("optimizer ") + std::string(OptimizerName(optimizer));
+    ASSERT_EQ(errors[0], "") << where;
+    ASSERT_EQ(errors[1], "") << where;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(grads[r].embedding.size(), want.embedding.size()) << where << " rank " << r;
+      EXPECT_LE(RelativeError(grads[r].embedding, want.embedding), 5e-3) << where << " rank " << r;
+    }
+    EXPECT_EQ(grads[0].embedding, grads[1].embedding) << where;
+    EXPECT_EQ(after[0].embedding, after[1].embedding) << where;
+    if (optimizer != OptimizerKind::kNone) {  // the updated copies are the one GPU's update
+      EXPECT_LE(RelativeError(after[0].embedding, want_weights.embedding), 5e-3) << where;
+    }
+    std::printf("  2 GPUs, tied embedding, %s: its gradient within %.2e of one GPU on both\n",
+                where.c_str(),
+                std::max(RelativeError(grads[0].embedding, want.embedding),
+                         RelativeError(grads[1].embedding, want.embedding)));
+  }
+#endif
+}
+
 // How closely one GPU repeats its own dense offloaded step: the reference the pipeline is held to
 // must repeat itself well within that bound (5e-3), or a pipeline difference could hide in its
 // noise. Bit for bit on the H200s measured; on H100s the attention backward's fp32 dQ atomics,

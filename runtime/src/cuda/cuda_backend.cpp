@@ -39,11 +39,13 @@ TypedImpl<G>::TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW ad
     throw InternalError("CUDA backend: a plan of " + std::to_string(g_.stages()) +
                         " pipeline stages run by " +
                         std::to_string(peers_ ? peers_->world_size() : 1) + " ranks");
-  if (g_.stages() > 1 && m_.tie_word_embeddings)
+  // A tied LM head: the first and the last stage each hold the embedding and sum their two
+  // gradients of it before the optimizer, over the world (with two GPUs, the only ranks).
+  if (g_.stages() > 2 && m_.tie_word_embeddings)
     throw InputError("--gpus " + std::to_string(g_.stages()) + " with model " + m_.name +
-                     ": its LM head is tied to the embedding, which the pipeline does not "
-                     "share between the first and last GPU yet; accepted: --gpus 1, or an "
-                     "untied model");
+                     ": its LM head is tied to the embedding, which the first and last GPU "
+                     "share over two GPUs only yet; accepted: --gpus 1 or 2, or an untied model");
+  sums_tied_embedding_ = g_.stages() == 2 && m_.tie_word_embeddings && o_.lora_rank == 0;
   first_layer_ = g_.stage_first_layer(rank_);
   end_layer_ = g_.stage_first_layer(rank_ + 1);
   stage_layers_ = end_layer_ - first_layer_;

@@ -98,6 +98,8 @@ class TypedImpl final : public CudaBackend::Impl {
   LoraWeights DownloadLora(bool grads) override;
   void CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind);
   void CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_host_optimizer);
+  // cuda_backend_step.cpp
+  void SumTiedEmbeddingGrads();
 
  private:
   static constexpr size_t kEventRing = 2 * StepPlan::kMaxDependencyDistance + 1024;
@@ -237,6 +239,9 @@ class TypedImpl final : public CudaBackend::Impl {
   StagePeers* peers_ = nullptr;  // several GPUs: the neighbouring stages
   int32_t rank_ = 0;             // the pipeline stage this backend runs
   int32_t first_layer_ = 0, end_layer_ = 0, stage_layers_ = 0;  // its layers
+  // A tied LM head over two GPUs: the first and last stage sum their embedding gradients once a
+  // step (SumTiedEmbeddingGrads).
+  bool sums_tied_embedding_ = false, tied_embedding_summed_ = false;
   // Boundary buffers, per parity: forward [2][c][d] (residual, pending add), backward [c][d].
   DeviceArray<bf16> forward_send_[2], forward_recv_[2], backward_send_[2], backward_recv_[2];
   int64_t adam_step_ = 0;

@@ -47,6 +47,7 @@ void TypedImpl<G>::BeginStep(const StepPlan& plan, const StepInputs& inputs) {
     ClearRegion(MemCategory::kDkvPages);
   }
   std::fill(event_op_.begin(), event_op_.end(), kNoOp);
+  tied_embedding_summed_ = false;
   memory_ = {};
   ops_ = 0;
   chunk_index_ = -1;
@@ -64,6 +65,7 @@ template <typename G>
 StepOutputs TypedImpl<G>::EndStep() {
   CTXPLAN_CHECK(final_norm_backwards_ == 0,
                 "CUDA backend: the step ended with the final norm's d_weight partials unsummed");
+  SumTiedEmbeddingGrads();  // without an optimizer: the step's gradients are its output
   if (peers_ != nullptr) {  // a failed peer throws rather than hangs
     std::vector<void*> streams{compute_, h2d_, d2h_};
     for (Stream s : {Stream::kSendNext, Stream::kRecvPrev, Stream::kSendPrev, Stream::kRecvNext})
@@ -98,6 +100,7 @@ void TypedImpl<G>::Execute(const Op& op) {
     return;
   }
   ++ops_;
+  if (op.phase == Phase::kOptimizer) SumTiedEmbeddingGrads();  // before the first update op
   if (op.chunk >= 0 && op.chunk != chunk_index_) StartChunk(op.chunk);
   NoteLayer(op);
   if (op.stream == Stream::kHost) {  // CPU work: wait for its inputs, run it, done
@@ -115,6 +118,17 @@ void TypedImpl<G>::Execute(const Op& op) {
   if (op.kind == OpKind::kAttentionBackward) InjectAfterAttentionBackward(stream);
   CTXPLAN_CUDA_CHECK(cudaEventRecord(events_[op.id % kEventRing], stream));
   event_op_[op.id % kEventRing] = op.id;
+}
+
+// Tied LM head over two GPUs: the embedding's gradient from the first stage's embedding
+// backward plus the head's from the last stage's loss, on both, once a step after the last
+// backward op (the compute stream's), so both stages update equal copies identically.
+template <typename G>
+void TypedImpl<G>::SumTiedEmbeddingGrads() {
+  if (!sums_tied_embedding_ || tied_embedding_summed_) return;
+  tied_embedding_summed_ = true;
+  peers_->AllReduceSum(grads_.embedding.get(), grads_.embedding.size(), std::is_same_v<G, float>,
+                       compute_);
 }
 
 template <typename G>
@@ -266,8 +280,12 @@ void TypedImpl<G>::PeerRecv(const Op& op) {
 // Drops the tensors other stages hold (a no-op with one GPU), so `w` has this stage's shape.
 template <typename G>
 void TypedImpl<G>::SliceToStage(ModelWeights& w) const {
+  // A tied LM head is the embedding: the last stage keeps its own copy (summed gradients keep the
+  // two copies equal).
+  const bool last = rank_ == g_.last_stage();
   if (g_.stages() > 1)
-    KeepStageTensors(w, first_layer_, end_layer_, rank_ == 0, rank_ == g_.last_stage());
+    KeepStageTensors(w, first_layer_, end_layer_, rank_ == 0 || (last && m_.tie_word_embeddings),
+                     last);
 }
 
 template class TypedImpl<float>;

@@ -442,6 +442,24 @@ double PeerLinks::AllReduceSum(double value) {
   return *host_value_;
 }
 
+void PeerLinks::AllReduceSumInPlace(void* data, size_t count, bool fp32, cudaStream_t after) {
+  RequireUsable("AllReduceSumInPlace");
+  CTXPLAN_CHECK(t_open_group == nullptr,
+                RankPrefix(rank_) + "AllReduceSumInPlace inside a PeerGroup (it waits for it)");
+  SetDevice();
+  cudaEvent_t ready = nullptr;
+  CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(ready, after);
+  const cudaError_t ordered =
+      recorded == cudaSuccess ? cudaStreamWaitEvent(world_stream_, ready, 0) : recorded;
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(ready));  // freed once the wait it orders has happened
+  CTXPLAN_CUDA_CHECK(ordered);
+  CTXPLAN_NCCL_CHECK_RANK(rank_, ncclAllReduce(data, data, count, fp32 ? ncclFloat32 : ncclBfloat16,
+                                               ncclSum, world_, world_stream_));
+  AfterIssue(world_, nullptr);
+  WaitStream(world_stream_, timeout_);
+}
+
 void PeerLinks::Barrier() {
   (void)AllReduceSum(0.0);
 }

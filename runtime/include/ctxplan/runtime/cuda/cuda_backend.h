@@ -88,6 +88,10 @@ class StagePeers {
   // Waits until `event` (cudaEvent_t) has completed, bounded as Synchronize: the backend's host
   // waits inside a step may depend on a peer's transfer.
   virtual void WaitEvent(void* event) = 0;
+  // Sums `count` elements (fp32, or bf16 when !fp32) of device buffer `data` over every rank, in
+  // place, after the work queued on `after` (cudaStream_t); returns once done, bounded as
+  // Synchronize. Collective: every rank calls it. (A tied embedding's two gradients.)
+  virtual void AllReduceSum(void* data, size_t count, bool fp32, void* after) = 0;
   // Ends the transfers in flight for good (a run failing mid-step): their kernels would otherwise
   // wait for a peer that never comes, and every device synchronisation with them.
   virtual void Abort() noexcept = 0;

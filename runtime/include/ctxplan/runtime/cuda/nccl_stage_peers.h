@@ -28,6 +28,9 @@ class NcclStagePeers final : public StagePeers {
   void WaitEvent(void* event) override {
     links_.WaitEvent(static_cast<cudaEvent_t>(event), timeout_);
   }
+  void AllReduceSum(void* data, size_t count, bool fp32, void* after) override {
+    links_.AllReduceSumInPlace(data, count, fp32, static_cast<cudaStream_t>(after));
+  }
   void Abort() noexcept override { links_.Abort(); }
 
  private:

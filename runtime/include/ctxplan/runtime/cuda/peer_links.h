@@ -125,6 +125,11 @@ class PeerLinks {
   double AllReduceSum(double value);
   // Returns once every rank has called it (a one-value all-reduce; NCCL has no barrier).
   void Barrier();
+  // Sums `count` elements (fp32, or bf16 when !fp32) of device buffer `data` over all ranks, in
+  // place, after the work queued on `after` (a stream of device()). Collective over the world;
+  // returns once done on this rank, bounded by timeout() like WaitStream. Not inside a
+  // PeerGroup. With two ranks each element is one sum of the two: both get the same bits.
+  void AllReduceSumInPlace(void* data, size_t count, bool fp32, cudaStream_t after);
 
   // Throws TrainingError "rank R: NCCL error on <communicator>: <cause>" when any communicator
   // has an asynchronous error (a peer that exited, a network failure), after aborting them all:
