@@ -741,8 +741,7 @@ TEST_F(CheckpointTest, PipelineStageCheckpointsHoldTheirStageOnly) {
     SCOPED_TRACE(stage);
     TrainingCheckpoint saved = Make(41 + static_cast<uint64_t>(stage), 7);
     for (ModelWeights* w : {&saved.weights, &saved.adam_m, &saved.adam_v})
-      KeepStageTensors(*w, first[static_cast<size_t>(stage)], first[static_cast<size_t>(stage) + 1],
-                       stage == 0, stage == 1);
+      KeepStageTensors(*w, model_, stage, 2);
     saved.pipeline_stage = stage;
     saved.pipeline_stages = 2;
     const fs::path path = dir_ / ("run.ckpt.rank" + std::to_string(stage));
@@ -759,6 +758,30 @@ TEST_F(CheckpointTest, PipelineStageCheckpointsHoldTheirStageOnly) {
   const fs::path whole = dir_ / "whole.ckpt";
   SaveCheckpoint(whole, model_, Make(50, 3));
   EXPECT_EQ(LoadCheckpoint(whole, model_).pipeline_stages, 1);
+}
+
+// A tied LM head over two stages: the last stage holds its own copy of the embedding (its head),
+// and its checkpoint keeps and reloads it; the first stage's holds the embedding as always.
+TEST_F(CheckpointTest, ATiedModelsLastStageKeepsItsEmbedding) {
+  ModelSpec tied = model_;
+  tied.name += "-tied";
+  tied.tie_word_embeddings = true;
+  for (int32_t stage : {0, 1}) {
+    SCOPED_TRACE(stage);
+    TrainingCheckpoint saved;
+    saved.weights = RandomWeights(tied, 60 + static_cast<uint64_t>(stage));
+    ASSERT_TRUE(saved.weights.lm_head.empty());
+    KeepStageTensors(saved.weights, tied, stage, 2);
+    EXPECT_FALSE(saved.weights.embedding.empty());
+    saved.step = 4;
+    saved.pipeline_stage = stage;
+    saved.pipeline_stages = 2;
+    const fs::path path = dir_ / ("tied.ckpt.rank" + std::to_string(stage));
+    SaveCheckpoint(path, tied, saved);
+    const TrainingCheckpoint loaded = LoadCheckpoint(path, tied);
+    EXPECT_EQ(loaded.weights.embedding, saved.weights.embedding);
+    EXPECT_EQ(loaded.weights.final_norm.empty(), stage == 0);
+  }
 }
 
 TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {

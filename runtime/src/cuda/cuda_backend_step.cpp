@@ -280,12 +280,9 @@ void TypedImpl<G>::PeerRecv(const Op& op) {
 // Drops the tensors other stages hold (a no-op with one GPU), so `w` has this stage's shape.
 template <typename G>
 void TypedImpl<G>::SliceToStage(ModelWeights& w) const {
-  // A tied LM head is the embedding: the last stage keeps its own copy (summed gradients keep the
-  // two copies equal).
-  const bool last = rank_ == g_.last_stage();
-  if (g_.stages() > 1)
-    KeepStageTensors(w, first_layer_, end_layer_, rank_ == 0 || (last && m_.tie_word_embeddings),
-                     last);
+  // (A tied LM head: the last stage keeps its own copy of the embedding; summed gradients keep
+  // the two copies equal.)
+  if (g_.stages() > 1) KeepStageTensors(w, m_, rank_, g_.stages());
 }
 
 template class TypedImpl<float>;

@@ -192,10 +192,7 @@ TrainingCheckpoint LoadCheckpoint(const fs::path& path, const ModelSpec& model) 
   auto shaped = [&] {
     ModelWeights w = ZeroWeights(model);
     if (!staged) return w;
-    const std::vector<int32_t> first = PipelineStageFirstLayers(model, checkpoint.pipeline_stages);
-    const int32_t s = checkpoint.pipeline_stage;
-    KeepStageTensors(w, first[static_cast<size_t>(s)], first[static_cast<size_t>(s) + 1], s == 0,
-                     s == checkpoint.pipeline_stages - 1);
+    KeepStageTensors(w, model, checkpoint.pipeline_stage, checkpoint.pipeline_stages);
     return w;
   };
   if (staged) {

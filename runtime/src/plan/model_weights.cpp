@@ -5,6 +5,9 @@
 #include <cmath>
 #include <thread>
 
+#include "ctxplan/models/errors.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
+
 namespace ctxplan {
 
 void ModelWeights::ForEach(
@@ -111,8 +114,13 @@ ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
   return w;
 }
 
-void KeepStageTensors(ModelWeights& w, int32_t first_layer, int32_t end_layer, bool embedding,
-                      bool head) {
+void KeepStageTensors(ModelWeights& w, const ModelSpec& model, int32_t stage, int32_t stages) {
+  const std::vector<int32_t> first = PipelineStageFirstLayers(model, stages);
+  CTXPLAN_CHECK(stage >= 0 && stage < stages, "KeepStageTensors: stage out of range");
+  const int32_t first_layer = first[static_cast<size_t>(stage)];
+  const int32_t end_layer = first[static_cast<size_t>(stage) + 1];
+  const bool head = stage == stages - 1;
+  const bool embedding = stage == 0 || (head && model.tie_word_embeddings);
   auto drop = [](std::vector<float>& t) { std::vector<float>().swap(t); };
   if (!embedding) drop(w.embedding);
   if (!head) {

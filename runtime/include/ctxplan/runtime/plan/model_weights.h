@@ -40,10 +40,10 @@ ModelWeights ZeroWeights(const ModelSpec& model);
 // Random initialisation from a seed: matrices N(0, 0.02), norms 1, biases N(0, 0.02).
 ModelWeights RandomWeights(const ModelSpec& model, uint64_t seed);
 
-// Empties every tensor a pipeline stage does not hold (its shape stays the model's): layers
-// outside [first_layer, end_layer), the embedding unless `embedding`, the final norm and LM head
-// unless `head`. A stage's GPU, and its checkpoint, keep only their own tensors.
-void KeepStageTensors(ModelWeights& weights, int32_t first_layer, int32_t end_layer, bool embedding,
-                      bool head);
+// Empties every tensor pipeline stage `stage` of `stages` does not hold (its shape stays the
+// model's): the layers of the other stages (PipelineStageFirstLayers' split), the embedding but
+// on the first stage and, with a tied LM head, on the last (its copy is the head), the final norm
+// and the LM head but on the last. A stage's GPU, and its checkpoint, keep only their own tensors.
+void KeepStageTensors(ModelWeights& weights, const ModelSpec& model, int32_t stage, int32_t stages);
 
 }  // namespace ctxplan
