@@ -67,6 +67,18 @@ std::array<std::string, 2> OnTwoRanks(const std::function<void(int)>& body) {
   return errors;
 }
 
+// 600 random tokens of the model's vocabulary, each labelled with the next (the last with none).
+struct StepTokens {
+  std::vector<int32_t> tokens, labels;
+};
+StepTokens RandomStep(const ModelSpec& model, uint64_t seed) {
+  StepTokens t;
+  t.tokens = RandomTokens(model.vocab_size, 600, seed);
+  t.labels.assign(t.tokens.begin() + 1, t.tokens.end());
+  t.labels.push_back(-1);
+  return t;
+}
+
 RunOptions Options(int64_t budget, bool offload, int64_t tier, int32_t stages) {
   RunOptions o;
   o.context_tokens = 600;  // 5 chunks, the last one short
@@ -91,9 +103,7 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
   if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 23);
-  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
-  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
-  labels.push_back(-1);
+  const StepTokens data = RandomStep(model, 29);
   std::vector<std::unique_ptr<gpu::PeerLinks>> links = gpu::PeerLinks::ConnectLocal(2);
   struct Case {
     int64_t budget;
@@ -107,7 +117,7 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     const StepPlan one_plan(model, Options(c.budget, c.offload, c.tier, 1));
     CudaBackend one(one_plan, weights);
-    const StepOutputs want = RunStep(one_plan, {tokens, labels}, one);
+    const StepOutputs want = RunStep(one_plan, {data.tokens, data.labels}, one);
     ModelWeights want_grads = one.DownloadGrads();
 
     const StepPlan plan(model, Options(c.budget, c.offload, c.tier, 2));
@@ -125,7 +135,7 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuGradients) {
       const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
         gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
         CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
-        got[static_cast<size_t>(r)] = RunStep(plan, {tokens, labels}, backend);
+        got[static_cast<size_t>(r)] = RunStep(plan, {data.tokens, data.labels}, backend);
         grads[static_cast<size_t>(r)] = backend.DownloadGrads();
       });
       EXPECT_EQ(errors[0], "") << where;
@@ -179,16 +189,14 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuLoraGradients) {
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 23);
   const LoraWeights lora = RandomLora(model, 8, 41, /*random_b=*/true);
-  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
-  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
-  labels.push_back(-1);
+  const StepTokens data = RandomStep(model, 29);
   std::vector<std::unique_ptr<gpu::PeerLinks>> links = gpu::PeerLinks::ConnectLocal(2);
   RunOptions options = Options(2, true, 0, 1);
   options.lora_rank = 8;
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   const StepPlan one_plan(model, options);
   CudaBackend one(one_plan, weights, {}, nullptr, &lora);
-  RunStep(one_plan, {tokens, labels}, one);
+  RunStep(one_plan, {data.tokens, data.labels}, one);
   const LoraWeights want = one.DownloadLoraGrads();
 
   options.pipeline_stages = 2;
@@ -197,7 +205,7 @@ TEST(Pipeline, TwoGpusGiveTheOneGpuLoraGradients) {
   const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
     gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
     CudaBackend backend(plan, weights, {}, nullptr, &lora, &peers);
-    RunStep(plan, {tokens, labels}, backend);
+    RunStep(plan, {data.tokens, data.labels}, backend);
     got[static_cast<size_t>(r)] = backend.DownloadLoraGrads();
   });
   ASSERT_EQ(errors[0], "");
@@ -246,9 +254,7 @@ TEST(Pipeline, TwoGpusShareATiedEmbedding) {
   model.tie_word_embeddings = true;
   const ModelWeights weights = SharpWeights(model, 23);
   ASSERT_TRUE(weights.lm_head.empty());
-  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
-  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
-  labels.push_back(-1);
+  const StepTokens data = RandomStep(model, 29);
   std::vector<std::unique_ptr<gpu::PeerLinks>> links = gpu::PeerLinks::ConnectLocal(2);
   for (const OptimizerKind optimizer : {OptimizerKind::kNone, OptimizerKind::kAdamWGpu}) {
     RunOptions options = Options(2, true, 0, 1);
@@ -256,7 +262,7 @@ TEST(Pipeline, TwoGpusShareATiedEmbedding) {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     const StepPlan one_plan(model, options);
     CudaBackend one(one_plan, weights);
-    RunStep(one_plan, {tokens, labels}, one);
+    RunStep(one_plan, {data.tokens, data.labels}, one);
     const ModelWeights want = one.DownloadGrads();
     const ModelWeights want_weights = one.DownloadWeights();
 
@@ -266,7 +272,7 @@ TEST(Pipeline, TwoGpusShareATiedEmbedding) {
     const std::array<std::string, 2> errors = OnTwoRanks([&](int r) {
       gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(60));
       CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
-      RunStep(plan, {tokens, labels}, backend);
+      RunStep(plan, {data.tokens, data.labels}, backend);
       grads[static_cast<size_t>(r)] = backend.DownloadGrads();
       after[static_cast<size_t>(r)] = backend.DownloadWeights();
     });
@@ -298,9 +304,7 @@ TEST(Pipeline, OneGpuDenseOffloadRepeatsItself) {
   SKIP_WITHOUT_GPU();
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 23);
-  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 29);
-  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
-  labels.push_back(-1);
+  const StepTokens data = RandomStep(model, 29);
   for (const int32_t layers : {2, 4}) {
     const ModelSpec m = test::SmallGpuModel(layers);
     const ModelWeights w = SharpWeights(m, 23);
@@ -308,7 +312,7 @@ TEST(Pipeline, OneGpuDenseOffloadRepeatsItself) {
     std::vector<std::vector<float>> runs;
     for (int run = 0; run < 3; ++run) {
       CudaBackend backend(plan, w);
-      RunStep(plan, {tokens, labels}, backend);
+      RunStep(plan, {data.tokens, data.labels}, backend);
       ModelWeights grads = backend.DownloadGrads();
       std::vector<float> all;
       grads.ForEach([&](const std::string&, std::vector<float>& t) {
@@ -336,9 +340,7 @@ TEST(Pipeline, ARankThatDiesEndsTheOtherWithinItsTimeout) {
   if (GpuCount() < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   const ModelSpec model = Small();
   const ModelWeights weights = SharpWeights(model, 31);
-  std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 37);
-  std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
-  labels.push_back(-1);
+  const StepTokens data = RandomStep(model, 37);
   std::vector<std::unique_ptr<gpu::PeerLinks>> links =
       gpu::PeerLinks::ConnectLocal(2, std::chrono::seconds(10));
   const StepPlan plan(model, Options(RunOptions::kAllPages, true, 0, 2));
@@ -365,7 +367,7 @@ TEST(Pipeline, ARankThatDiesEndsTheOtherWithinItsTimeout) {
       gpu::NcclStagePeers peers(*links[static_cast<size_t>(r)], std::chrono::seconds(5));
       CudaBackend backend(plan, weights, {}, nullptr, nullptr, &peers);
       Crash crash(300);
-      RunStep(plan, {tokens, labels}, backend, r == 1 ? &crash : nullptr);
+      RunStep(plan, {data.tokens, data.labels}, backend, r == 1 ? &crash : nullptr);
     } catch (const std::exception&) {
       if (r == 1) links[1]->Abort();  // what its process's exit would do to its links
       throw;
