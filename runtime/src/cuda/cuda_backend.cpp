@@ -40,11 +40,8 @@ TypedImpl<G>::TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW ad
                         " pipeline stages run by " +
                         std::to_string(peers_ ? peers_->world_size() : 1) + " ranks");
   // A tied LM head: the first and the last stage each hold the embedding and sum their two
-  // gradients of it before the optimizer, over the world (with two GPUs, the only ranks).
-  if (g_.stages() > 2 && m_.tie_word_embeddings)
-    throw InputError("--gpus " + std::to_string(g_.stages()) + " with model " + m_.name +
-                     ": its LM head is tied to the embedding, which the first and last GPU "
-                     "share over two GPUs only yet; accepted: --gpus 1 or 2, or an untied model");
+  // gradients of it before the optimizer, over the world (with two GPUs, the only ranks; more
+  // are refused by RunOptions::Validate).
   sums_tied_embedding_ = g_.stages() == 2 && m_.tie_word_embeddings && o_.lora_rank == 0;
   first_layer_ = g_.stage_first_layer(rank_);
   end_layer_ = g_.stage_first_layer(rank_ + 1);

@@ -42,6 +42,12 @@ void RunOptions::Validate(const ModelSpec& model) const {
   Require(pipeline_stages >= 1 && pipeline_stages <= model.num_hidden_layers, "--gpus",
           Num(pipeline_stages) + " is out of range; accepted: 1 to the model's " +
               Num(model.num_hidden_layers) + " layers (one layer or more a GPU)");
+  // A tied LM head: the first and last GPU share the embedding over the world's all-reduce, which
+  // only they join with two GPUs (cuda_backend.cpp).
+  Require(pipeline_stages <= 2 || !model.tie_word_embeddings, "--gpus",
+          Num(pipeline_stages) + " GPUs with model " + model.name +
+              ", whose LM head is tied to the embedding: not yet over more than two; accepted: "
+              "1 or 2 GPUs with a tied model");
   Require(pipeline_stages == 1 || !keep_layer_inputs, "--keep-layer-inputs",
           "not with several GPUs yet; accepted: recomputing the layer inputs (the default)");
   Require(std::isfinite(selection.overlap_fraction) && selection.overlap_fraction >= 0.0 &&
