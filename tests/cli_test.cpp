@@ -466,6 +466,32 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   EXPECT_EQ(f.out.find("attention over pages of"), std::string::npos) << f.out;
 }
 
+// Head dim 64 runs attention slower per FLOP than 128 (issue 14: where a shape cannot be made
+// fast, the planner knows its rate and says so): Llama-3.2-1B gets the note, Qwen2.5-7B not.
+TEST(CliTest, PlanSaysTheHeadDimRate) {
+  ScratchDir dir;
+  const std::vector<std::string> small = {"plan", "--model", "llama-3.2-1b", "--context", "64K"};
+  const RunResult r = RunCtxplan(small, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(small, r);
+  EXPECT_NE(r.out.find("attention at head dim 64: "), std::string::npos) << r.out;
+  std::vector<std::string> json = small;
+  json.push_back("--json");
+  const RunResult j = RunCtxplan(json, dir.path());
+  ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
+  const size_t at = j.out.find("\"attention_head_dim_rate_vs_128\"");
+  ASSERT_NE(at, std::string::npos);
+  const double forward = std::stod(j.out.substr(j.out.find("\"forward\":", at) + 10));
+  const double backward = std::stod(j.out.substr(j.out.find("\"backward\":", at) + 11));
+  EXPECT_GT(forward, 0.3);
+  EXPECT_LT(forward, 0.9);
+  EXPECT_GT(backward, 0.3);
+  EXPECT_LT(backward, 0.9);
+  const std::vector<std::string> large = {"plan", "--context", "64K"};
+  const RunResult q = RunCtxplan(large, dir.path());
+  ASSERT_EQ(q.exit_code, 0) << Describe(large, q);
+  EXPECT_EQ(q.out.find("attention at head dim"), std::string::npos) << q.out;
+}
+
 // recommend names a fitting configuration and the ctxtrain command that runs it; with the GPU
 // tier, max-context reaches further than without (issue 12: Qwen2.5-7B, H200, 125 GiB).
 TEST(CliTest, RecommendAndTheGpuTier) {

@@ -260,13 +260,15 @@ int RunSweep(SweepFlags f) {
     std::vector<bool> runs;             // by value: some combination with it resolved
     std::vector<std::string> refusals;  // by value: the first combination's error
   };
-  std::vector<Axis> axes = {
-      {&RunFlags::context, SplitList(f.run.context)}, {&RunFlags::chunk, SplitList(f.run.chunk)},
-      {&RunFlags::page, SplitList(f.run.page)},       {&RunFlags::budget, SplitList(f.run.budget)},
-      {&RunFlags::offload, SplitList(f.run.offload)}, {&RunFlags::gpus, SplitList(f.run.gpus)}};
-  for (Axis& axis : axes) {
-    axis.runs.assign(axis.values.size(), false);
-    axis.refusals.assign(axis.values.size(), "");
+  std::vector<Axis> axes;
+  for (auto [field, text] :
+       {std::pair{&RunFlags::context, f.run.context}, std::pair{&RunFlags::chunk, f.run.chunk},
+        std::pair{&RunFlags::page, f.run.page}, std::pair{&RunFlags::budget, f.run.budget},
+        std::pair{&RunFlags::offload, f.run.offload}, std::pair{&RunFlags::gpus, f.run.gpus}}) {
+    std::vector<std::string> values = SplitList(text);
+    const size_t n = values.size();
+    axes.push_back(
+        {field, std::move(values), std::vector<bool>(n, false), std::vector<std::string>(n)});
   }
   std::vector<RunOptions> grid;
   std::vector<size_t> index(axes.size(), 0);

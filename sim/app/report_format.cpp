@@ -52,6 +52,19 @@ std::string PageRateWarning(const PlanContext& c) {
          (faster.empty() ? "" : "; at full rate with --page " + faster) + "\n";
 }
 
+// Attention at head dim 64 runs slower per FLOP than at 128 (the same softmax work for half the
+// matrix work a tile); the profile knows by how much. Empty within 10% or at head dim 128.
+std::string HeadDimRateNote(const PlanContext& c) {
+  const sim::KernelTimeModel::PageRate r =
+      sim::KernelTimeModel(c.machine).HeadDimRateAgainst128(c.model.head_dim);
+  if (std::min(r.forward, r.backward) >= 0.9) return "";
+  return "  attention at head dim " + std::to_string(c.model.head_dim) + ": " +
+         Printf("%.0f%%", 100.0 * r.forward) + " (forward) and " +
+         Printf("%.0f%%", 100.0 * r.backward) +
+         " (backward) of the per-FLOP rate at head dim 128 on this GPU (from its profile; the "
+         "step time includes it)\n";
+}
+
 int64_t CudaContextBytes(const MachineSpec& machine) {
   return static_cast<int64_t>(machine.gpu.cuda_context_gib.value * static_cast<double>(kGiB));
 }
@@ -65,6 +78,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += "  kernel times: " + sim::DescribeKernelProfile(sim::EffectiveKernelProfile(c.machine.gpu)) +
        "\n";
   s += PageRateWarning(c);
+  s += HeadDimRateNote(c);
   if (c.options.pipeline_stages > 1) {
     // Each GPU its stage of layers; the memory below is the GPU with the highest peak.
     const PlanGeometry g(c.model, c.options);
@@ -180,6 +194,12 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
     j.BeginObject("attention_page_rate_vs_128")
         .Field("forward", rate.forward)
         .Field("backward", rate.backward)
+        .EndObject();
+    const sim::KernelTimeModel::PageRate head =
+        sim::KernelTimeModel(c.machine).HeadDimRateAgainst128(c.model.head_dim);
+    j.BeginObject("attention_head_dim_rate_vs_128")
+        .Field("forward", head.forward)
+        .Field("backward", head.backward)
         .EndObject();
   }
   j.Field("gpus", r.gpus).Field("machines", r.machines);

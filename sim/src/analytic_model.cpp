@@ -177,7 +177,7 @@ class TimeRecurrence {
           f.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
           f.post, SwigluForwardCost(t, inter))(
           f.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
-      forward_cache_ = {t, f.paged, f.fill, f.pre, f.post, f.kv_write, f.summary, f.attn_own};
+      forward_cache_ = {t, f.paged, f.fill, f.pre, f.post, f.kv_write, f.summary, f.attn_own, {}};
     }
     if (f.copy_in) {
       const OpCost copy = CopyCost(c.expected_host_union_pages * g_.kv_page_bytes(), true,

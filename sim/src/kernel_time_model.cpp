@@ -228,6 +228,15 @@ KernelTimeModel::PageRate KernelTimeModel::PageRateAgainst128(int64_t page_token
   return r;
 }
 
+KernelTimeModel::PageRate KernelTimeModel::HeadDimRateAgainst128(int64_t head_dim) const {
+  PageRate r;
+  if (head_dim <= 0 || head_dim > 64) return r;
+  const KernelProfile& k = profile_;
+  r.forward = k.attention_tflops(false, true) / k.attention_tflops(false, false);
+  r.backward = k.attention_tflops(true, true) / k.attention_tflops(true, false);
+  return r;
+}
+
 KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
   CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
   KernelTimeModel m = *this;

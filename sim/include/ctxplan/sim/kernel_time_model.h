@@ -102,6 +102,9 @@ class KernelTimeModel {
     double forward = 1.0, backward = 1.0;
   };
   PageRate PageRateAgainst128(int64_t page_tokens, int64_t head_dim, bool sparse) const;
+  // The attention's per-FLOP rate at `head_dim` against head dim 128 on this profile, forward and
+  // backward (1 above 64: the kernels' rates are measured at 64 and 128).
+  PageRate HeadDimRateAgainst128(int64_t head_dim) const;
   // The paged attention's fraction of the contiguous rate over pages of `page_tokens` (the
   // profile's page table for the head dim, times its sparse table where pages are selected).
   double PagedEfficiency(int64_t page_tokens, bool backward, bool d64, bool sparse) const;
