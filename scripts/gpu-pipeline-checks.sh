@@ -26,9 +26,12 @@ run_test() {  # binary, gtest filter, seconds
   timeout "$3" "$exe" --gtest_filter="$2" 2>&1 | grep --line-buffered -vE "^\[ RUN|^$"
   echo "    (exit ${PIPESTATUS[0]}, $((SECONDS - start)) s)"
 }
-run_test gpu_ctxtrain_test '*' 200
-run_test gpu_pipeline_test '*' 150
-run_test gpu_cuda_backend_test '*Soak*' 150
+# ONLY=ctxtrain|pipeline|soak|runs runs one part (the whole script can pass one call's 600 s).
+part() { [ -z "${ONLY:-}" ] || [ "$ONLY" = "$1" ]; }
+part ctxtrain && run_test gpu_ctxtrain_test '*' 320
+part pipeline && run_test gpu_pipeline_test '*' 240
+part soak && run_test gpu_cuda_backend_test '*Soak*' 150
+part runs || exit 0
 # The machine preset of these GPUs, so that each trace names it and replay predicts for it.
 machine=h200-x2
 nvidia-smi -L | head -1 | grep -q H100 && machine=h100-x8
