@@ -325,5 +325,36 @@ TEST(CpuRuntime, PipelineStagesEqualOneGpuExactly) {
   }
 }
 
+// A tied LM head over two stages (the CUDA backend's limit for tied models): the plan runs the
+// embedding on the first stage and the head on the last, which share one tensor here; gradients
+// and loss bit for bit equal to one GPU's. (Over CUDA each stage keeps a copy, their gradients
+// summed: gpu_pipeline_test.TwoGpusShareATiedEmbedding.)
+TEST(CpuRuntime, TiedHeadOverTwoStagesEqualsOneGpu) {
+  ModelSpec model = Tiny();
+  model.name += "-tied";
+  model.num_hidden_layers = 4;
+  model.tie_word_embeddings = true;
+  const ModelWeights weights = RandomWeights(model, 43);
+  ASSERT_TRUE(weights.lm_head.empty());
+  const Data data = RandomData(96, 11, model.vocab_size);
+  auto run = [&](int32_t stages) {
+    RunOptions o = Options(96, 16, 4, 2, true);
+    o.pipeline_stages = stages;
+    ModelWeights w = weights;
+    Result r{{}, ZeroWeights(model)};
+    CpuBackend backend(model, w, r.grads, nullptr);
+    r.out = RunStep(StepPlan(model, o), {data.tokens, data.labels}, backend);
+    return r;
+  };
+  Result one = run(1), two = run(2);
+  EXPECT_EQ(two.out.loss_sum, one.out.loss_sum);
+  EXPECT_EQ(Flatten(two.grads), Flatten(one.grads));
+  EXPECT_NE(one.grads.embedding, std::vector<float>(one.grads.embedding.size(), 0.0f));
+  // Three stages and more: refused for a tied model (RunOptions::Validate).
+  RunOptions three = Options(96, 16, 4, 2, true);
+  three.pipeline_stages = 3;
+  EXPECT_THROW(three.Validate(model), InputError);
+}
+
 }  // namespace
 }  // namespace ctxplan
