@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -260,6 +261,68 @@ TEST(PeerLinksTest, AllReduceSumBarrierAndWaitStream) {
     l.WaitStream(l.stream(Stream::kSendNext), kWaitTimeout);
   });
   for (int r = 0; r < ranks; ++r) EXPECT_DOUBLE_EQ(sums[r], expected) << "rank " << r;
+}
+
+// A device buffer summed over every rank in place (a tied embedding's two gradients), fp32 and
+// bf16, after work queued on another stream: each rank gets the sum, and with two ranks the very
+// same bits.
+TEST(PeerLinksTest, AllReduceSumInPlaceOfADeviceBuffer) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const int ranks = AllRanks();
+  auto links = PeerLinks::ConnectLocal(ranks, kConnectTimeout);
+  constexpr size_t kCount = (size_t{1} << 20) + 3;  // not a multiple of any chunking
+  for (const bool fp32 : {true, false}) {
+    // Rank r holds r + 1 + (i % 16) / 16 at element i: exact in bf16 too (at most 8 significant
+    // bits), and so are two ranks' sums.
+    std::vector<std::vector<float>> got(ranks);
+    OnEachRank(ranks, [&](int r) {
+      PeerLinks& l = *links[r];
+      CTXPLAN_CUDA_CHECK(cudaSetDevice(l.device()));  // this thread's buffers on the rank's GPU
+      const size_t bytes = kCount * (fp32 ? 4 : 2);
+      void* data = nullptr;
+      CTXPLAN_CUDA_CHECK(cudaMalloc(&data, bytes));
+      cudaStream_t producer = nullptr;
+      CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+      std::vector<float> values(kCount);
+      for (size_t i = 0; i < kCount; ++i)
+        values[i] = static_cast<float>(r + 1) + static_cast<float>(i % 16) / 16.0f;
+      std::vector<uint16_t> halves(kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &values[i], 4);
+        halves[i] = static_cast<uint16_t>(bits >> 16);  // exact: the low half is zero
+      }
+      // The values arrive on `producer`: the all-reduce must wait for them.
+      CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(data,
+                                         fp32 ? static_cast<void*>(values.data()) : halves.data(),
+                                         bytes, cudaMemcpyHostToDevice, producer));
+      l.AllReduceSumInPlace(data, kCount, fp32, producer);
+      std::vector<float>& out = got[static_cast<size_t>(r)];
+      out.resize(kCount);
+      if (fp32) {
+        CTXPLAN_CUDA_CHECK(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost));
+      } else {
+        CTXPLAN_CUDA_CHECK(cudaMemcpy(halves.data(), data, bytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < kCount; ++i) {
+          const uint32_t bits = static_cast<uint32_t>(halves[i]) << 16;
+          std::memcpy(&out[i], &bits, 4);
+        }
+      }
+      CTXPLAN_CUDA_CHECK(cudaStreamDestroy(producer));
+      CTXPLAN_CUDA_CHECK(cudaFree(data));
+    });
+    for (size_t i = 0; i < kCount; i += 4099) {
+      float expected = 0;
+      for (int r = 0; r < ranks; ++r)
+        expected += static_cast<float>(r + 1) + static_cast<float>(i % 16) / 16.0f;
+      // fp32: exact; bf16: exact for two ranks, within its rounding for more.
+      EXPECT_NEAR(got[0][i], expected, fp32 || ranks == 2 ? 0.0f : expected / 64.0f)
+          << (fp32 ? "fp32" : "bf16") << " element " << i;
+    }
+    if (ranks == 2) {
+      EXPECT_TRUE(got[0] == got[1]) << (fp32 ? "fp32" : "bf16");
+    }
+  }
 }
 
 // A receive whose sender never comes: WaitStream gives up after its timeout with a TrainingError
