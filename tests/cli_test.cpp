@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -439,6 +440,15 @@ TEST(CliTest, MaxContextJsonDefaults) {
 // A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
 // (the H100's: attention over pages of 96 ran 3.2x slower forward, 1.7x backward per FLOP than
 // over pages of 128), and names page sizes that run at full rate; at 128 it says nothing.
+// The forward and backward rates of a JSON object `key` in ctxplan's --json output.
+std::pair<double, double> JsonRates(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\"");
+  EXPECT_NE(at, std::string::npos) << key;
+  if (at == std::string::npos) return {0.0, 0.0};
+  return {std::stod(json.substr(json.find("\"forward\":", at) + 10)),
+          std::stod(json.substr(json.find("\"backward\":", at) + 11))};
+}
+
 TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   ScratchDir dir;
   const std::vector<std::string> slow = {
@@ -452,10 +462,7 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   json.push_back("--json");
   const RunResult j = RunCtxplan(json, dir.path());
   ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
-  const size_t at = j.out.find("\"attention_page_rate_vs_128\"");
-  ASSERT_NE(at, std::string::npos);
-  const double forward = std::stod(j.out.substr(j.out.find("\"forward\":", at) + 10));
-  const double backward = std::stod(j.out.substr(j.out.find("\"backward\":", at) + 11));
+  const auto [forward, backward] = JsonRates(j.out, "attention_page_rate_vs_128");
   EXPECT_LT(forward, 0.5);
   EXPECT_LT(backward, 0.9);
   EXPECT_GT(backward, 0.1);
@@ -478,10 +485,7 @@ TEST(CliTest, PlanSaysTheHeadDimRate) {
   json.push_back("--json");
   const RunResult j = RunCtxplan(json, dir.path());
   ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
-  const size_t at = j.out.find("\"attention_head_dim_rate_vs_128\"");
-  ASSERT_NE(at, std::string::npos);
-  const double forward = std::stod(j.out.substr(j.out.find("\"forward\":", at) + 10));
-  const double backward = std::stod(j.out.substr(j.out.find("\"backward\":", at) + 11));
+  const auto [forward, backward] = JsonRates(j.out, "attention_head_dim_rate_vs_128");
   EXPECT_GT(forward, 0.3);
   EXPECT_LT(forward, 0.9);
   EXPECT_GT(backward, 0.3);

@@ -58,12 +58,17 @@ struct Result {
   ModelWeights grads;
 };
 
-Result Chunked(const ModelWeights& weights, const Data& data, const RunOptions& options) {
+// One step of `options` on the CPU backend, no optimizer: its outputs and gradients.
+Result Chunked(const ModelSpec& model, const ModelWeights& weights, const Data& data,
+               const RunOptions& options) {
   ModelWeights w = weights;
-  Result r{{}, ZeroWeights(Tiny())};
-  CpuBackend backend(Tiny(), w, r.grads, nullptr);
-  r.out = RunStep(StepPlan(Tiny(), options), {data.tokens, data.labels}, backend);
+  Result r{{}, ZeroWeights(model)};
+  CpuBackend backend(model, w, r.grads, nullptr);
+  r.out = RunStep(StepPlan(model, options), {data.tokens, data.labels}, backend);
   return r;
+}
+Result Chunked(const ModelWeights& weights, const Data& data, const RunOptions& options) {
+  return Chunked(Tiny(), weights, data, options);
 }
 
 std::vector<float> Flatten(ModelWeights& w) {
@@ -306,11 +311,7 @@ TEST(CpuRuntime, PipelineStagesEqualOneGpuExactly) {
       RunOptions o = Options(c.n, c.chunk, 4, c.budget, c.offload);
       o.gpu_tier_pages = c.tier;
       o.pipeline_stages = stages;
-      ModelWeights w = weights;
-      Result r{{}, ZeroWeights(model)};
-      CpuBackend backend(model, w, r.grads, nullptr);
-      r.out = RunStep(StepPlan(model, o), {data.tokens, data.labels}, backend);
-      return r;
+      return Chunked(model, weights, data, o);
     };
     Result one = run(1);
     for (int32_t stages : {2, 3, 4}) {
@@ -340,11 +341,7 @@ TEST(CpuRuntime, TiedHeadOverTwoStagesEqualsOneGpu) {
   auto run = [&](int32_t stages) {
     RunOptions o = Options(96, 16, 4, 2, true);
     o.pipeline_stages = stages;
-    ModelWeights w = weights;
-    Result r{{}, ZeroWeights(model)};
-    CpuBackend backend(model, w, r.grads, nullptr);
-    r.out = RunStep(StepPlan(model, o), {data.tokens, data.labels}, backend);
-    return r;
+    return Chunked(model, weights, data, o);
   };
   Result one = run(1), two = run(2);
   EXPECT_EQ(two.out.loss_sum, one.out.loss_sum);
