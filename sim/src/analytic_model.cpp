@@ -138,47 +138,35 @@ class TimeRecurrence {
     // The projections, norms, MLP, the KV write and the own positions' attention depend on the
     // chunk's tokens alone (the latter also on whether it runs inside the paged launch): timed
     // once per size.
-    const bool same_tokens = t == forward_cache_.tokens && f.paged == forward_cache_.paged;
-    if (same_tokens) {
-      f.pre = forward_cache_.pre;
-    } else {
-      add(f.pre, RmsNormForwardCost(t, d))(
-          f.pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
-          f.pre, RopeCost(t, q, kv));
+    TokenSegments& k = forward_cache_;
+    if (t != k.tokens || f.paged != k.paged) {
+      k = TokenSegments{};
+      k.tokens = t;
+      k.paged = f.paged;
+      add(k.pre, RmsNormForwardCost(t, d))(
+          k.pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
+          k.pre, RopeCost(t, q, kv));
+      add(k.kv_write, KvWriteCost(t, kv));
+      add(k.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
+      add(k.attn_own, g_.own_attention_forward_cost(c));
+      add(k.post, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(k.post,
+                                                                     RmsNormForwardCost(t, d))(
+          k.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
+          k.post, SwigluForwardCost(t, inter))(
+          k.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
     }
+    f.pre = k.pre;
     if (f.fill) {
-      if (same_tokens && forward_cache_.fill) {
-        f.kv_write = forward_cache_.kv_write;
-        f.summary = forward_cache_.summary;
-      } else {
-        add(f.kv_write, KvWriteCost(t, kv));
-        add(f.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
-        if (same_tokens) {
-          forward_cache_.fill = true;
-          forward_cache_.kv_write = f.kv_write;
-          forward_cache_.summary = f.summary;
-        }
-      }
+      f.kv_write = k.kv_write;
+      f.summary = k.summary;
     }
     if (c.sparse) {
       add(f.select, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv))(
           f.select, PageTopKCost(c.tiles, c.earlier_pages));
     }
-    if (same_tokens)
-      f.attn_own = forward_cache_.attn_own;
-    else
-      add(f.attn_own, g_.own_attention_forward_cost(c));
+    f.attn_own = k.attn_own;
     if (f.paged) add(f.attn_paged, g_.paged_attention_forward_cost(c));
-    if (same_tokens) {
-      f.post = forward_cache_.post;
-    } else {
-      add(f.post, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(f.post,
-                                                                     RmsNormForwardCost(t, d))(
-          f.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
-          f.post, SwigluForwardCost(t, inter))(
-          f.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
-      forward_cache_ = {t, f.paged, f.fill, f.pre, f.post, f.kv_write, f.summary, f.attn_own, {}};
-    }
+    f.post = k.post;
     if (f.copy_in) {
       const OpCost copy = CopyCost(c.expected_host_union_pages * g_.kv_page_bytes(), true,
                                    g_.union_copy_runs(c, c.expected_host_union_pages));
@@ -205,18 +193,19 @@ class TimeRecurrence {
     b.copy_out = o_.offload && c.host_union_pages > 0;
     const int64_t fresh_pages = c.union_pages - dkv.pretouched_union;
     if (b.paged && fresh_pages > 0) add(b.zero, ZeroFillCost(fresh_pages * g_.dkv_page_bytes()));
-    Segment& pre = b.before_attention;
     auto linear = [&](Segment& s, int64_t out, int64_t in, OpPart part) {
       add(s, LinearBackwardInputCost(t, out, in, LoraOn(part, r), part == OpPart::kQkv))(
           s, LinearBackwardWeightCost(t, out, in, LoraOn(part, r), gb));
     };
-    // The layer's recomputed forward and its MLP and output projection's backward, and the
-    // input projections' backward after attention, depend on the chunk's tokens alone.
-    const bool same_tokens = t == backward_cache_.tokens && b.paged == backward_cache_.paged;
-    if (same_tokens) {
-      pre = backward_cache_.pre;
-      b.after = backward_cache_.post;
-    } else {
+    // The layer's recomputed forward and its MLP and output projection's backward, the input
+    // projections' backward after attention, the own positions' attention and the dKV they add
+    // depend on the chunk's tokens alone (and whether it has earlier pages): timed once per size.
+    TokenSegments& k = backward_cache_;
+    if (t != k.tokens || b.paged != k.paged) {
+      k = TokenSegments{};
+      k.tokens = t;
+      k.paged = b.paged;
+      Segment& pre = k.pre;
       add(pre, RmsNormForwardCost(t, d))(
           pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
           pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(
@@ -228,16 +217,17 @@ class TimeRecurrence {
       linear(pre, 2 * inter, d, OpPart::kGateUp);
       add(pre, RmsNormBackwardCost(t, d));
       linear(pre, d, q, OpPart::kO);
-      add(b.after, RopeCost(t, q, kv));
-      linear(b.after, q + 2 * kv, d, OpPart::kQkv);
-      add(b.after, RmsNormBackwardCost(t, d));
-      add(b.attn_own, g_.own_attention_backward_cost(c));
-      add(b.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
-      backward_cache_ = {t, b.paged, false, pre, b.after, {}, {}, b.attn_own, b.dkv_accumulate};
+      add(k.post, RopeCost(t, q, kv));
+      linear(k.post, q + 2 * kv, d, OpPart::kQkv);
+      add(k.post, RmsNormBackwardCost(t, d));
+      add(k.attn_own, g_.own_attention_backward_cost(c));
+      add(k.dkv_accumulate, DkvAccumulateCost(t, kv, gb));
     }
-    b.attn_own = backward_cache_.attn_own;
+    b.before_attention = k.pre;
+    b.after = k.post;
+    b.attn_own = k.attn_own;
+    if (b.own_dkv) b.dkv_accumulate = k.dkv_accumulate;
     if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
-    b.dkv_accumulate = b.own_dkv ? backward_cache_.dkv_accumulate : Segment{};
     if (b.copy_in) {
       const OpCost copy =
           CopyCost(c.expected_host_union_pages * g_.kv_page_bytes() +
@@ -473,10 +463,10 @@ class TimeRecurrence {
   StreamClock clock_;
   Tick host_ = 0;
   // Segments that depend on a chunk's token count alone (and whether it has earlier pages), for
-  // the last count timed. kv_write and summary: the forward's, when `fill` (pass 1 wrote them).
+  // the last count timed; kv_write and summary are the forward's, dkv_accumulate the backward's.
   struct TokenSegments {
     int64_t tokens = -1;
-    bool paged = false, fill = false;
+    bool paged = false;
     Segment pre, post, kv_write, summary, attn_own, dkv_accumulate;
   };
   mutable TokenSegments forward_cache_, backward_cache_;
