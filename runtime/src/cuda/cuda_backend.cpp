@@ -462,8 +462,8 @@ ModelWeights CudaBackend::DownloadGrads() const {
 CudaOptimizerState CudaBackend::DownloadOptimizer() const {
   return impl_->DownloadOptimizer();
 }
-void CudaBackend::UploadOptimizer(const CudaOptimizerState& state) {
-  impl_->UploadOptimizer(state);
+void CudaBackend::UploadOptimizer(CudaOptimizerState state) {
+  impl_->UploadOptimizer(std::move(state));
 }
 CudaMemoryReport CudaBackend::Memory() const {
   return impl_->Memory();

@@ -53,7 +53,7 @@ class CudaBackend::Impl {
   virtual ModelWeights DownloadWeights() = 0;
   virtual ModelWeights DownloadGrads() = 0;
   virtual CudaOptimizerState DownloadOptimizer() = 0;
-  virtual void UploadOptimizer(const CudaOptimizerState& state) = 0;
+  virtual void UploadOptimizer(CudaOptimizerState state) = 0;
   virtual CudaMemoryReport Memory() = 0;
   virtual LoraWeights DownloadLora(bool grads) = 0;
   virtual CudaStartupTimes StartupTimes() const = 0;
@@ -94,7 +94,7 @@ class TypedImpl final : public CudaBackend::Impl {
   ModelWeights DownloadWeights() override;
   ModelWeights DownloadGrads() override;
   CudaOptimizerState DownloadOptimizer() override;
-  void UploadOptimizer(const CudaOptimizerState& state) override;
+  void UploadOptimizer(CudaOptimizerState state) override;
   LoraWeights DownloadLora(bool grads) override;
   void CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind);
   void CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_host_optimizer);

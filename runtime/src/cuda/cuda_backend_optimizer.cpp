@@ -237,31 +237,28 @@ void TypedImpl<G>::CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_hos
 }
 
 template <typename G>
-void TypedImpl<G>::UploadOptimizer(const CudaOptimizerState& state) {
+void TypedImpl<G>::UploadOptimizer(CudaOptimizerState state) {
   if (o_.optimizer == OptimizerKind::kNone)
     throw InternalError("CUDA backend: optimizer state for a run without an optimizer");
-  if (o_.optimizer == OptimizerKind::kAdamWHost) {
-    ModelWeights m = state.m, v = state.v;  // a stage's tensors, or the model's cut to them
-    SliceToStage(m);
-    SliceToStage(v);
-    CopyHostMoments(m, v, /*to_host_optimizer=*/true);
-    adam_step_ = state.steps_taken;
-    return;
-  }
   if (Lora()) {
     if (state.lora_m.rank != o_.lora_rank || state.lora_v.rank != o_.lora_rank)
       throw InputError("LoRA optimizer state of rank " + std::to_string(state.lora_m.rank) +
                        " for a rank-" + std::to_string(o_.lora_rank) +
                        " run; accepted: a checkpoint of this LoRA rank");
-    LoraWeights m = state.lora_m, v = state.lora_v;
-    CopyLoraMoments(m, v, cudaMemcpyHostToDevice);
+    CopyLoraMoments(state.lora_m, state.lora_v, cudaMemcpyHostToDevice);
+    adam_step_ = state.steps_taken;
+    return;
+  }
+  // A stage's tensors, or the whole model's cut to them.
+  SliceToStage(state.m);
+  SliceToStage(state.v);
+  if (o_.optimizer == OptimizerKind::kAdamWHost) {
+    CopyHostMoments(state.m, state.v, /*to_host_optimizer=*/true);
     adam_step_ = state.steps_taken;
     return;
   }
   for (auto [device, host] : {std::pair{&adam_m_, &state.m}, std::pair{&adam_v_, &state.v}}) {
-    ModelWeights shaped = *host;  // a stage's tensors, or the whole model's cut to them
-    SliceToStage(shaped);
-    std::vector<std::vector<float>*> tensors = HostTensors(shaped);
+    std::vector<std::vector<float>*> tensors = HostTensors(*host);
     size_t i = 0;
     device->ForEach([&](DeviceArray<float>& t) {
       if (i >= tensors.size() || tensors[i]->size() != t.size())

@@ -122,7 +122,9 @@ class CudaBackend final : public StepBackend {
   // checkpoint, empty without an optimizer; and back from one, so a resumed run takes the very
   // updates a straight one would.
   CudaOptimizerState DownloadOptimizer() const;
-  void UploadOptimizer(const CudaOptimizerState& state);
+  // By value: a stage cuts the moments to its tensors in place, not in a copy (the host AdamW's
+  // of a 7B model are 61 GB).
+  void UploadOptimizer(CudaOptimizerState state);
   CudaMemoryReport Memory() const;  // samples device-level memory now
   // LoRA runs: the adapters, widened to fp32, and their gradients; over several GPUs those of
   // this stage's layers (another stage's are left zero).
