@@ -95,6 +95,7 @@ class TypedImpl final : public CudaBackend::Impl {
   ModelWeights DownloadGrads() override;
   CudaOptimizerState DownloadOptimizer() override;
   void UploadOptimizer(CudaOptimizerState state) override;
+  void UploadOptimizerState(CudaOptimizerState state);  // UploadOptimizer between syncs
   LoraWeights DownloadLora(bool grads) override;
   void CopyLoraMoments(LoraWeights& m, LoraWeights& v, cudaMemcpyKind kind);
   void CopyHostMoments(ModelWeights& m, ModelWeights& v, bool to_host_optimizer);
