@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-          qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev clang)
+          qt6-base-dev qt6-charts-dev qt6-svg-dev libqt6opengl6-dev clang xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

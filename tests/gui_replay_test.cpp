@@ -10,7 +10,9 @@
 #include <QTemporaryDir>
 #include <QThread>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -365,6 +367,61 @@ TEST_F(GuiReplayTest, LargeTraceLoadsAndPaints) {
               paint_seconds, zoomed_seconds);
   EXPECT_GT(NonBackgroundPixels(image), 10000);
   EXPECT_GT(NonBackgroundPixels(zoomed), 5000);
+}
+
+// The recorded 1M-token step (Qwen2.5-7B, k 64, an H100, 380,487 ops; kept xz-compressed), loaded
+// and drawn as the GUI does, then panned through: load and paint times printed ([ perf ]).
+TEST_F(GuiReplayTest, RecordedMillionTokenStepLoadsAndPans) {
+  const std::string packed =
+      std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/qwen2.5-7b-1m-k64-h100.ctxtrace.xz";
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const std::string path = dir.filePath("1m.ctxtrace").toStdString();
+  const std::string unpack = "xz -dc '" + packed + "' > '" + path + "' 2>/dev/null";
+  if (std::system(unpack.c_str()) != 0) GTEST_SKIP() << "xz cannot unpack " << packed;
+
+  ReplayModel model;
+  QElapsedTimer timer;
+  timer.start();
+  const ReplayData& d = model.LoadNow(QString::fromStdString(path));
+  const double load_seconds = static_cast<double>(timer.nsecsElapsed()) * 1e-9;
+  ASSERT_TRUE(d.ok()) << d.error;
+  EXPECT_EQ(d.result.plan_ops, 380'487u);
+  EXPECT_EQ(d.result.traced_ops, d.result.plan_ops);
+  EXPECT_EQ(d.measured->spans().size(), d.predicted->spans().size());
+  EXPECT_NEAR(d.result.measured_step_seconds, 231.660193, 1e-5);
+  // Page scoring and selection, as measured (issue 14: under 1% of the step).
+  const KindRow* score = Row(d, "page_score");
+  const KindRow* topk = Row(d, "page_topk");
+  ASSERT_NE(score, nullptr);
+  ASSERT_NE(topk, nullptr);
+  const double selection = score->measured_seconds + topk->measured_seconds;
+  EXPECT_LT(selection, 0.01 * d.result.measured_step_seconds);
+
+  TimelineView view;
+  view.SetTimeline(d.measured);
+  view.resize(1200, 500);
+  view.show();
+  timer.restart();
+  const QImage image = view.grab().toImage();
+  const double full_seconds = static_cast<double>(timer.nsecsElapsed()) * 1e-9;
+  EXPECT_GT(NonBackgroundPixels(image), 10000);
+  // Moving through it: 20 windows of 2 s each across the step, each painted.
+  const int64_t end = d.measured->end_ns(), window = 2'000'000'000;
+  double slowest = 0;
+  for (int i = 0; i < 20; ++i) {
+    const int64_t begin = (end - window) / 19 * i;
+    view.SetVisibleRange(begin, begin + window);
+    timer.restart();
+    const QImage at = view.grab().toImage();
+    slowest = std::max(slowest, static_cast<double>(timer.nsecsElapsed()) * 1e-9);
+    EXPECT_GT(NonBackgroundPixels(at), 1000) << "window " << i;
+  }
+  std::printf(
+      "[ perf ] recorded 1M step: load %.3f s (%zu ops, scoring + top-k %.2f%% of the step); "
+      "paint full %.3f s, slowest of 20 pans %.3f s (%s build)\n",
+      load_seconds, d.measured->spans().size(), 100.0 * selection / d.result.measured_step_seconds,
+      full_seconds, slowest, kReleaseLike ? "release" : "debug or sanitized");
 }
 
 }  // namespace
