@@ -438,8 +438,9 @@ TEST(CliTest, MaxContextJsonDefaults) {
 }
 
 // A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
-// (the H100's: attention over pages of 96 ran 3.2x slower forward, 1.7x backward per FLOP than
-// over pages of 128), and names page sizes that run at full rate; at 128 it says nothing.
+// (the H100's, 2026-11-26: the forward over pages of 96 at 0.65 of page 128's rate per FLOP,
+// 0.28 before the page cursor; the sparse backward 0.71), and names page sizes that run at full
+// rate; at 128 it says nothing.
 // The forward and backward rates of a JSON object `key` in ctxplan's --json output.
 std::pair<double, double> JsonRates(const std::string& json, const std::string& key) {
   const size_t at = json.find("\"" + key + "\"");
@@ -463,7 +464,8 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   const RunResult j = RunCtxplan(json, dir.path());
   ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
   const auto [forward, backward] = JsonRates(j.out, "attention_page_rate_vs_128");
-  EXPECT_LT(forward, 0.5);
+  EXPECT_LT(forward, 0.9);
+  EXPECT_GT(forward, 0.4);
   EXPECT_LT(backward, 0.9);
   EXPECT_GT(backward, 0.1);
   std::vector<std::string> fast = slow;
