@@ -5,7 +5,9 @@
 # $OUT/sanitize-summary.txt (or /tmp): errors, cases passed / failed / timed out, and the places
 # the errors were reported at, counted (so a summary alone says where to look); full logs under
 # /tmp/sanitize. Run from the repository root given the folder of the built binaries, e.g.
-# `scripts/gpu-sanitize.sh build [seconds]`; GPU=N pins every job to GPU N.
+# `scripts/gpu-sanitize.sh build [seconds]`; GPU=N pins every job to GPU N; TESTS="a b" and
+# TOOLS="memcheck synccheck" narrow the run to those binaries and tools. The last 80 lines of each
+# failed or timed-out job's log go to $OUT/sanitize-fail/.
 # Left out: the CUPTI tests (CUPTI and the sanitizer both take the profiling interface:
 # gpu_cupti_attribution_test, CuptiTracer.*, the traced ctxtrain run), the cases whose point is a
 # failing CUDA call or an injected fault (the sanitizer reports those, rightly), the two-GPU cases
@@ -24,13 +26,15 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge 1 ] || gpus=1
 skip='(Fault|Failure|TwoGpus|ReportsMemory|^CuptiTracer\.)'
 jobs=()
-for t in gpu_kernels_test gpu_attention_test gpu_runtime_cuda_test gpu_cuda_backend_test \
-         gpu_ctxtrain_test; do
+all_tests="gpu_kernels_test gpu_attention_test gpu_runtime_cuda_test gpu_cuda_backend_test
+           gpu_ctxtrain_test"
+all_tools="memcheck racecheck synccheck initcheck"
+for t in ${TESTS:-$all_tests}; do
   exe=$(find_bin $t)
   [ -n "$exe" ] || continue
   # "Suite.Case" names from --gtest_list_tests (suite lines end with '.', cases are indented).
   for c in $("$exe" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}' | grep -vE "$skip"); do
-    for tool in memcheck racecheck synccheck initcheck; do jobs+=("$t $tool $exe $c"); done
+    for tool in ${TOOLS:-$all_tools}; do jobs+=("$t $tool $exe $c"); done
   done
 done
 n=0
@@ -48,20 +52,23 @@ for j in "${jobs[@]}"; do echo "$j $((n++))"; done |
   xargs -P "${JOBS:-16}" -I{} bash -c 'run_one "{}"'
 {
   echo "compute-sanitizer over ${#jobs[@]} (case, tool) jobs, ${limit} s each, $(date -u +%F)"
-  for t in gpu_kernels_test gpu_attention_test gpu_runtime_cuda_test gpu_cuda_backend_test \
-           gpu_ctxtrain_test; do
-    for tool in memcheck racecheck synccheck initcheck; do
+  for t in ${TESTS:-$all_tests}; do
+    for tool in ${TOOLS:-$all_tools}; do
       ls "$logs/$t.$tool."*.log >/dev/null 2>&1 || continue
       errors=0 passed=0 failed=0 skipped=0 timeouts=0
       for rc in "$logs/$t.$tool."*.log.rc; do
         read -r code _ < "$rc"
         log=${rc%.rc}
+        e=$(grep -oE "(ERROR SUMMARY: |RACECHECK SUMMARY: [0-9]+ hazards displayed \()[0-9]+" "$log" |
+            grep -oE "[0-9]+$" | tail -1)
+        if [ "$code" != 0 ] || [ "${e:-0}" != 0 ]; then
+          mkdir -p "$out/sanitize-fail"
+          tail -80 "$log" > "$out/sanitize-fail/$(basename "$log")"
+        fi
         [ "$code" = 124 ] && { timeouts=$((timeouts + 1)); continue; }
         if grep -q "^\[  PASSED  \] 1 test" "$log"; then passed=$((passed + 1))
         elif grep -q "^\[  SKIPPED \] 1 test" "$log"; then skipped=$((skipped + 1))
         else failed=$((failed + 1)); fi
-        e=$(grep -oE "(ERROR SUMMARY: |RACECHECK SUMMARY: [0-9]+ hazards displayed \()[0-9]+" "$log" |
-            grep -oE "[0-9]+$" | tail -1)
         errors=$((errors + ${e:-0}))
       done
       where=$(cat "$logs/$t.$tool."*.log | grep -E "^=========     at " |
