@@ -25,7 +25,7 @@ export CTXTRAIN_EXE=$(find_bin ctxtrain)
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$gpus" -ge 1 ] || gpus=1
 skip='(Fault|Failure|TwoGpus|ReportsMemory|^CuptiTracer\.)'
-jobs=()
+jobs=() heavy=()  # heavy: cases that start ctxtrain processes (each reserves its GPU arena)
 all_tests="gpu_kernels_test gpu_attention_test gpu_runtime_cuda_test gpu_cuda_backend_test
            gpu_ctxtrain_test"
 all_tools="memcheck racecheck synccheck initcheck"
@@ -34,7 +34,9 @@ for t in ${TESTS:-$all_tests}; do
   [ -n "$exe" ] || continue
   # "Suite.Case" names from --gtest_list_tests (suite lines end with '.', cases are indented).
   for c in $("$exe" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}' | grep -vE "$skip"); do
-    for tool in ${TOOLS:-$all_tools}; do jobs+=("$t $tool $exe $c"); done
+    for tool in ${TOOLS:-$all_tools}; do
+      if [ $t = gpu_ctxtrain_test ]; then heavy+=("$t $tool $exe $c"); else jobs+=("$t $tool $exe $c"); fi
+    done
   done
 done
 n=0
@@ -50,8 +52,12 @@ export -f run_one
 export limit logs gpus
 for j in "${jobs[@]}"; do echo "$j $((n++))"; done |
   xargs -P "${JOBS:-16}" -I{} bash -c 'run_one "{}"'
+# 16 ctxtrain processes under the sanitizer on one 80 GB GPU ran it out of memory (2026-11-26):
+# those cases run HEAVY_JOBS at a time, default 2 a GPU.
+for j in "${heavy[@]}"; do echo "$j $((n++))"; done |
+  xargs -P "${HEAVY_JOBS:-$((2 * gpus))}" -I{} bash -c 'run_one "{}"'
 {
-  echo "compute-sanitizer over ${#jobs[@]} (case, tool) jobs, ${limit} s each, $(date -u +%F)"
+  echo "compute-sanitizer over $((${#jobs[@]} + ${#heavy[@]})) (case, tool) jobs, ${limit} s each, $(date -u +%F)"
   for t in ${TESTS:-$all_tests}; do
     for tool in ${TOOLS:-$all_tools}; do
       ls "$logs/$t.$tool."*.log >/dev/null 2>&1 || continue
