@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <vector>
 
 #include "ctxplan/models/catalog.h"
@@ -190,6 +191,24 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
     EXPECT_NEAR(measured, k.measured_seconds, 1e-9 * k.count + 1e-9) << OpKindName(k.kind);
   }
   EXPECT_EQ(r.unions.layers, 0);  // a prediction records no unions
+  // Host copies phase by phase add up to their kinds' totals; the backward's bring back KV and
+  // dKV, so more bytes than the recompute's KV alone.
+  std::map<OpKind, std::pair<int64_t, double>> copies;
+  std::map<Phase, double> h2d_bytes;
+  for (const sim::PhaseComparison& c : r.copies_by_phase) {
+    copies[c.kind].first += c.count;
+    copies[c.kind].second += c.measured_seconds;
+    EXPECT_NEAR(c.measured_seconds, c.predicted_seconds, 1e-9 * c.count + 1e-9);
+    if (c.kind == OpKind::kCopyH2D) h2d_bytes[c.phase] = c.predicted_bytes;
+  }
+  for (const sim::KindComparison& k : r.by_kind) {
+    if (k.kind != OpKind::kCopyH2D && k.kind != OpKind::kCopyD2H) continue;
+    EXPECT_EQ(copies[k.kind].first, k.count);
+    EXPECT_NEAR(copies[k.kind].second, k.measured_seconds, 1e-9 * k.count + 1e-9);
+  }
+  EXPECT_EQ(copies.size(), 2u);
+  EXPECT_GT(h2d_bytes[Phase::kBackward], h2d_bytes[Phase::kRecompute]);
+  EXPECT_GT(h2d_bytes[Phase::kRecompute], 0.0);
 
   // A slower machine predicts the same ops slower.
   const sim::KernelTimeModel slower(LoadMachine("h100-125g"));

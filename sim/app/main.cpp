@@ -532,6 +532,17 @@ int RunReplay(ReplayFlags f) {
           .Field("predicted_seconds", k.predicted_seconds)
           .EndObject();
     j.EndArray();
+    j.BeginArray("copies_by_phase");
+    for (const sim::PhaseComparison& c : r.copies_by_phase)
+      j.BeginObject()
+          .Field("kind", OpKindName(c.kind))
+          .Field("phase", PhaseName(c.phase))
+          .Field("count", c.count)
+          .Field("measured_seconds", c.measured_seconds)
+          .Field("predicted_seconds", c.predicted_seconds)
+          .Field("predicted_bytes", c.predicted_bytes)
+          .EndObject();
+    j.EndArray();
     if (!f.by_chunk.empty()) {
       j.BeginArray("by_chunk");
       for (const sim::ChunkComparison& c : chunks)
@@ -618,6 +629,21 @@ int RunReplay(ReplayFlags f) {
       }))
     s += "  (peer_send, peer_recv: an NCCL kernel spans its wait for the other GPU too; the plan "
          "times the transfer alone and puts the wait in the step)\n";
+  if (!r.copies_by_phase.empty()) {
+    s += "host copies by phase           count    measured s   predicted s   ratio   plan GB  "
+         "(GB/s if measured)\n";
+    for (const sim::PhaseComparison& c : r.copies_by_phase) {
+      const std::string name =
+          std::string(OpKindName(c.kind)) + " " + std::string(PhaseName(c.phase));
+      std::snprintf(line, sizeof line, "  %-24s %9lld %13.6f %13.6f %7.3f %9.1f  (%.1f)\n",
+                    name.c_str(), static_cast<long long>(c.count), c.measured_seconds,
+                    c.predicted_seconds,
+                    c.predicted_seconds > 0 ? c.measured_seconds / c.predicted_seconds : 0.0,
+                    c.predicted_bytes / 1e9,
+                    c.measured_seconds > 0 ? c.predicted_bytes / 1e9 / c.measured_seconds : 0.0);
+      s += line;
+    }
+  }
   if (!f.by_chunk.empty()) {
     s += "by chunk, " + f.by_chunk +
          " (per op)\n  chunk      ops   measured ms  predicted ms   ratio\n";

@@ -24,14 +24,16 @@ struct Predicted {
   OpKind kind = OpKind::kAlloc;
   Stream stream = Stream::kCompute;
   OpPart part = OpPart::kNone;
-  int32_t rank = 0;  // the GPU (pipeline stage) that runs it
+  Phase phase = Phase::kSetup;
+  int32_t rank = 0;    // the GPU (pipeline stage) that runs it
+  double bytes = 0.0;  // the op's cost in bytes (for copies, what it moves)
 };
 
 class Recorder final : public SimObserver {
  public:
   void OnOpComplete(const Op& op, Tick start, Tick end) override {
     if (ops.size() <= op.id) ops.resize(op.id + 1);
-    ops[op.id] = {start, end, op.kind, op.stream, op.part, op.rank};
+    ops[op.id] = {start, end, op.kind, op.stream, op.part, op.phase, op.rank, op.cost.bytes};
     ++timed;
   }
   std::vector<Predicted> ops;
@@ -162,6 +164,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
 
   std::map<std::pair<OpKind, OpPart>, KindComparison> by_kind;
   std::map<std::tuple<OpKind, OpPart, int32_t>, ChunkComparison> by_chunk;
+  std::map<std::pair<OpKind, Phase>, PhaseComparison> by_phase;
   int64_t first_start = INT64_MAX, last_end = INT64_MIN;
   std::vector<OpComparison> all;
   all.reserve(trace.ops.size());
@@ -202,6 +205,15 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
     ++in_chunk.count;
     in_chunk.measured_seconds += c.measured_seconds;
     in_chunk.predicted_seconds += c.predicted_seconds;
+    if (p.kind == OpKind::kCopyH2D || p.kind == OpKind::kCopyD2H) {
+      PhaseComparison& in_phase = by_phase[{p.kind, p.phase}];
+      in_phase.kind = p.kind;
+      in_phase.phase = p.phase;
+      ++in_phase.count;
+      in_phase.measured_seconds += c.measured_seconds;
+      in_phase.predicted_seconds += c.predicted_seconds;
+      in_phase.predicted_bytes += p.bytes;
+    }
     all.push_back(c);
   }
   if (r.traced_ops > 0) r.measured_step_seconds = Seconds(last_end - first_start);
@@ -212,6 +224,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   }
   for (const auto& [key, k] : by_kind) r.by_kind.push_back(k);
   for (const auto& [key, c] : by_chunk) r.by_chunk.push_back(c);
+  for (const auto& [key, c] : by_phase) r.copies_by_phase.push_back(c);
   std::sort(r.by_kind.begin(), r.by_kind.end(),
             [](const auto& a, const auto& b) { return a.measured_seconds > b.measured_seconds; });
   auto error = [](const OpComparison& c) {

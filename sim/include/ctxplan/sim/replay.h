@@ -32,6 +32,17 @@ struct ChunkComparison {
   double predicted_seconds = 0.0;
 };
 
+// One copy kind in one phase (fill, recompute, backward): where PCIe time goes, with the bytes
+// the plan moves there (the trace records no bytes; its copies' busy time is ctxtrain's to print).
+struct PhaseComparison {
+  OpKind kind = OpKind::kCopyH2D;
+  Phase phase = Phase::kSetup;
+  int64_t count = 0;
+  double measured_seconds = 0.0;  // summed durations
+  double predicted_seconds = 0.0;
+  double predicted_bytes = 0.0;
+};
+
 struct OpComparison {
   OpRecord measured;
   double measured_seconds = 0.0;
@@ -61,8 +72,9 @@ struct ReplayResult {
   int32_t rank = -1;                      // the GPU of a pipelined run the trace is of; -1: all
   std::vector<KindComparison> by_kind;    // sorted by measured time, largest first
   std::vector<ChunkComparison> by_chunk;  // every kind, part and chunk, in that order
-  std::vector<OpComparison> worst;        // largest |measured - predicted|, at most 10
-  UnionComparison unions;                 // empty (layers 0) when the trace has none
+  std::vector<PhaseComparison> copies_by_phase;  // host copies by kind, then phase
+  std::vector<OpComparison> worst;               // largest |measured - predicted|, at most 10
+  UnionComparison unions;                        // empty (layers 0) when the trace has none
 };
 
 // The machine a replay predicts for, and where it came from: the report says both, since a step
