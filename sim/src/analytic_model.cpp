@@ -229,12 +229,13 @@ class TimeRecurrence {
     if (b.own_dkv) b.dkv_accumulate = k.dkv_accumulate;
     if (b.paged) add(b.attn_paged, g_.paged_attention_backward_cost(c));
     if (b.copy_in) {
+      const int64_t expected_pretouched = dkv.expected_pretouched_host_union;
       const OpCost copy =
           CopyCost(c.expected_host_union_pages * g_.kv_page_bytes() +
-                       (pretouched + own_touched) * g_.dkv_page_bytes(),
+                       (expected_pretouched + own_touched) * g_.dkv_page_bytes(),
                    true,
                    g_.union_copy_runs(c, c.expected_host_union_pages) +
-                       g_.union_copy_runs(c, pretouched) + (own_touched > 0 ? 1 : 0));
+                       g_.union_copy_runs(c, expected_pretouched) + (own_touched > 0 ? 1 : 0));
       b.h2d = model_.Duration(copy, Phase::kBackward);
       b.h2d_bytes = copy.bytes;
     }

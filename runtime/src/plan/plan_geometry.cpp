@@ -179,6 +179,8 @@ DkvState PlanGeometry::Dkv(const ChunkGeometry& chunk, int64_t selected_by_later
   s.live_after_host_pages =
       std::min(s.live_after_pages, std::max<int64_t>(0, chunk.earlier_pages - tier));
   s.pretouched_host_union = std::min(s.pretouched_union, chunk.host_union_pages);
+  s.expected_pretouched_host_union =
+      std::min(s.pretouched_host_union, chunk.expected_host_union_pages);
   s.own_touched_host = std::min(s.own_touched, chunk.own_host_pages);
   return s;
 }

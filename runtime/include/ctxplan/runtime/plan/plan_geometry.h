@@ -71,6 +71,9 @@ struct DkvState {
   int64_t live_after_host_pages = 0;
   int64_t pretouched_host_union = 0;
   int64_t own_touched_host = 0;
+  // What times the backward's copies: the pretouched host pages of the union at its expected
+  // size (ChunkGeometry::expected_host_union_pages), as the KV pages of that union are timed.
+  int64_t expected_pretouched_host_union = 0;
 };
 
 // The earlier pages one layer of a chunk attends, ascending: every earlier page when the chunk
