@@ -141,8 +141,7 @@ TEST(MeasuredRuns, PlannerPredictsThePipelinedRuns) {
     const double time = p.step_seconds() / step - 1.0;
     // From 1M on, 8%: since the backward's copies are timed at the expected union (2026-11-26,
     // as the runtime moves them) the 1M steps are predicted 5.6% / 7.2% short (1 / 2 GPUs; they
-    // were +4-5% long with the dKV half of the copy at its worst case): what is left is the
-    // page-sparse attention backward, 1.2-1.35x its calibrated time inside an offloading step.
+    // were +4-5% long with the dKV half of the copy at its worst case, which hid it).
     EXPECT_LE(std::abs(time), o.context_tokens >= (int64_t{1} << 20) ? 0.08 : 0.05) << f[2];
     worst_time = std::max(worst_time, std::abs(time));
     const std::vector<double> arenas = Numbers(f[12]);
