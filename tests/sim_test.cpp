@@ -491,12 +491,14 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const double blocks_fwd = 28.0 * 32 * 512;  // heads x query blocks x key blocks
   const double block_fwd = 4.0 * 128 * 128 * 128 / (k.attention_fwd_tflops_d128 * 1e12 / sms);
   const double p128_fwd = KernelTimeModel::PageEfficiency(k.page_fwd_efficiency, 128);
-  // Spread over the SMs, plus half the longest item (the own blocks of a query block and its
-  // 512 key blocks) for the ragged last wave.
+  // Spread over the SMs with the chunk's own causal blocks, which run in the same launch (an
+  // item a head and query block, 32 x 33 / 2 blocks a head), plus half the longest item (the own
+  // blocks of a query block and its 512 key blocks) for the ragged last wave.
   const double longest_fwd =
       k.attention_fwd_item_us * 1e-6 + 32 * block_fwd + 512 * block_fwd / p128_fwd;
+  const double own_fwd = 28.0 * (32 * k.attention_fwd_item_us * 1e-6 + 32 * 33 / 2 * block_fwd);
   EXPECT_NEAR(paged_seconds(dense_fwd, Phase::kFill),
-              blocks_fwd * block_fwd / p128_fwd / sms + 0.5 * longest_fwd, 1e-9);
+              (own_fwd + blocks_fwd * block_fwd / p128_fwd) / sms + 0.5 * longest_fwd, 1e-9);
   const OpCost sparse_fwd =
       AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 512);
   EXPECT_NEAR(paged_seconds(sparse_fwd, Phase::kFill) / paged_seconds(dense_fwd, Phase::kFill),
@@ -508,12 +510,18 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(
       paged_seconds(sparse_bwd, Phase::kBackward) / paged_seconds(dense_bwd, Phase::kBackward),
       1.0 / KernelTimeModel::PageEfficiency(k.sparse_bwd_page_efficiency, 128), 0.03);
-  // A chunk's own positions: half the causal blocks, so a fraction of the dense square's time.
-  const OpCost own = AttentionForwardCost(4096.0 * 4097 / 2, 4096, 4096, 28, 512, 128);
+  // A chunk's own positions: half the causal blocks, so a fraction of a square of earlier
+  // pages' time; the paged launch carries them beside its pages, and a merged own op (the
+  // runtime launches nothing for it) only its launch.
+  OpCost own = AttentionForwardCost(4096.0 * 4097 / 2, 4096, 4096, 28, 512, 128);
   const OpCost square =
       AttentionForwardCost(4096.0 * 4096, 4096, 4096, 28, 512, 128, false, 128, 32);
-  EXPECT_LT(paged_seconds(own, Phase::kFill), paged_seconds(square, Phase::kFill));
-  EXPECT_GT(paged_seconds(own, Phase::kFill), 0.4 * paged_seconds(square, Phase::kFill));
+  const double own_alone = paged_seconds(own, Phase::kFill);
+  const double pages_alone = paged_seconds(square, Phase::kFill) - own_alone;
+  EXPECT_LT(own_alone, pages_alone);
+  EXPECT_GT(own_alone, 0.4 * pages_alone);
+  own.shape.merged = true;
+  EXPECT_NEAR(paged_seconds(own, Phase::kFill), 0.0, 1e-12);
 }
 
 }  // namespace

@@ -150,13 +150,15 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double kv_heads = std::max(1, s.kv_heads > 0 ? s.kv_heads : s.heads);
   const double group = heads / kv_heads;
   const double q_blocks = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
-  if (s.page_tokens == 0) {  // the chunk's own positions, causal
-    const double blocks = q_blocks * (q_blocks + 1.0) / 2.0;
-    const double work = backward ? kv_heads * (q_blocks * item + group * blocks * block)
-                                 : heads * (q_blocks * item + blocks * block);
+  // The chunk's own positions, causal. Over earlier pages the runtime runs them inside the paged
+  // launch (`merged`, the own op launches nothing): the paged op's time carries their work.
+  const double own_blocks = q_blocks * (q_blocks + 1.0) / 2.0;
+  const double own_work = backward ? kv_heads * (q_blocks * item + group * own_blocks * block)
+                                   : heads * (q_blocks * item + own_blocks * block);
+  if (s.page_tokens == 0) {
+    if (s.merged) return 0.0;
     const double longest = item + (backward ? group : 1.0) * q_blocks * block;
-    if (s.merged) return work / sms;
-    return LaunchSeconds(work, longest, sms);
+    return LaunchSeconds(own_work, longest, sms);
   }
   const double p = static_cast<double>(s.page_tokens);
   const double paged_block = block / PagedEfficiency(s.page_tokens, backward, d64, sparse);
@@ -164,14 +166,15 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
   const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));
   if (!backward) {
-    const double work = heads * q_blocks * tile_blocks * paged_block;
+    const double work = own_work + heads * q_blocks * tile_blocks * paged_block;
     const double longest = item + q_blocks * block + tile_blocks * paged_block;
     return LaunchSeconds(work, longest, sms);
   }
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
   const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;
   const double items = kv_heads * std::ceil(key_pages * p / keys_per_item);
-  const double work = items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
+  const double work =
+      own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
   // A key block serves every query block (dense), or those whose tiles selected it.
   const double served = sparse ? q_blocks * std::min(1.0, s.tile_pages / key_pages) : q_blocks;
   const double longest = item + group * served * (keys_per_item / kAttentionBlock) * paged_block;
@@ -299,11 +302,20 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
     case RateClass::kAttentionBackward:
     case RateClass::kSparseAttentionBackward: {
       if (cost.flops <= 0) return {launches, {}};
+      // The own positions merged into the paged launch: nothing runs here; the paged op's time
+      // and energy carry them.
+      if (s.merged && s.page_tokens == 0) return {launches, {}};
       const bool backward = cost.rate == RateClass::kAttentionBackward ||
                             cost.rate == RateClass::kSparseAttentionBackward;
       // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
       const double tflops = k.attention_tflops(backward, s.head_dim > 0 && s.head_dim <= 64);
-      return bounded(launches, AttentionComputeSeconds(cost), cost.flops / (tflops * 1e12),
+      double flops = cost.flops;
+      if (s.page_tokens > 0) {  // with the own positions' causal pairs, as kernels/cost.cpp counts
+        const double t = static_cast<double>(s.rows);
+        flops += (backward ? 10.0 : 4.0) * t * (t + 1.0) / 2.0 * std::max(1, s.heads) *
+                 (s.head_dim > 0 ? s.head_dim : 128.0);
+      }
+      return bounded(launches, AttentionComputeSeconds(cost), flops / (tflops * 1e12),
                      backward ? k.attention_bwd_w : k.attention_fwd_w);
     }
     case RateClass::kMemoryBound: {
