@@ -91,8 +91,8 @@ TEST_F(GuiReplayTest, RecordedTraceMatchesTheReplayCommand) {
   // `ctxplan replay traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace --json`:
   // measured_step_seconds 5.279517211, predicted_step_seconds 4.995671332228, plan_ops and
   // traced_ops 10967, 37 by-kind rows, the first attention_bwd.paged (196 ops, 1.199029084 s
-  // measured, 1.058844595 s predicted: the own positions run in its launch), linear_fwd.gate_up 644 ops, copy_h2d 588, copy_d2h 392,
-  // embedding_fwd 15, zero_fill 28.
+  // measured, 1.058844595 s predicted: the own positions run in its launch), linear_fwd.gate_up 644
+  // ops, copy_h2d 588, copy_d2h 392, embedding_fwd 15, zero_fill 28.
   EXPECT_EQ(d.model_name, "qwen2.5-7b");
   EXPECT_EQ(d.source, "ctxtrain");
   EXPECT_EQ(d.machine_name, "h200-125g");
