@@ -475,6 +475,42 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   EXPECT_EQ(f.out.find("attention over pages of"), std::string::npos) << f.out;
 }
 
+// A GPU profile calibrated before a kernel changed for the options planned: plan says so, in
+// text and JSON (sim/kernel_changes.h). The H200's profile (2026-11-24) predates the page cursor
+// of 2026-11-26 at pages of 96; the H100's (2026-11-26) does not; pages of 128 never changed.
+TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
+  ScratchDir dir;
+  auto plan = [&](const std::string& machine, const std::string& page) {
+    const std::vector<std::string> args = {
+        "plan",   "--model", "llama-3.1-8b", "--machine", machine,     "--chunk", "3072",
+        "--page", page,      "--budget",     "48",        "--context", "32K",     "--json"};
+    const RunResult r = RunCtxplan(args, dir.path());
+    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
+    std::vector<std::string> text = args;
+    text.pop_back();
+    const RunResult t = RunCtxplan(text, dir.path());
+    EXPECT_EQ(t.exit_code, 0) << Describe(text, t);
+    return std::pair{r.out, t.out};
+  };
+  const auto [h200_json, h200_text] = plan("h200-125g", "96");
+  EXPECT_NE(h200_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\"]"),
+            std::string::npos)
+      << h200_json;
+  EXPECT_NE(h200_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
+                           "2026-11-26"),
+            std::string::npos)
+      << h200_text;
+  EXPECT_NE(h200_text.find("re-run `ctxplan calibrate`"), std::string::npos);
+  for (const auto& [machine, page] :
+       {std::pair<std::string, std::string>{"h100-125g", "96"}, {"h200-125g", "128"}}) {
+    const auto [json, text] = plan(machine, page);
+    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[]"), std::string::npos)
+        << machine << " " << page;
+    EXPECT_EQ(text.find("note: this GPU's kernel times"), std::string::npos)
+        << machine << " " << page;
+  }
+}
+
 // Head dim 64 runs attention slower per FLOP than 128 (issue 14: where a shape cannot be made
 // fast, the planner knows its rate and says so): Llama-3.2-1B gets the note, Qwen2.5-7B not.
 TEST(CliTest, PlanSaysTheHeadDimRate) {

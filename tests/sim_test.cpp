@@ -15,6 +15,7 @@
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
+#include "ctxplan/sim/kernel_changes.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "ctxplan/sim/recommend.h"
 
@@ -522,6 +523,29 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_GT(own_alone, 0.4 * pages_alone);
   own.shape.merged = true;
   EXPECT_NEAR(paged_seconds(own, Phase::kFill), 0.0, 1e-12);
+}
+
+// Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
+// the page sizes a change touched (sim/kernel_changes.h).
+TEST(KernelChanges, ByDateAndPageSize) {
+  ASSERT_FALSE(KernelChanges().empty());
+  const KernelChange& cursor = KernelChanges().front();
+  EXPECT_EQ(cursor.date, "2026-11-26");
+  KernelProfile old_profile, new_profile, spec_values;
+  old_profile.date = "2026-11-24";
+  new_profile.date = "2026-11-26";
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32).size(), 1u);
+  EXPECT_TRUE(ChangesAfterProfile(old_profile, 128).empty());
+  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96).empty());
+  EXPECT_TRUE(ChangesAfterProfile(spec_values, 96).empty());  // no calibration, no date
+  // A run and a profile on either side of the change, at a page size it touched.
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 96));
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-25", 192));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-25", 96));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27", 96));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "", 96));
 }
 
 }  // namespace

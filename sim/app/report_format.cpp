@@ -5,6 +5,7 @@
 
 #include "ctxplan/models/units.h"
 #include "ctxplan/runtime/plan/plan_geometry.h"
+#include "ctxplan/sim/kernel_changes.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "run_flags.h"
 
@@ -65,6 +66,19 @@ std::string HeadDimRateNote(const PlanContext& c) {
          "step time includes it)\n";
 }
 
+// Where the GPU's profile predates a kernel change for these options (its kernel times are the
+// earlier kernel's), one line a change. Empty when it is up to date.
+std::string ProfilePredatesNote(const PlanContext& c) {
+  std::string s;
+  const KernelProfile profile = sim::EffectiveKernelProfile(c.machine.gpu);
+  for (const sim::KernelChange& change : sim::ChangesAfterProfile(profile, c.options.page_tokens))
+    s += "  note: this GPU's kernel times were calibrated on " + profile.date + ", before " +
+         std::string(change.date) + ", when " + std::string(change.what) + ": at pages of " +
+         std::to_string(c.options.page_tokens) +
+         " they time the earlier kernel (re-run `ctxplan calibrate` on this GPU)\n";
+  return s;
+}
+
 int64_t CudaContextBytes(const MachineSpec& machine) {
   return static_cast<int64_t>(machine.gpu.cuda_context_gib.value * static_cast<double>(kGiB));
 }
@@ -78,6 +92,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += "  kernel times: " + sim::DescribeKernelProfile(sim::EffectiveKernelProfile(c.machine.gpu)) +
        "\n";
   s += PageRateWarning(c);
+  s += ProfilePredatesNote(c);
   s += HeadDimRateNote(c);
   if (c.options.pipeline_stages > 1) {
     // Each GPU its stage of layers; the memory below is the GPU with the highest peak.
@@ -201,6 +216,12 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .Field("forward", head.forward)
         .Field("backward", head.backward)
         .EndObject();
+    // Kernel changes the GPU's profile predates for these options (dates): empty when current.
+    j.BeginArray("profile_predates_kernel_changes");
+    for (const sim::KernelChange& change :
+         sim::ChangesAfterProfile(sim::EffectiveKernelProfile(c.machine.gpu), o.page_tokens))
+      j.Field("", std::string(change.date));  // an element: no key
+    j.EndArray();
   }
   j.Field("gpus", r.gpus).Field("machines", r.machines);
   {

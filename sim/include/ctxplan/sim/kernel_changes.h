@@ -1,0 +1,35 @@
+// Kernel changes a GPU profile may predate. A profile times the kernels as they were when
+// `ctxplan calibrate` ran; where a kernel changed since for the options planned (a page size it
+// rewrote), the profile times the earlier kernel and the plan says so, naming the change, until
+// the GPU is calibrated again. The matrix (tests/matrix_test.cpp) pairs runs with profiles by
+// the same rule.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ctxplan/models/gpu_spec.h"
+
+namespace ctxplan::sim {
+
+struct KernelChange {
+  std::string_view date;       // YYYY-MM-DD: kernels built from this day on have it
+  std::string_view what;       // what changed and by how much, for one line of `plan`
+  std::vector<int64_t> pages;  // the page sizes whose attention it changed
+};
+
+// Every change, oldest first.
+const std::vector<KernelChange>& KernelChanges();
+
+// The changes that `profile` predates and that touch attention over pages of `page_tokens`: those
+// dated after the calibration the profile holds (its own, or its sibling's for a scaled
+// estimate). None for a profile with no calibration date (spec values: no page rates to be stale).
+std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens);
+
+// Whether a run recorded on `run_date` with pages of `page_tokens` ran a kernel that `profile`
+// does not describe (a change between the two dates, either way round).
+bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
+                                int64_t page_tokens);
+
+}  // namespace ctxplan::sim

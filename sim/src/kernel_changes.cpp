@@ -1,0 +1,44 @@
+#include "ctxplan/sim/kernel_changes.h"
+
+#include <algorithm>
+
+namespace ctxplan::sim {
+
+namespace {
+
+bool Touches(const KernelChange& change, int64_t page_tokens) {
+  return std::find(change.pages.begin(), change.pages.end(), page_tokens) != change.pages.end();
+}
+
+}  // namespace
+
+const std::vector<KernelChange>& KernelChanges() {
+  static const std::vector<KernelChange> changes = {
+      {"2026-11-26",
+       "the attention forward over pages of 32, 48, 96 and 192 came to walk them with a page "
+       "cursor (2.1-2.4x faster on an H100) and the page-sparse backward's key blocks over "
+       "pages of 48, 96 and 192 to end at their page",
+       {32, 48, 96, 192}},
+  };
+  return changes;
+}
+
+std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens) {
+  std::vector<KernelChange> out;
+  if (profile.date.empty()) return out;
+  for (const KernelChange& change : KernelChanges())
+    if (change.date > profile.date && Touches(change, page_tokens)) out.push_back(change);
+  return out;
+}
+
+bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
+                                int64_t page_tokens) {
+  if (profile.date.empty() || run_date.empty()) return false;
+  const std::string_view profile_date = profile.date;
+  const auto [early, late] = std::minmax(profile_date, run_date);
+  for (const KernelChange& change : KernelChanges())
+    if (Touches(change, page_tokens) && change.date > early && change.date <= late) return true;
+  return false;
+}
+
+}  // namespace ctxplan::sim
