@@ -80,9 +80,15 @@ for j in "${heavy[@]}"; do echo "$j $((n++))"; done |
       where=$(cat "$logs/$t.$tool."*.log | grep -E "^=========     at " |
               sed -E 's/^=========     at ([^ (]+).* in ([^ ]+).*/\1 \2/' | sort | uniq -c |
               sort -rn | head -4 | awk '{$1=$1; print}' | paste -sd ';' -)
+      # What the reports are (the tool's first line of each, addresses cut): synccheck's name no
+      # kernel in an "at" line when they come from a child process's host-side API checks.
+      what=$(cat "$logs/$t.$tool."*.log | grep -E "^========= [A-Z]" |
+             grep -vE "COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|Target application|Saved host" |
+             sed -E 's/0x[0-9a-f]+/0x./g; s/[0-9,]+ bytes/N bytes/' | sort | uniq -c | sort -rn |
+             head -3 | awk '{$1=$1; print}' | paste -sd ';' -)
       nvjet=""
       [ "$tool" = racecheck ] && nvjet=", of them in cuBLASLt nvjet: $(cat "$logs/$t.$tool."*.log | grep -E 'Race reported' | grep -c nvjet)"
-      echo "$t $tool: $errors errors$nvjet; cases passed $passed, failed $failed, skipped $skipped, timed out $timeouts${where:+; at: $where}"
+      echo "$t $tool: $errors errors$nvjet; cases passed $passed, failed $failed, skipped $skipped, timed out $timeouts${where:+; at: $where}${what:+; what: $what}"
     done
   done
 } | tee "$out/sanitize-summary.txt"
