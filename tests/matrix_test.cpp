@@ -245,7 +245,7 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   // 5.2% since the backward's copies are timed at the expected union (2026-11-26): shorter
   // offloading steps draw more power on average, so the model holds a lower clock.
   EXPECT_LE(MedianOf(validation.clock), 0.055);
-  EXPECT_LE(*std::max_element(validation.clock.begin(), validation.clock.end()), 0.11);
+  EXPECT_LE(*std::max_element(validation.clock.begin(), validation.clock.end()), 0.115);
   EXPECT_LE(host_max, 0.01);
 }
 

@@ -492,14 +492,19 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const double blocks_fwd = 28.0 * 32 * 512;  // heads x query blocks x key blocks
   const double block_fwd = 4.0 * 128 * 128 * 128 / (k.attention_fwd_tflops_d128 * 1e12 / sms);
   const double p128_fwd = KernelTimeModel::PageEfficiency(k.page_fwd_efficiency, 128);
-  // Spread over the SMs with the chunk's own causal blocks, which run in the same launch (an
-  // item a head and query block, 32 x 33 / 2 blocks a head), plus half the longest item (the own
-  // blocks of a query block and its 512 key blocks) for the ragged last wave.
+  // With the chunk's own causal blocks, which run in the same launch (an item a head and query
+  // block: 28 x 32 = 896 items, 32 x 33 / 2 own blocks a head): whole waves of the mean item
+  // (896 / sms of them, rounded down), then a last wave as long as the longest item (the own
+  // blocks of a query block and its 512 key blocks).
   const double longest_fwd =
       k.attention_fwd_item_us * 1e-6 + 32 * block_fwd + 512 * block_fwd / p128_fwd;
   const double own_fwd = 28.0 * (32 * k.attention_fwd_item_us * 1e-6 + 32 * 33 / 2 * block_fwd);
+  const double items_fwd = 28.0 * 32;
+  const double waves_fwd = std::floor(items_fwd / sms);
+  ASSERT_GT(items_fwd, waves_fwd * sms);  // a partial last wave
   EXPECT_NEAR(paged_seconds(dense_fwd, Phase::kFill),
-              (own_fwd + blocks_fwd * block_fwd / p128_fwd) / sms + 0.5 * longest_fwd, 1e-9);
+              waves_fwd * (own_fwd + blocks_fwd * block_fwd / p128_fwd) / items_fwd + longest_fwd,
+              1e-9);
   const OpCost sparse_fwd =
       AttentionForwardCost(4096.0 * 65536, 4096, 65536, 28, 512, 128, true, 128, 512);
   EXPECT_NEAR(paged_seconds(sparse_fwd, Phase::kFill) / paged_seconds(dense_fwd, Phase::kFill),
