@@ -437,10 +437,6 @@ TEST(CliTest, MaxContextJsonDefaults) {
   EXPECT_VALID_JSON_OR_SKIP(r.out, dir);
 }
 
-// A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
-// (the H100's, 2026-11-26: the forward over pages of 96 at 0.65 of page 128's rate per FLOP,
-// 0.28 before the page cursor; the sparse backward 0.71), and names page sizes that run at full
-// rate; at 128 it says nothing.
 // The forward and backward rates of a JSON object `key` in ctxplan's --json output.
 std::pair<double, double> JsonRates(const std::string& json, const std::string& key) {
   const size_t at = json.find("\"" + key + "\"");
@@ -450,19 +446,29 @@ std::pair<double, double> JsonRates(const std::string& json, const std::string& 
           std::stod(json.substr(json.find("\"backward\":", at) + 11))};
 }
 
+// `args` run as given and again with --json: the text output, then the JSON.
+std::pair<RunResult, RunResult> RunTextAndJson(std::vector<std::string> args,
+                                               const fs::path& scratch) {
+  RunResult text = RunCtxplan(args, scratch);
+  args.push_back("--json");
+  RunResult json = RunCtxplan(args, scratch);
+  return {std::move(text), std::move(json)};
+}
+
+// A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
+// (the H100's, 2026-11-26: the forward over pages of 96 at 0.65 of page 128's rate per FLOP,
+// 0.28 before the page cursor; the sparse backward 0.71), and names page sizes that run at full
+// rate; at 128 it says nothing.
 TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   ScratchDir dir;
   const std::vector<std::string> slow = {
       "plan",   "--model", "llama-3.1-8b", "--machine", "h100-125g", "--chunk", "3072",
       "--page", "96",      "--budget",     "48",        "--context", "32K"};
-  const RunResult r = RunCtxplan(slow, dir.path());
+  const auto [r, j] = RunTextAndJson(slow, dir.path());
   ASSERT_EQ(r.exit_code, 0) << Describe(slow, r);
+  ASSERT_EQ(j.exit_code, 0) << Describe(slow, j) << " (with --json)";
   EXPECT_NE(r.out.find("attention over pages of 96: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("at full rate with --page 128"), std::string::npos) << r.out;
-  std::vector<std::string> json = slow;
-  json.push_back("--json");
-  const RunResult j = RunCtxplan(json, dir.path());
-  ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
   const auto [forward, backward] = JsonRates(j.out, "attention_page_rate_vs_128");
   EXPECT_LT(forward, 0.9);
   EXPECT_GT(forward, 0.4);
@@ -483,13 +489,10 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   auto plan = [&](const std::string& machine, const std::string& page) {
     const std::vector<std::string> args = {
         "plan",   "--model", "llama-3.1-8b", "--machine", machine,     "--chunk", "3072",
-        "--page", page,      "--budget",     "48",        "--context", "32K",     "--json"};
-    const RunResult r = RunCtxplan(args, dir.path());
-    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
-    std::vector<std::string> text = args;
-    text.pop_back();
-    const RunResult t = RunCtxplan(text, dir.path());
-    EXPECT_EQ(t.exit_code, 0) << Describe(text, t);
+        "--page", page,      "--budget",     "48",        "--context", "32K"};
+    const auto [t, r] = RunTextAndJson(args, dir.path());
+    EXPECT_EQ(r.exit_code, 0) << Describe(args, r) << " (with --json)";
+    EXPECT_EQ(t.exit_code, 0) << Describe(args, t);
     return std::pair{r.out, t.out};
   };
   const auto [h200_json, h200_text] = plan("h200-125g", "96");
@@ -516,13 +519,10 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
 TEST(CliTest, PlanSaysTheHeadDimRate) {
   ScratchDir dir;
   const std::vector<std::string> small = {"plan", "--model", "llama-3.2-1b", "--context", "64K"};
-  const RunResult r = RunCtxplan(small, dir.path());
+  const auto [r, j] = RunTextAndJson(small, dir.path());
   ASSERT_EQ(r.exit_code, 0) << Describe(small, r);
+  ASSERT_EQ(j.exit_code, 0) << Describe(small, j) << " (with --json)";
   EXPECT_NE(r.out.find("attention at head dim 64: "), std::string::npos) << r.out;
-  std::vector<std::string> json = small;
-  json.push_back("--json");
-  const RunResult j = RunCtxplan(json, dir.path());
-  ASSERT_EQ(j.exit_code, 0) << Describe(json, j);
   const auto [forward, backward] = JsonRates(j.out, "attention_head_dim_rate_vs_128");
   EXPECT_GT(forward, 0.3);
   EXPECT_LT(forward, 0.9);

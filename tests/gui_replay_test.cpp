@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -77,6 +78,14 @@ int NonBackgroundPixels(const QImage& image) {
   for (int y = 0; y < image.height(); ++y)
     for (int x = 0; x < image.width(); ++x) n += image.pixel(x, y) != background;
   return n;
+}
+
+// One paint of `view`, as the window system asks for it, and the seconds it took.
+std::pair<QImage, double> TimedGrab(QWidget& view) {
+  QElapsedTimer timer;
+  timer.start();
+  QImage image = view.grab().toImage();
+  return {std::move(image), static_cast<double>(timer.nsecsElapsed()) * 1e-9};
 }
 
 class GuiReplayTest : public ::testing::Test {
@@ -356,13 +365,9 @@ TEST_F(GuiReplayTest, LargeTraceLoadsAndPaints) {
   view.SetTimeline(d.measured);
   view.resize(1200, 500);
   view.show();
-  timer.restart();
-  const QImage image = view.grab().toImage();
-  const double paint_seconds = static_cast<double>(timer.nsecsElapsed()) * 1e-9;
+  const auto [image, paint_seconds] = TimedGrab(view);
   view.SetVisibleRange(d.measured->end_ns() / 2, d.measured->end_ns() / 2 + 50'000'000);
-  timer.restart();
-  const QImage zoomed = view.grab().toImage();
-  const double zoomed_seconds = static_cast<double>(timer.nsecsElapsed()) * 1e-9;
+  const auto [zoomed, zoomed_seconds] = TimedGrab(view);
   std::printf("[ perf ] one paint at 1200x500: full range %.3f s, 50 ms of it %.3f s\n",
               paint_seconds, zoomed_seconds);
   EXPECT_GT(NonBackgroundPixels(image), 10000);
@@ -402,9 +407,7 @@ TEST_F(GuiReplayTest, RecordedMillionTokenStepLoadsAndPans) {
   view.SetTimeline(d.measured);
   view.resize(1200, 500);
   view.show();
-  timer.restart();
-  const QImage image = view.grab().toImage();
-  const double full_seconds = static_cast<double>(timer.nsecsElapsed()) * 1e-9;
+  const auto [image, full_seconds] = TimedGrab(view);
   EXPECT_GT(NonBackgroundPixels(image), 10000);
   // Moving through it: 20 windows of 2 s each across the step, each painted.
   const int64_t end = d.measured->end_ns(), window = 2'000'000'000;
@@ -412,9 +415,8 @@ TEST_F(GuiReplayTest, RecordedMillionTokenStepLoadsAndPans) {
   for (int i = 0; i < 20; ++i) {
     const int64_t begin = (end - window) / 19 * i;
     view.SetVisibleRange(begin, begin + window);
-    timer.restart();
-    const QImage at = view.grab().toImage();
-    slowest = std::max(slowest, static_cast<double>(timer.nsecsElapsed()) * 1e-9);
+    const auto [at, seconds] = TimedGrab(view);
+    slowest = std::max(slowest, seconds);
     EXPECT_GT(NonBackgroundPixels(at), 1000) << "window " << i;
   }
   std::printf(

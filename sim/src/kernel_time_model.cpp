@@ -318,10 +318,12 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
       const double tflops = k.attention_tflops(backward, s.head_dim > 0 && s.head_dim <= 64);
       double flops = cost.flops;
-      if (s.page_tokens > 0) {  // with the own positions' causal pairs, as kernels/cost.cpp counts
-        const double t = static_cast<double>(s.rows);
-        flops += (backward ? 10.0 : 4.0) * t * (t + 1.0) / 2.0 * std::max(1, s.heads) *
-                 (s.head_dim > 0 ? s.head_dim : 128.0);
+      if (s.page_tokens > 0) {  // with the own positions' causal pairs
+        const int64_t t = s.rows, heads = std::max(1, s.heads);
+        const int64_t head_dim = s.head_dim > 0 ? s.head_dim : 128;
+        const double own_pairs = static_cast<double>(t) * static_cast<double>(t + 1) / 2.0;
+        flops += backward ? AttentionBackwardCost(own_pairs, t, t, heads, 0, head_dim, 2).flops
+                          : AttentionForwardCost(own_pairs, t, t, heads, 0, head_dim).flops;
       }
       return bounded(launches, AttentionComputeSeconds(cost), flops / (tflops * 1e12),
                      backward ? k.attention_bwd_w : k.attention_fwd_w);

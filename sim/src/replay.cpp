@@ -192,26 +192,26 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
     first_start = std::min(first_start, m.start_ns);
     last_end = std::max(last_end, m.end_ns);
     OpComparison c{m, Seconds(m.end_ns - m.start_ns), TicksToSeconds(p.end - p.start)};
+    // One more op in a row of a table: its count and both times.
+    auto add = [&c](auto& row) {
+      ++row.count;
+      row.measured_seconds += c.measured_seconds;
+      row.predicted_seconds += c.predicted_seconds;
+    };
     KindComparison& k = by_kind[{p.kind, p.part}];
     k.kind = p.kind;
     k.part = p.part;
-    ++k.count;
-    k.measured_seconds += c.measured_seconds;
-    k.predicted_seconds += c.predicted_seconds;
+    add(k);
     ChunkComparison& in_chunk = by_chunk[{p.kind, p.part, m.chunk}];
     in_chunk.kind = p.kind;
     in_chunk.part = p.part;
     in_chunk.chunk = m.chunk;
-    ++in_chunk.count;
-    in_chunk.measured_seconds += c.measured_seconds;
-    in_chunk.predicted_seconds += c.predicted_seconds;
+    add(in_chunk);
     if (p.kind == OpKind::kCopyH2D || p.kind == OpKind::kCopyD2H) {
       PhaseComparison& in_phase = by_phase[{p.kind, p.phase}];
       in_phase.kind = p.kind;
       in_phase.phase = p.phase;
-      ++in_phase.count;
-      in_phase.measured_seconds += c.measured_seconds;
-      in_phase.predicted_seconds += c.predicted_seconds;
+      add(in_phase);
       in_phase.predicted_bytes += p.bytes;
     }
     all.push_back(c);

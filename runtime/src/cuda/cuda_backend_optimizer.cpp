@@ -242,7 +242,7 @@ void TypedImpl<G>::UploadOptimizer(CudaOptimizerState state) {
     throw InternalError("CUDA backend: optimizer state for a run without an optimizer");
   // The constructor cleared the moments with a memset on compute_, a non-blocking stream that
   // the synchronous copies below do not wait for: unsynchronised, the memset could land after
-  // them and zero the resumed moments (a LoRA resume was 0.19 of a step off on an H100).
+  // them and zero the resumed moments.
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
   UploadOptimizerState(std::move(state));
   // A pageable copy can return before its DMA lands; the next step's kernels must see it.
