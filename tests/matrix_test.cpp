@@ -371,11 +371,13 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
       //     still share PCIe with the copies;
       //   attention_bwd: page-sparse selections at page 96, and Llama-3.2-1B (d_h 64) over pages;
       //   GEMMs and attention on the H100, whose clock the power model predicts within ~10%;
-      //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (launches of 2-8 us): each
-      //     kernel's fixed cost is fitted on its samples' time per call, which holds the gap
-      //     between back-to-back launches that a traced kernel's duration leaves out (RoPE, two
-      //     launches: x1.39), and rmsnorm_fwd x1.19 (the MLP's norm reads what the attention's
-      //     output GEMM just wrote, from L2: 4.5 us where the layer's first norm takes 6.6);
+      //   the memory-bound kernels of Llama-3.2-1B at chunk 1024 (tensors of 1-8 MB): they read
+      //     what the kernel before them just wrote, from L2, where the profile times every row
+      //     from HBM (ctxplan-measure rotates its buffers past the L2): RoPE after the QKV GEMM
+      //     x1.39 / x1.36, rmsnorm_fwd x1.19 (the MLP's norm 4.5 us where the profile says 6.6).
+      //     Not the launch gap: these kernels launch with PDL, their samples' time per call is
+      //     their CUPTI duration, and the ~1.5 us gaps stand before the next GEMM or attention
+      //     kernel (sim/MODEL-LOG.md, 2026-11-26);
       //   copy_d2h of Qwen2.5-7B 128K k64 on the H100.
       if (measured < 0.002 * result.measured_step_seconds) continue;
       const double ratio = predicted / measured;
