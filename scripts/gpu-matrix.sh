@@ -18,7 +18,7 @@ ctxtrain=$(find "$bin" -name ctxtrain -type f -perm -u+x | head -1)
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
-date=$(date -u +%F)
+date=$(date -u +%FT%H:%MZ)  # to the minute: sim/kernel_changes.h
 grep -v '^\s*#' "$rows" | while read -r model ctx chunk page budget keep offload grad opt lora steps trace; do
   [ -z "$model" ] && continue
   args="--model $model --machine $machine --context $ctx --chunk $chunk --page $page

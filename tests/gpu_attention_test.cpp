@@ -436,6 +436,25 @@ TEST(GpuAttention, PagesOf48And96And192) {
   sparse32.sel = {0, 2, 3, 7, 11, 1, 4, 5, 6, 10};
   CheckProblem(sparse32, 15);
 }
+// The forward's two page loaders: groups of 16 rows (any multiple of 16) and the row cursor (the
+// rest, or any p under CTXPLAN_ATTN_FWD_PAGES=cursor).
+TEST(GpuAttention, EveryForwardPageLoader) {
+  SKIP_WITHOUT_GPU();
+  CheckProblem(Make(300, 8, 2, 128, 80, 6), 16, /*backward=*/false);  // groups: 80 = 5 x 16
+  CheckProblem(Make(260, 8, 4, 64, 24, 9), 17, /*backward=*/false);   // cursor: 24
+  Problem sparse80 = Make(256, 8, 2, 128, 80, 9);
+  sparse80.per_tile = 3;
+  sparse80.sel = {1, 4, 8, 0, 2, 6};  // 2 tiles of 128 queries
+  CheckProblem(sparse80, 18, /*backward=*/false);
+  setenv("CTXPLAN_ATTN_FWD_PAGES", "cursor", 1);
+  CheckProblem(Make(300, 14, 2, 128, 96, 5), 22, /*backward=*/false);
+  CheckProblem(Make(384, 8, 2, 64, 128, 4), 23, /*backward=*/false);
+  Problem sparse64 = Make(256, 8, 2, 128, 64, 10);
+  sparse64.per_tile = 4;
+  sparse64.sel = {0, 3, 4, 8, 0, 1, 5, 9};
+  CheckProblem(sparse64, 24, /*backward=*/false);
+  unsetenv("CTXPLAN_ATTN_FWD_PAGES");
+}
 TEST(GpuAttention, TinyChunk) {
   SKIP_WITHOUT_GPU();
   CheckProblem(Make(1, 4, 1, 128, 64, 2), 8);

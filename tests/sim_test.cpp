@@ -536,13 +536,21 @@ TEST(KernelChanges, ByDateAndPageSize) {
   ASSERT_FALSE(KernelChanges().empty());
   const KernelChange& cursor = KernelChanges().front();
   EXPECT_EQ(cursor.date, "2026-11-26");
-  KernelProfile old_profile, new_profile, spec_values;
+  const KernelChange& groups = KernelChanges().back();
+  EXPECT_EQ(groups.date, "2026-11-26T18:30Z");
+  KernelProfile old_profile, cursor_profile, new_profile, spec_values;
   old_profile.date = "2026-11-24";
-  new_profile.date = "2026-11-26";
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96).size(), 1u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32).size(), 1u);
+  cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
+  new_profile.date = "2026-11-26T19:05Z";
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32).size(), 2u);
   EXPECT_TRUE(ChangesAfterProfile(old_profile, 128).empty());
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96)[0].date, groups.date);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80).size(), 1u);  // a multiple of 16 only now
   EXPECT_TRUE(ChangesAfterProfile(new_profile, 96).empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48));  // the day's earlier run
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48));
   EXPECT_TRUE(ChangesAfterProfile(spec_values, 96).empty());  // no calibration, no date
   // A run and a profile on either side of the change, at a page size it touched.
   EXPECT_TRUE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 96));

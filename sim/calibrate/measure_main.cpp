@@ -94,12 +94,14 @@ std::string CudaVersion(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
 
+// To the minute: kernel changes are dated so (sim/kernel_changes.h), and a GPU may be calibrated
+// on the day a kernel changed, before or after the change.
 std::string UtcDate() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   gmtime_r(&now, &utc);
-  char text[16];
-  std::strftime(text, sizeof(text), "%Y-%m-%d", &utc);
+  char text[24];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%MZ", &utc);
   return text;
 }
 

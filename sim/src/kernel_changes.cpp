@@ -19,6 +19,11 @@ const std::vector<KernelChange>& KernelChanges() {
        "cursor (2.1-2.4x faster on an H100) and the page-sparse backward's key blocks over "
        "pages of 48, 96 and 192 to end at their page",
        {32, 48, 96, 192}},
+      {"2026-11-26T18:30Z",
+       "the attention forward came to load every multiple of 16 as groups of 16 rows whose "
+       "pages are read a tile ahead (pages of 32, 48, 96 and 192 at 0.97-1.07 of page 128's "
+       "rate on an H100, 1.5-1.8x the page cursor)",
+       {16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240}},
   };
   return changes;
 }

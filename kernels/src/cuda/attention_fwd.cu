@@ -14,11 +14,10 @@
 //    MMA), P from registers, the compute warpgroups taking turns on the tensor cores.
 //  - AttnFwdKernel (CTXPLAN_ATTN_FWD=mma): FlashAttention-2 style, 4 warps x 32 rows, 64-key
 //    tiles, mma.sync m16n8k16 with ldmatrix fragments.
-// A key tile of earlier positions is gathered page by page: when p is a power of two >= the tile
-// (or >= 64 for the wgmma kernel), a tile spans at most two pages whose slots are fetched one
-// tile ahead (a register prefetch), and its rows are p-contiguous with stride H_kv * d_h; other
-// page sizes (p >= 16) are walked row by row, by a per-thread cursor in the wgmma kernel (the
-// page table read once a page) and with the page resolved per row in the mma.sync one.
+// A key tile of earlier positions is gathered page by page, rows p-contiguous with stride
+// H_kv * d_h within a page. The wgmma kernel: groups of 16 rows whose pages are read a tile ahead
+// when 16 divides p, a per-thread cursor otherwise. The mma.sync one: when p is a power of two >=
+// its 64-key tile, at most two pages a tile, their slots fetched a tile ahead; other p row by row.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -391,11 +390,14 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
 // P_{j-1} V_{j-1}, wait for S_j, softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j;
 // two named barriers make the consumers take turns issuing ("ping-pong"), so one's softmax runs
 // while the other's GEMMs use the tensor cores. The loader gives registers to the consumers
-// (setmaxnreg). Earlier pages: when p is a power of two >= 64 (kPow2Pages) a 128-key tile is two
-// 64-row halves, each within one page, their slots read a tile ahead; other page sizes are walked
-// by a cursor per thread (page_row_cursor.h) that reads the page table once a page.
-// The loader's copies must stay cheap (a running pointer, not the row address recomputed per
-// copy): the four loader warps were the bound otherwise. Numbers in kernels/PERF.md.
+// (setmaxnreg). Earlier pages, by the loader kind (FwdPageLoader): when 16 divides p a 128-key tile
+// is eight 16-row groups, each within one page, whose row pointers lanes 0-7 of every loader warp
+// compute from page-table reads issued a tile ahead and hand to the warp by shuffle (the same rate
+// at every such p); other p (>= 16) are walked by a cursor per thread (page_row_cursor.h) that
+// reads the page table once a page, a page ahead.
+// The loader's copies must stay cheap (a running pointer or a shuffled one, not the row address
+// recomputed per copy, and no page-table read waited on inside a tile): the four loader warps
+// were the bound otherwise. Numbers in kernels/PERF.md.
 constexpr int kWsBM = 128, kWsBN = 128;
 constexpr int kWsThreads = 384;
 constexpr int kWsLoaderThreads = 128;
@@ -419,7 +421,10 @@ struct WsSmem {  // tiles [HD / 64][rows][64] bf16, 128-byte swizzle
   static constexpr int kBytes = kBars + 8 * 8 + 1024;  // + alignment slack
 };
 
-template <int HD, bool kPow2Pages>
+enum class FwdPageLoader { kGroupsOf16, kRowCursor };
+constexpr int kGroupRows = 16;  // FwdPageLoader::kGroupsOf16: rows of a tile that share one page
+
+template <int HD, FwdPageLoader kLoader>
 __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(const FwdParams prm) {
   using L = WsSmem<HD>;
   constexpr int BM = kWsBM, BN = kWsBN;
@@ -465,23 +470,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
   if (role == 0) {  // --- loader ---
     SetMaxRegistersDec<kWsLoaderRegisters>();
     const int pg = prm.p;
-    const int p_shift = __ffs(pg) - 1;
     auto slot_of = [&](int li) -> int {
       const int page = sel_list ? __ldg(sel_list + li) : li;
       return __ldg(prm.page_slot + page);
     };
-    // Slots of tile j's rows 0..63 (a) and 64..127 (b), fast path only.
-    auto tile_slots = [&](int j, int& sa, int& sb) {
-      sa = 0;
-      sb = 0;
-      if (!kPow2Pages || j >= ne_tiles) return;
-      const int v0 = j * BN;
-      sa = slot_of(v0 >> p_shift);
-      if (v0 + 64 < n_e) sb = pg >= 128 ? sa : slot_of((v0 + 64) >> p_shift);
-    };
-    // The loader's issue rate bounds the kernel (4 warps issue every copy): a row's address is the
-    // previous one plus a fixed step (each 64-row half of a tile lies in one page, p a power of
-    // two >= 64), its shared offset a constant, its bound one compare.
+    // The loader's issue rate bounds the kernel (4 warps issue every copy): a row's address is a
+    // pointer handed over (or the previous one) plus a fixed step, its shared offset a constant.
     const int c = tid % kChunks, r0 = tid / kChunks;
     const int64_t step = static_cast<int64_t>(kRowsPerPass) * kv_row;
     // Rows r0, r0 + kRowsPerPass, ... (kRows of them) from `first` on, into dst from row `row0`;
@@ -496,8 +490,46 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
         src += step;
       }
     };
-    // Other page sizes: this thread's rows r0, r0 + kRowsPerPass, ... of the earlier keys, K and
-    // V each walked by a cursor over the tiles in the order they are loaded.
+    // kGroupsOf16 (p a multiple of 16, so no group of 16 rows crosses a page): lane g of every
+    // loader warp (g = lane % 8) holds group g's pointer (K row 0 of the group, head hkv) for the
+    // tile of K being loaded (group_k) and for the tile of V (group_v, the one before); nullptr
+    // past the pages. The page-table reads for the next tile are issued a tile before their use.
+    static_assert(kGroupRows % kRowsPerPass == 0 && BN % kGroupRows == 0, "whole groups");
+    const int group = lane & (BN / kGroupRows - 1);
+    int pending_slot = -1, pending_offset = 0;
+    auto fetch_group = [&](int jt) {  // issue the read of this lane's group of tile jt
+      pending_slot = -1;
+      pending_offset = 0;
+      const int v = jt * BN + group * kGroupRows;
+      if (jt >= ne_tiles || v >= n_e) return;
+      const int li = v / pg;
+      pending_offset = v - li * pg;
+      pending_slot = slot_of(li);
+    };
+    auto pending_group = [&]() -> const bf16* {
+      if (pending_slot < 0) return nullptr;
+      return prm.pool + static_cast<int64_t>(pending_slot) * prm.page_elems +
+             static_cast<int64_t>(pending_offset) * kv_row + hkv * HD;
+    };
+    const bf16* group_k = nullptr;
+    const bf16* group_v = nullptr;
+    const int64_t thread_offset = static_cast<int64_t>(r0) * kv_row + c * 8;
+    auto copy_groups = [&](uint32_t dst, const bf16* lane_group, int64_t v_offset) {
+#pragma unroll
+      for (int g = 0; g < BN / kGroupRows; ++g) {
+        const bf16* base = reinterpret_cast<const bf16*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(lane_group), g));
+        const bool valid = base != nullptr;
+        const bf16* src = base + v_offset + thread_offset;
+#pragma unroll
+        for (int i = 0; i < kGroupRows / kRowsPerPass; ++i) {
+          CpAsync16(dst + Sw128<BN>(g * kGroupRows + i * kRowsPerPass + r0, c),
+                    valid ? src + i * step : prm.pool, valid);
+        }
+      }
+    };
+    // kRowCursor (other page sizes): this thread's rows r0, r0 + kRowsPerPass, ... of the earlier
+    // keys, K and V each walked by a cursor over the tiles in the order they are loaded.
     const PageRowWalk walk{pg, kRowsPerPass, kv_row};
     auto slot_or_0 = [&](int li) { return li < n_pages_b ? slot_of(li) : 0; };
     const bf16* column = prm.pool + hkv * HD + c * 8;
@@ -508,7 +540,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
       return column + static_cast<int64_t>(slot) * prm.page_elems + (pg + off) * kv_row;
     };
     PageRowCursor<bf16> k_rows, v_rows;
-    if constexpr (!kPow2Pages) {
+    if constexpr (kLoader == FwdPageLoader::kRowCursor) {
       k_rows.Start(walk, r0, slot_or_0, k_row);
       v_rows.Start(walk, r0, slot_or_0, v_row);
     }
@@ -520,20 +552,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
         rows.Advance(walk, slot_or_0, row_at);
       }
     };
-    auto load_kv = [&](int j, int which, int sa, int sb) {
+    auto load_kv = [&](int j, int which) {
       const uint32_t dst = (which ? sV : sK) + (j & 1) * L::kTile;
       if (j < ne_tiles) {
-        const int v0 = j * BN;
-        if constexpr (kPow2Pages) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int off = (v0 + 64 * half) & (pg - 1);
-            const bf16* first = prm.pool + static_cast<int64_t>(half ? sb : sa) * prm.page_elems +
-                                (static_cast<int64_t>(which) * pg + off + r0) * kv_row + hkv * HD +
-                                c * 8;
-            copy_rows(std::integral_constant<int, 64>{}, dst, half * 64, first,
-                      n_e - v0 - half * 64 - r0);
-          }
+        if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
+          copy_groups(dst, which ? group_v : group_k,
+                      which ? static_cast<int64_t>(pg) * kv_row : int64_t{0});
         } else if (which) {
           walk_tile(dst, v_rows, v_row);
         } else {
@@ -550,27 +574,29 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
     // Tiles in the order the consumers need them: Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}. A
     // tile's `full` barrier completes when the copies of all 128 loader threads have landed; the
     // consumers then fence the proxies before their wgmma reads the tile.
-    int cur_a, cur_b, nxt_a, nxt_b, prev_a = 0, prev_b = 0;
-    tile_slots(0, cur_a, cur_b);
-    tile_slots(1, nxt_a, nxt_b);
+    if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
+      fetch_group(0);
+      group_k = pending_group();  // the first tile waits on its read once
+      fetch_group(1);
+    }
     LoadQueryRows<HD, BM, kWsLoaderThreads>(prm, q0, h, sQ,
                                             [](int row, int c) { return Sw128<BM>(row, c); });
-    load_kv(0, 0, cur_a, cur_b);
+    load_kv(0, 0);
     MbarArriveOnCpAsync(full_k(0));
     for (int j = 1; j <= n_tiles; ++j) {
-      prev_a = cur_a;
-      prev_b = cur_b;
+      if constexpr (kLoader == FwdPageLoader::kGroupsOf16) group_v = group_k;
       if (j < n_tiles) {  // K_j into the buffer of K_{j-2}, once both consumers' S_{j-2} are done
         if (j >= 2) MbarWait(empty_k(j & 1), ((j >> 1) - 1) & 1);
-        cur_a = nxt_a;
-        cur_b = nxt_b;
-        tile_slots(j + 1, nxt_a, nxt_b);
-        load_kv(j, 0, cur_a, cur_b);
+        if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
+          group_k = pending_group();
+          fetch_group(j + 1);
+        }
+        load_kv(j, 0);
         MbarArriveOnCpAsync(full_k(j & 1));
       }
       const int jv = j - 1;  // V_{j-1} into the buffer of V_{j-3}
       if (jv >= 2) MbarWait(empty_v(jv & 1), ((jv >> 1) - 1) & 1);
-      load_kv(jv, 1, prev_a, prev_b);
+      load_kv(jv, 1);
       MbarArriveOnCpAsync(full_v(jv & 1));
     }
     CpAsyncWait<0>();  // nothing outstanding when the loader exits
@@ -773,6 +799,14 @@ bool UseMmaSyncForward() {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD");
   return v != nullptr && std::strcmp(v, "mma") == 0;
 }
+// Groups of 16 rows wherever 16 divides p; CTXPLAN_ATTN_FWD_PAGES=cursor picks the row cursor
+// for any p, for comparison (attention_bench, the tests).
+FwdPageLoader ChooseFwdPageLoader(int p) {
+  const char* v = std::getenv("CTXPLAN_ATTN_FWD_PAGES");
+  if (v != nullptr && std::strcmp(v, "cursor") == 0) return FwdPageLoader::kRowCursor;
+  return p % kGroupRows == 0 ? FwdPageLoader::kGroupsOf16 : FwdPageLoader::kRowCursor;
+}
+
 template <int HD>
 void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
   const dim3 grid(prm.q_tiles, prm.hq);
@@ -793,11 +827,13 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
   };
   // A page walk's step must not cross two pages' ends: p >= the loader's rows per pass.
   static_assert(kWsLoaderThreads / (HD / 8) <= 16, "pages of 16 rows and up are walked");
-  const bool pow2_pages = prm.p >= 64 && (prm.p & (prm.p - 1)) == 0;
-  if (pow2_pages) {
-    launch(AttnFwdWarpSpecializedKernel<HD, true>);
-  } else {
-    launch(AttnFwdWarpSpecializedKernel<HD, false>);
+  switch (ChooseFwdPageLoader(prm.p)) {
+    case FwdPageLoader::kGroupsOf16:
+      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kGroupsOf16>);
+      break;
+    case FwdPageLoader::kRowCursor:
+      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kRowCursor>);
+      break;
   }
 }
 

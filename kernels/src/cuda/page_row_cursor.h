@@ -2,12 +2,10 @@
 // of queries attends, in list order, each p rows): rows r0, r0 + stride, r0 + 2 stride, ...
 //
 // The warp-specialised forward's loader issues every copy of a key tile, so its cost per copy
-// bounds the kernel (kernels/PERF.md: the row address recomputed per copy ran at 213 TFLOP/s
-// against 585). Over pages whose size is a power of two each 64-row half of a tile lies in one
-// page; other sizes (48, 96, 192, or 32 under a 64-row half) cross pages inside a half. The
-// cursor keeps that cheap for every size: the next row is the previous plus a fixed step, and
-// the page table is read only when the walk leaves a page, for the page after the one it enters,
-// so that read's latency hides behind a whole page of copies.
+// bounds the kernel. Where 16 divides p it loads groups of 16 rows instead (no group crosses a
+// page); this cursor serves the other page sizes (p >= 16, e.g. 24 or 40), whose pages end
+// anywhere within a tile: the next row is the previous plus a fixed step, and the page table is
+// read only when the walk leaves a page, for the page after the one it enters.
 //
 // Plain C++ (host and device), so the CPU tests walk it against the direct formula.
 #pragma once

@@ -14,7 +14,9 @@
 namespace ctxplan::sim {
 
 struct KernelChange {
-  std::string_view date;       // YYYY-MM-DD: kernels built from this day on have it
+  std::string_view date;       // YYYY-MM-DDTHH:MMZ (UTC): runs and calibrations from then on
+                               // have it; older records' dates are days (YYYY-MM-DD), earlier
+                               // than any time of that day, as they were before it
   std::string_view what;       // what changed and by how much, for one line of `plan`
   std::vector<int64_t> pages;  // the page sizes whose attention it changed
 };

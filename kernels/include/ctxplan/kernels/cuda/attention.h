@@ -11,8 +11,8 @@
 // Every pointer is DEVICE memory (page tables and page lists too) unless marked otherwise; all
 // work is enqueued on `stream` and nothing synchronises. Launch errors throw CudaError (check.h);
 // arguments that break a precondition throw std::invalid_argument before anything is enqueued.
-// Supported: head_dim 64 or 128; page_tokens >= 16 (powers of two >= 64 take the fast path); H_q
-// a multiple of H_kv; for page-sparse selection, query_tile a multiple of 128.
+// Supported: head_dim 64 or 128; page_tokens >= 16 (the forward runs at one rate wherever 16
+// divides it); H_q a multiple of H_kv; for page-sparse selection, query_tile a multiple of 128.
 //
 // This header is plain C++ (g++ includes it; the kernels live in kernels/src/cuda/attention_*.cu
 // and page_select.cu). Kernels: Hopper wgmma (warpgroup MMA) forward for head_dim 64 and 128 and
