@@ -462,7 +462,7 @@ TEST(GpuAttention, TinyChunk) {
 }
 
 // The mma.sync (FA2-style) kernels kept as a fallback behind CTXPLAN_ATTN_FWD / CTXPLAN_ATTN_BWD
-// = "mma" (the default for head_dim 128 is the wgmma pair, for 64 the wgmma forward).
+// = "mma" (the default for both head dims is the wgmma pair).
 TEST(GpuAttention, MmaSyncFallbackKernels) {
   SKIP_WITHOUT_GPU();
   setenv("CTXPLAN_ATTN_FWD", "mma", 1);
@@ -501,7 +501,7 @@ TEST(GpuAttention, SparseTopK) {
 // launched over every earlier page: dK/dV and the dKV pool bit for bit (no block of an unselected
 // page writes anything), dQ up to the order of its fp32 atomics (dQ is rounded to bf16 after
 // them, so another order flips the last bit of a few elements: 1.1e-5 measured on the H200). Pages
-// of 128 and 64 tokens (64- and 128-key blocks), head_dim 128 (wgmma) and 64 (mma.sync); pages of
+// of 128 and 64 tokens (64- and 128-key blocks), head_dim 128 and 64 (both wgmma); pages of
 // 96, 192 and 48, whose blocks over the union end at their page's end (a block over every
 // position spans two pages).
 TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
@@ -509,10 +509,11 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages;
   };
-  for (const Shape sh : {Shape{384, 14, 2, 128, 128, 24}, Shape{256, 8, 2, 128, 64, 40},
-                         Shape{256, 8, 4, 64, 128, 16}, Shape{256, 8, 2, 128, 96, 30},
-                         Shape{256, 8, 2, 128, 192, 14}, Shape{256, 8, 2, 128, 48, 40},
-                         Shape{256, 8, 4, 64, 96, 20}}) {
+  for (const Shape sh :
+       {Shape{384, 14, 2, 128, 128, 24}, Shape{256, 8, 2, 128, 64, 40},
+        Shape{256, 8, 4, 64, 128, 16}, Shape{256, 8, 2, 128, 96, 30},
+        Shape{256, 8, 2, 128, 192, 14}, Shape{256, 8, 2, 128, 48, 40}, Shape{256, 8, 4, 64, 96, 20},
+        Shape{256, 8, 4, 64, 64, 30}, Shape{256, 8, 2, 64, 32, 40}}) {
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(31);
     const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
@@ -553,7 +554,7 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
 // DkvAccumulate fused into the backward (own_dkv): dK/dV of the own positions are this
 // backward's plus what later chunks left in their pages, rounded to bf16 once instead of twice;
 // dQ and the earlier pages' dKV are those of the plain backward. Dense and page-sparse, head_dim
-// 128 (wgmma) and 64 (mma.sync), a partly filled last own page, own slots out of order.
+// 128 and 64 (both wgmma), a partly filled last own page, own slots out of order.
 TEST(GpuAttention, FusedOwnDkvAccumulate) {
   SKIP_WITHOUT_GPU();
   struct Shape {

@@ -155,7 +155,7 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
     // A run of a kernel its GPU's profile does not describe judges nothing (sim/kernel_changes.h):
     // left out, named, until the run or the calibration is redone.
     if (sim::RunAndProfileKernelsDiffer(sim::EffectiveKernelProfile(machine.gpu), r.date,
-                                        r.options.page_tokens)) {
+                                        r.options.page_tokens, model.head_dim)) {
       std::printf("  left out (its profile times another kernel): %s\n", r.line.c_str());
       continue;
     }
@@ -298,7 +298,8 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
   const KernelProfile h200 = LoadGpu("h200").kernels;
   for (const MatrixRun& r : ReadMatrix()) {
     if (r.machine != "h100-125g") continue;
-    if (sim::RunAndProfileKernelsDiffer(h200, r.date, r.options.page_tokens)) {
+    if (sim::RunAndProfileKernelsDiffer(h200, r.date, r.options.page_tokens,
+                                        LoadModel(r.model).head_dim)) {
       std::printf("  left out (the H200 profile times another kernel): %s\n", r.line.c_str());
       continue;
     }

@@ -531,34 +531,48 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
 }
 
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
-// the page sizes a change touched (sim/kernel_changes.h).
-TEST(KernelChanges, ByDateAndPageSize) {
+// the page sizes and head dims a change touched (sim/kernel_changes.h).
+TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   ASSERT_FALSE(KernelChanges().empty());
   const KernelChange& cursor = KernelChanges().front();
   EXPECT_EQ(cursor.date, "2026-11-26");
-  const KernelChange& groups = KernelChanges().back();
+  const KernelChange& groups = KernelChanges()[1];
   EXPECT_EQ(groups.date, "2026-11-26T18:30Z");
   KernelProfile old_profile, cursor_profile, new_profile, spec_values;
   old_profile.date = "2026-11-24";
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
   new_profile.date = "2026-11-26T19:05Z";
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96).size(), 2u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32).size(), 2u);
-  EXPECT_TRUE(ChangesAfterProfile(old_profile, 128).empty());
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96).size(), 1u);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80).size(), 1u);  // a multiple of 16 only now
-  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96).empty());
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48));  // the day's earlier run
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48));
-  EXPECT_TRUE(ChangesAfterProfile(spec_values, 96).empty());  // no calibration, no date
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 2u);
+  EXPECT_TRUE(ChangesAfterProfile(old_profile, 128, 128).empty());
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 1u);  // a multiple of 16 only now
+  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 128).empty());
+  EXPECT_TRUE(
+      RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
+  EXPECT_TRUE(ChangesAfterProfile(spec_values, 96, 128).empty());  // no calibration, no date
   // A run and a profile on either side of the change, at a page size it touched.
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 96));
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-25", 192));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-25", 96));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27", 96));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 128));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "", 96));
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 96, 128));
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-25", 192, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-25", 96, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27", 96, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "2026-11-26", 128, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "", 96, 128));
+  // A change at one head dim, every page size: the head_dim 64 backward on wgmma, after the H100
+  // was calibrated on the forward's groups.
+  const KernelChange& d64 = KernelChanges().back();
+  EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
+  KernelProfile groups_profile;
+  groups_profile.date = "2026-11-26T18:32Z";
+  EXPECT_TRUE(ChangesAfterProfile(groups_profile, 128, 128).empty());
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 3u);
+  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 64).empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
 }
 
 }  // namespace

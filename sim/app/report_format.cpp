@@ -71,10 +71,11 @@ std::string HeadDimRateNote(const PlanContext& c) {
 std::string ProfilePredatesNote(const PlanContext& c) {
   std::string s;
   const KernelProfile profile = sim::EffectiveKernelProfile(c.machine.gpu);
-  for (const sim::KernelChange& change : sim::ChangesAfterProfile(profile, c.options.page_tokens))
+  for (const sim::KernelChange& change :
+       sim::ChangesAfterProfile(profile, c.options.page_tokens, c.model.head_dim))
     s += "  note: this GPU's kernel times were calibrated on " + profile.date + ", before " +
          std::string(change.date) + ", when " + std::string(change.what) + ": at pages of " +
-         std::to_string(c.options.page_tokens) +
+         std::to_string(c.options.page_tokens) + ", head dim " + std::to_string(c.model.head_dim) +
          " they time the earlier kernel (re-run `ctxplan calibrate` on this GPU)\n";
   return s;
 }
@@ -218,8 +219,8 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .EndObject();
     // Kernel changes the GPU's profile predates for these options (dates): empty when current.
     j.BeginArray("profile_predates_kernel_changes");
-    for (const sim::KernelChange& change :
-         sim::ChangesAfterProfile(sim::EffectiveKernelProfile(c.machine.gpu), o.page_tokens))
+    for (const sim::KernelChange& change : sim::ChangesAfterProfile(
+             sim::EffectiveKernelProfile(c.machine.gpu), o.page_tokens, c.model.head_dim))
       j.Field("", std::string(change.date));  // an element: no key
     j.EndArray();
   }

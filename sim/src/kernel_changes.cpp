@@ -6,8 +6,11 @@ namespace ctxplan::sim {
 
 namespace {
 
-bool Touches(const KernelChange& change, int64_t page_tokens) {
-  return std::find(change.pages.begin(), change.pages.end(), page_tokens) != change.pages.end();
+bool Touches(const KernelChange& change, int64_t page_tokens, int64_t head_dim) {
+  auto in = [](const std::vector<int64_t>& list, int64_t x) {
+    return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+  };
+  return in(change.pages, page_tokens) && in(change.head_dims, head_dim);
 }
 
 }  // namespace
@@ -18,31 +21,40 @@ const std::vector<KernelChange>& KernelChanges() {
        "the attention forward over pages of 32, 48, 96 and 192 came to walk them with a page "
        "cursor (2.1-2.4x faster on an H100) and the page-sparse backward's key blocks over "
        "pages of 48, 96 and 192 to end at their page",
-       {32, 48, 96, 192}},
+       {32, 48, 96, 192},
+       {}},
       {"2026-11-26T18:30Z",
        "the attention forward came to load every multiple of 16 as groups of 16 rows whose "
        "pages are read a tile ahead (pages of 32, 48, 96 and 192 at 0.97-1.07 of page 128's "
        "rate on an H100, 1.5-1.8x the page cursor)",
-       {16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240}},
+       {16, 32, 48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240},
+       {}},
+      {"2026-11-26T18:45Z",
+       "the head_dim 64 attention backward came to run on warpgroup MMAs in 64-key blocks "
+       "(1.13-1.16x dense, 1.7-2.5x page-sparse over pages of 32 to 64, on an H100)",
+       {},
+       {64}},
   };
   return changes;
 }
 
-std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens) {
+std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens,
+                                              int64_t head_dim) {
   std::vector<KernelChange> out;
   if (profile.date.empty()) return out;
   for (const KernelChange& change : KernelChanges())
-    if (change.date > profile.date && Touches(change, page_tokens)) out.push_back(change);
+    if (change.date > profile.date && Touches(change, page_tokens, head_dim)) out.push_back(change);
   return out;
 }
 
 bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
-                                int64_t page_tokens) {
+                                int64_t page_tokens, int64_t head_dim) {
   if (profile.date.empty() || run_date.empty()) return false;
   const std::string_view profile_date = profile.date;
   const auto [early, late] = std::minmax(profile_date, run_date);
   for (const KernelChange& change : KernelChanges())
-    if (Touches(change, page_tokens) && change.date > early && change.date <= late) return true;
+    if (Touches(change, page_tokens, head_dim) && change.date > early && change.date <= late)
+      return true;
   return false;
 }
 

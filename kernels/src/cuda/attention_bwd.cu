@@ -15,9 +15,9 @@
 //     Computing the transposed products keeps P^T and dS^T in the registers of the threads that
 //     own the keys, so dV and dK take them as A operands directly; only dS goes through shared
 //     memory (for dQ, whose rows are queries).
-//     Two implementations: head_dim 128 runs on wgmma (two warpgroups of 64 keys,
-//     AttnBwdWgmmaKernel), head_dim 64 (and CTXPLAN_ATTN_BWD=mma) on mma.sync m16n8k16 (8 warps x
-//     16 keys, AttnBwdKernel, FlashAttention-2 style). dK and dV of a key are complete in one
+//     Two implementations: wgmma (two warpgroups of 64 keys, AttnBwdWgmmaKernel), and under
+//     CTXPLAN_ATTN_BWD=mma mma.sync m16n8k16 (8 warps x 16 keys, AttnBwdKernel, FlashAttention-2
+//     style, kept for comparison). dK and dV of a key are complete in one
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
 //     two pages share a slot). Only dQ, summed over key blocks, uses fp32 atomics
@@ -700,30 +700,35 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 // pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
 // independently, half of its work masked (kernels/PERF.md). Per attended pair it runs ~1.7x the
 // 128-key kernel's time: a 64-query item's Q / dO loads and dQ atomics serve 64 keys instead of
-// 128.
-template <int NWG>
-struct WbSmem {  // head_dim 128, 64 * NWG keys, 64 queries
+// 128. With head_dim 64 there is one 64-column half of d: each warpgroup adds dS K over its own
+// 64 keys into dQ (as many atomics an item as head_dim 128's halves), so neither waits for the
+// other's dS.
+template <int HD, int NWG>
+struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
-  static constexpr int kK = 0;                 // [2][BN][64] bf16
-  static constexpr int kV = kK + BN * 256;     // [2][BN][64]
-  static constexpr int kQ = kV + BN * 256;     // 2 buffers of [2][64][64]
-  static constexpr int kdO = kQ + 2 * 16384;   // 2 buffers
-  static constexpr int kdS = kdO + 2 * 16384;  // [BN keys][64 q]
-  static constexpr int kL = kdS + BN * 128;    // [2][64] fp32
-  static constexpr int kD = kL + 512;          // [2][64] fp32
-  static constexpr int kUnion = kD + 512;      // uint32 union, int32 tile count
-  static constexpr int kMask = kUnion + 16;    // [sel_tiles] uint32, then [n_q_tiles] int32
+  static constexpr int kKvBytes = BN * HD * 2;     // one of K, V: [HD / 64][BN][64] bf16
+  static constexpr int kQBytes = kBwdBM * HD * 2;  // one buffer of Q or dO: [HD / 64][64][64]
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKvBytes;
+  static constexpr int kQ = kV + kKvBytes;       // 2 buffers
+  static constexpr int kdO = kQ + 2 * kQBytes;   // 2 buffers
+  static constexpr int kdS = kdO + 2 * kQBytes;  // [BN keys][64 q]
+  static constexpr int kL = kdS + BN * 128;      // [2][64] fp32
+  static constexpr int kD = kL + 512;            // [2][64] fp32
+  static constexpr int kUnion = kD + 512;        // uint32 union, int32 tile count
+  static constexpr int kMask = kUnion + 16;      // [sel_tiles] uint32, then [n_q_tiles] int32
   static int Bytes(int sel_tiles, int q_tiles) {
     return kMask + 4 * sel_tiles + 4 * q_tiles + 1024;
   }
 };
 
-template <int NWG, bool kOverUnion>
+template <int HD, int NWG, bool kOverUnion>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm) {
-  using L = WbSmem<NWG>;
+  static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
+  using L = WbSmem<HD, NWG>;
   constexpr int kWbThreads = 128 * NWG;
-  constexpr int HD = 128, BN = 64 * NWG, BM = kBwdBM;
+  constexpr int BN = 64 * NWG, BM = kBwdBM;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -786,9 +791,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     }
   };
   auto load_item = [&](int hl, int qt, int buf) {
-    LoadItemOperands<HD, BM, kWbThreads, 16384>(prm, hkv * prm.group + hl, qt * BM, sQ, sdO, sL, sD,
-                                                buf,
-                                                [](int row, int c) { return Sw128<BM>(row, c); });
+    LoadItemOperands<HD, BM, kWbThreads, L::kQBytes>(
+        prm, hkv * prm.group + hl, qt * BM, sQ, sdO, sL, sD, buf,
+        [](int row, int c) { return Sw128<BM>(row, c); });
   };
 
   int hl = 0, item = 0;
@@ -823,7 +828,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
       CpAsyncCommit();
     }
-    const uint32_t qb = sQ + buf * 16384, dob = sdO + buf * 16384;
+    const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
     const float* lrow = sLf + buf * BM;
     const float* drow = sDf + buf * BM;
 
@@ -892,8 +897,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // dV += P^T dO.
     WgmmaFence();
 #pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq)
-      WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      if constexpr (HD == 128) {
+        WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+      } else {
+        WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+      }
+    }
     WgmmaCommit();
     WgmmaWait<1>();  // dP^T done; dV may still run
     FenceAcc(dp_);
@@ -920,21 +930,34 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // dK += dS^T Q.
     WgmmaFence();
 #pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq)
-      WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      if constexpr (HD == 128) {
+        WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+      } else {
+        WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+      }
+    }
     WgmmaCommit();
-    __syncthreads();  // dS^T of both warpgroups in shared memory
 
-    // dQ[64 q][64 d] = dS K: with two warpgroups each takes one 64-column half of d, with one it
-    // does both halves in turn.
+    // dQ[64 q][64 d] = dS K. Head_dim 128: with two warpgroups each takes one 64-column half of
+    // d over all the block's keys (both warpgroups' dS^T), with one it does both halves in turn.
+    // Head_dim 64: each warpgroup its own 64 keys' share of the one half.
+    constexpr int kPasses = HD == 64 ? 1 : 3 - NWG;
+    constexpr int kDqKeys = HD == 64 ? 64 : BN;
+    const int dq_key0 = HD == 64 ? wg * 64 : 0;
+    if (HD == 128 && NWG == 2) {
+      __syncthreads();  // dS^T of both warpgroups in shared memory
+    } else {
+      NamedBarrierSync(1 + wg, 128);  // this warpgroup's dS^T
+    }
 #pragma unroll
-    for (int pass = 0; pass < 3 - NWG; ++pass) {
-      const int half = NWG == 2 ? wg : pass;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int half = HD == 64 ? 0 : NWG == 2 ? wg : pass;
       WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint32_t a = sdS + kk * 16 * 128;
-        const uint32_t b = sK + half * (BN * 128) + kk * 16 * 128;
+      for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+        const uint32_t a = sdS + (dq_key0 + kk * 16) * 128;
+        const uint32_t b = sK + half * (BN * 128) + (dq_key0 + kk * 16) * 128;
         WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
                              kk > 0 ? 1 : 0);
       }
@@ -1033,25 +1056,29 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
-  if (HD == 128 && !(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
-    // Page-sparse over pages of 64 or fewer: 64-key blocks (a 128-key block would be half
+  if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
+    // 64-key blocks, two a multiprocessor: for head_dim 64 always (1.1x the 128-key blocks'
+    // rate); for 128 page-sparse over pages of 64 or fewer (a 128-key block would be half
     // masked), though they run at ~0.65 of the 128-key blocks' rate (kernels/PERF.md).
+    // CTXPLAN_ATTN_BWD_KEYS=128 keeps head_dim 64 on 128-key blocks where 128 would, to compare.
+    const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
+    const bool keys_128 = keys != nullptr && std::strcmp(keys, "128") == 0;
     const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
-    if (prm.sel != nullptr && small_pages) {
+    if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages)) {
       const auto [q, grid] = with_blocks(64, 64);
-      const int smem = WbSmem<1>::Bytes(sel_tiles, q_tiles);
+      const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<1, true>, grid, 128, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q);
       } else {
-        launch(AttnBwdWgmmaKernel<1, false>, grid, 128, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
       }
     } else {
       const auto [q, grid] = with_blocks(128, 128);
-      const int smem = WbSmem<2>::Bytes(sel_tiles, q_tiles);
+      const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<2, true>, grid, 256, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
       } else {
-        launch(AttnBwdWgmmaKernel<2, false>, grid, 256, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
       }
     }
   } else {

@@ -14,24 +14,27 @@
 namespace ctxplan::sim {
 
 struct KernelChange {
-  std::string_view date;       // YYYY-MM-DDTHH:MMZ (UTC): runs and calibrations from then on
-                               // have it; older records' dates are days (YYYY-MM-DD), earlier
-                               // than any time of that day, as they were before it
-  std::string_view what;       // what changed and by how much, for one line of `plan`
-  std::vector<int64_t> pages;  // the page sizes whose attention it changed
+  std::string_view date;           // YYYY-MM-DDTHH:MMZ (UTC): runs and calibrations from then on
+                                   // have it; older records' dates are days (YYYY-MM-DD), earlier
+                                   // than any time of that day, as they were before it
+  std::string_view what;           // what changed and by how much, for one line of `plan`
+  std::vector<int64_t> pages;      // the page sizes whose attention it changed; empty: every one
+  std::vector<int64_t> head_dims;  // the head dims it changed; empty: every one
 };
 
 // Every change, oldest first.
 const std::vector<KernelChange>& KernelChanges();
 
-// The changes that `profile` predates and that touch attention over pages of `page_tokens`: those
-// dated after the calibration the profile holds (its own, or its sibling's for a scaled
-// estimate). None for a profile with no calibration date (spec values: no page rates to be stale).
-std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens);
+// The changes that `profile` predates and that touch attention over pages of `page_tokens` at
+// `head_dim`: those dated after the calibration the profile holds (its own, or its sibling's for
+// a scaled estimate). None for a profile with no calibration date (spec values: no page rates to
+// be stale).
+std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens,
+                                              int64_t head_dim);
 
-// Whether a run recorded on `run_date` with pages of `page_tokens` ran a kernel that `profile`
-// does not describe (a change between the two dates, either way round).
+// Whether a run recorded on `run_date` with pages of `page_tokens` at `head_dim` ran a kernel that
+// `profile` does not describe (a change between the two dates, either way round).
 bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
-                                int64_t page_tokens);
+                                int64_t page_tokens, int64_t head_dim);
 
 }  // namespace ctxplan::sim

@@ -15,9 +15,9 @@
 // divides it); H_q a multiple of H_kv; for page-sparse selection, query_tile a multiple of 128.
 //
 // This header is plain C++ (g++ includes it; the kernels live in kernels/src/cuda/attention_*.cu
-// and page_select.cu). Kernels: Hopper wgmma (warpgroup MMA) forward for head_dim 64 and 128 and
-// backward for head_dim 128; FlashAttention-2-style mma.sync kernels for the head_dim 64 backward
-// and as a fallback (environment CTXPLAN_ATTN_FWD=mma / CTXPLAN_ATTN_BWD=mma selects them).
+// and page_select.cu). Kernels: Hopper wgmma (warpgroup MMA) forward and backward for head_dim
+// 64 and 128; FlashAttention-2-style mma.sync kernels kept for comparison (environment
+// CTXPLAN_ATTN_FWD=mma / CTXPLAN_ATTN_BWD=mma selects them).
 // Measured on an H200 (bf16, d_h 128, 28/4 heads, causal 64K): forward 428 TFLOP/s, backward 348
 // (kernels/bench/attention_bench.cpp; PyTorch SDPA flash 345 / 321, cuDNN 598 / 536).
 #pragma once
