@@ -315,7 +315,10 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
           .time.push_back(std::abs(r.tokens_per_second / report.tokens_per_second - 1.0));
     }
   }
-  ASSERT_GE(estimated.time.size(), 8u);
+  // The runs of kernels the H200's profile (2026-11-24) predates wait for its next calibration:
+  // pages of 32 and 96 since the forward changed, and Llama-3.2-1B (head dim 64) since its
+  // backward did (sim/kernel_changes.h).
+  ASSERT_GE(estimated.time.size(), 6u);
   std::printf(
       "  H100 runs, step time error: calibrated profile median %.1f%% max %.1f%%; "
       "H200 profile scaled median %.1f%% max %.1f%%\n",
