@@ -541,9 +541,9 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile old_profile, cursor_profile, new_profile, spec_values;
   old_profile.date = "2026-11-24";
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
-  new_profile.date = "2026-11-26T19:05Z";
+  new_profile.date = "2026-11-26T19:30Z";
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 2u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 3u);
   EXPECT_TRUE(ChangesAfterProfile(old_profile, 128, 128).empty());
   ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 1u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
@@ -562,17 +562,24 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_FALSE(RunAndProfileKernelsDiffer(old_profile, "", 96, 128));
   // A change at one head dim, every page size: the head_dim 64 backward on wgmma, after the H100
   // was calibrated on the forward's groups.
-  const KernelChange& d64 = KernelChanges().back();
+  const KernelChange& d64 = KernelChanges()[2];
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
   EXPECT_TRUE(ChangesAfterProfile(groups_profile, 128, 128).empty());
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 1u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 2u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 4u);
   EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 64).empty());
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
+  // Two records of one change (dQ four columns an atomic in 64-key blocks): every page size at
+  // head dim 64, the small pages at 128.
+  KernelProfile d64_profile;
+  d64_profile.date = "2026-11-26T18:52Z";
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 1u);
+  EXPECT_TRUE(ChangesAfterProfile(d64_profile, 128, 128).empty());
 }
 
 }  // namespace

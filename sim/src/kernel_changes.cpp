@@ -34,6 +34,16 @@ const std::vector<KernelChange>& KernelChanges() {
        "(1.13-1.16x dense, 1.7-2.5x page-sparse over pages of 32 to 64, on an H100)",
        {},
        {64}},
+      {"2026-11-26T19:05Z",
+       "the attention backward's 64-key blocks came to add dQ four columns an atomic "
+       "(1.03-1.12x on an H100): head dim 64 at every page size",
+       {},
+       {64}},
+      {"2026-11-26T19:05Z",
+       "the attention backward's 64-key blocks came to add dQ four columns an atomic "
+       "(1.02-1.03x on an H100): head dim 128, page-sparse over pages of 64 or fewer",
+       {16, 32, 48, 64},
+       {128}},
   };
   return changes;
 }

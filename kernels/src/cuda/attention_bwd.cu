@@ -968,16 +968,36 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceAcc(dq);
       // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a
       // barrier per item to a loop the atomics never stall (kernels/PERF.md).
+      if constexpr (NWG == 1) {
+        // Lanes tq and tq ^ 1 swap halves so that each adds four adjacent columns of one row
+        // (the even lane row g, the odd lane row g + 8): half the atomic instructions, 1.03-1.12x
+        // in 64-key blocks; in 128-key blocks 0.90-1.01x (kernels/PERF.md).
+        const bool odd = tq & 1;
+        const int qi = q0 + wwarp * 16 + g + (odd ? 8 : 0);
+        float* dst =
+            prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * (tq & 2);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qi = q0 + wwarp * 16 + g + hf * 8;
-        if (qi < t) {
-          float* dst =
-              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+        for (int i = 0; i < 8; ++i) {
+          const float give0 = odd ? dq[4 * i] : dq[4 * i + 2];
+          const float give1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
+          const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+          const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+          const float4 v = odd ? make_float4(got0, got1, dq[4 * i + 2], dq[4 * i + 3])
+                               : make_float4(dq[4 * i], dq[4 * i + 1], got0, got1);
+          if (qi < t) atomicAdd(reinterpret_cast<float4*>(dst + i * 8), v);
+        }
+      } else {
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
-                      make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+        for (int hf = 0; hf < 2; ++hf) {
+          const int qi = q0 + wwarp * 16 + g + hf * 8;
+          if (qi < t) {
+            float* dst =
+                prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
+                        make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+          }
         }
       }
     }
