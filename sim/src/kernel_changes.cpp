@@ -36,14 +36,9 @@ const std::vector<KernelChange>& KernelChanges() {
        {64}},
       {"2026-11-26T19:05Z",
        "the attention backward's 64-key blocks came to add dQ four columns an atomic "
-       "(1.03-1.12x on an H100): head dim 64 at every page size",
+       "(1.03-1.12x on an H100) at head dim 64",
        {},
        {64}},
-      {"2026-11-26T19:05Z",
-       "the attention backward's 64-key blocks came to add dQ four columns an atomic "
-       "(1.02-1.03x on an H100): head dim 128, page-sparse over pages of 64 or fewer",
-       {16, 32, 48, 64},
-       {128}},
   };
   return changes;
 }

@@ -22,7 +22,8 @@ struct KernelChange {
   std::vector<int64_t> head_dims;  // the head dims it changed; empty: every one
 };
 
-// Every change, oldest first.
+// Every change, oldest first. A change within the measurements' run-to-run spread (~3%) is not
+// one: the same dQ atomics at head dim 128's page-sparse small pages (1.02-1.03x) are left out.
 const std::vector<KernelChange>& KernelChanges();
 
 // The changes that `profile` predates and that touch attention over pages of `page_tokens` at
