@@ -482,37 +482,50 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
 }
 
 // A GPU profile calibrated before a kernel changed for the options planned: plan says so, in
-// text and JSON (sim/kernel_changes.h). The H200's profile (2026-11-24) predates the page cursor
-// of 2026-11-26 and the groups of 16 rows of 2026-11-26T18:30Z at pages of 96; the H100's
-// (2026-11-26T18:32Z) neither; pages of 128 never changed.
+// text and JSON (sim/kernel_changes.h). The committed profiles are current (both 2026-11-26, after
+// every change); the H200's with its calibration dated 2026-11-24 predates the page cursor of
+// 2026-11-26 and the groups of 16 rows of 2026-11-26T18:30Z at pages of 96, and none at 128.
 TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   ScratchDir dir;
-  auto plan = [&](const std::string& machine, const std::string& page) {
-    const std::vector<std::string> args = {
-        "plan",   "--model", "llama-3.1-8b", "--machine", machine,     "--chunk", "3072",
-        "--page", page,      "--budget",     "48",        "--context", "32K"};
+  const fs::path old_h200 = dir.path() / "h200-2026-11-24.yaml";
+  {
+    std::ifstream in(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    const size_t at = yaml.find("\n  date: \"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = yaml.find('\n', at + 1);
+    yaml.replace(at, end - at, "\n  date: \"2026-11-24\"");
+    std::ofstream(old_h200) << yaml;
+  }
+  auto plan = [&](const std::vector<std::string>& machine, const std::string& page) {
+    std::vector<std::string> args = {"plan", "--model",   "llama-3.1-8b", "--chunk",
+                                     "3072", "--page",    page,           "--budget",
+                                     "48",   "--context", "32K"};
+    args.insert(args.end(), machine.begin(), machine.end());
     const auto [t, r] = RunTextAndJson(args, dir.path());
     EXPECT_EQ(r.exit_code, 0) << Describe(args, r) << " (with --json)";
     EXPECT_EQ(t.exit_code, 0) << Describe(args, t);
     return std::pair{r.out, t.out};
   };
-  const auto [h200_json, h200_text] = plan("h200-125g", "96");
+  const std::vector<std::string> old = {"--gpu", old_h200.string(), "--host-ram", "125GiB"};
+  const auto [old_json, old_text] = plan(old, "96");
   EXPECT_NE(
-      h200_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\"]"),
+      old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\"]"),
       std::string::npos)
-      << h200_json;
-  EXPECT_NE(h200_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
-                           "2026-11-26"),
+      << old_json;
+  EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
+                          "2026-11-26"),
             std::string::npos)
-      << h200_text;
-  EXPECT_NE(h200_text.find("re-run `ctxplan calibrate`"), std::string::npos);
-  for (const auto& [machine, page] :
-       {std::pair<std::string, std::string>{"h100-125g", "96"}, {"h200-125g", "128"}}) {
-    const auto [json, text] = plan(machine, page);
-    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[]"), std::string::npos)
-        << machine << " " << page;
-    EXPECT_EQ(text.find("note: this GPU's kernel times"), std::string::npos)
-        << machine << " " << page;
+      << old_text;
+  EXPECT_NE(old_text.find("re-run `ctxplan calibrate`"), std::string::npos);
+  const auto [old_128, old_128_text] = plan(old, "128");
+  EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[]"), std::string::npos);
+  for (const std::string machine : {"h100-125g", "h200-125g"}) {
+    const auto [json, text] = plan({"--machine", machine}, "96");
+    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[]"), std::string::npos) << machine;
+    EXPECT_EQ(text.find("note: this GPU's kernel times"), std::string::npos) << machine;
   }
 }
 
