@@ -515,6 +515,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_bwd_efficiency",
                    "sparse_fwd_page_efficiency",
                    "sparse_bwd_page_efficiency",
+                   "sparse_fwd_page_efficiency_d64",
+                   "sparse_bwd_page_efficiency_d64",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
                    "memory_kernel_efficiency",
@@ -584,6 +586,10 @@ KernelProfile ReadKernelProfile(const Fields& f) {
     k.sparse_fwd_page_efficiency = ReadPageTable(f, "sparse_fwd_page_efficiency");
   if (f.Has("sparse_bwd_page_efficiency"))
     k.sparse_bwd_page_efficiency = ReadPageTable(f, "sparse_bwd_page_efficiency");
+  if (f.Has("sparse_fwd_page_efficiency_d64"))
+    k.sparse_fwd_page_efficiency_d64 = ReadPageTable(f, "sparse_fwd_page_efficiency_d64");
+  if (f.Has("sparse_bwd_page_efficiency_d64"))
+    k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
   if (f.Has("memory_kernel_fixed_us"))
     k.memory_kernel_fixed_us = ReadMemoryKernelTable(f, "memory_kernel_fixed_us", kFixedCostLimit);

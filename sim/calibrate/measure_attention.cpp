@@ -54,6 +54,9 @@ constexpr int64_t kDefaultPage = 128;
 constexpr int64_t kSparseEarlier = 65536;
 const std::vector<int64_t> kSparsePages = {64, 128, 256};
 const std::vector<int64_t> kSparseBudgets = {16, 64, 128};
+// ... and at the default budget over the other page sizes, at both head dims (head dim 64's
+// backward runs its own block size: sparse_*_page_efficiency_d64).
+const std::vector<int64_t> kSparseOtherPages = {32, 48, 96, 192};
 constexpr int64_t kDefaultBudget = 64;
 // e) a long context: 262144 earlier positions
 constexpr int64_t kLongEarlier = 262144;
@@ -101,8 +104,10 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
       for (const int64_t t : kDenseChunkTokens) paged(t, h, kDefaultPage, kDenseEarlier, 0);
     for (const int64_t p : kSparsePages)  // d)
       for (const int64_t k : kSparseBudgets) paged(kChunkTokens, kQwen7b, p, kSparseEarlier, k);
-    paged(kChunkTokens, kQwen7b, 96, kSparseEarlier, kDefaultBudget);
-    paged(kChunkTokens, kQwen7b, 32, kSparseEarlier, kDefaultBudget);
+    for (const int64_t p : kSparseOtherPages) {
+      paged(kChunkTokens, kQwen7b, p, kSparseEarlier, kDefaultBudget);
+      paged(kChunkTokens, kHeadDim64, p, kSparseEarlier, kDefaultBudget);
+    }
     for (const int64_t k : {int64_t{16}, int64_t{64}})
       paged(kChunkTokens, kHeadDim64, kDefaultPage, kSparseEarlier, k);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)

@@ -740,6 +740,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.sparse_fwd_efficiency = k.sparse_bwd_efficiency = 1.0;
   k.sparse_fwd_page_efficiency.clear();
   k.sparse_bwd_page_efficiency.clear();
+  k.sparse_fwd_page_efficiency_d64.clear();
+  k.sparse_bwd_page_efficiency_d64.clear();
   for (const bool backward : {false, true}) {
     const std::string op = backward ? "attention_bwd" : "attention_fwd";
     auto own_rows = [&](int64_t head_dim) {
@@ -797,19 +799,25 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
           (backward ? q.sparse_bwd_efficiency : q.sparse_fwd_efficiency) = x;
         },
         sparse, 0.02, 2.0);
-    // Then per page size, where a size has its own sparse rows.
-    auto sparse_table = [backward](KernelProfile& q) -> std::map<int64_t, double>& {
-      return backward ? q.sparse_bwd_page_efficiency : q.sparse_fwd_page_efficiency;
-    };
-    std::map<int64_t, std::vector<const CalibrationSample*>> sparse_by_page;
-    for (const CalibrationSample* s : sparse) sparse_by_page[s->page_tokens].push_back(s);
+    // Then per page size, where a size has its own sparse rows; per head dim, head dim 64 having
+    // its own backward blocks (its table only where it has rows).
     const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
-    for (const auto& [p, rows] : sparse_by_page) sparse_table(k)[p] = overall;
-    for (const auto& [p, rows] : sparse_by_page) {
-      const int64_t page = p;
-      sparse_table(k)[p] = ImpliedMedian(
-          gpu, k, [&sparse_table, page](KernelProfile& q, double x) { sparse_table(q)[page] = x; },
-          rows, 0.02, 2.0);
+    for (const bool d64 : {false, true}) {
+      auto sparse_table = [backward, d64](KernelProfile& q) -> std::map<int64_t, double>& {
+        return backward ? (d64 ? q.sparse_bwd_page_efficiency_d64 : q.sparse_bwd_page_efficiency)
+                        : (d64 ? q.sparse_fwd_page_efficiency_d64 : q.sparse_fwd_page_efficiency);
+      };
+      std::map<int64_t, std::vector<const CalibrationSample*>> sparse_by_page;
+      for (const CalibrationSample* s : sparse)
+        if ((s->head_dim <= 64) == d64) sparse_by_page[s->page_tokens].push_back(s);
+      for (const auto& [p, rows] : sparse_by_page) sparse_table(k)[p] = overall;
+      for (const auto& [p, rows] : sparse_by_page) {
+        const int64_t page = p;
+        sparse_table(k)[p] = ImpliedMedian(
+            gpu, k,
+            [&sparse_table, page](KernelProfile& q, double x) { sparse_table(q)[page] = x; }, rows,
+            0.02, 2.0);
+      }
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
@@ -967,6 +975,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  sparse_fwd_page_efficiency: " << table(k.sparse_fwd_page_efficiency) << "\n";
   if (!k.sparse_bwd_page_efficiency.empty())
     o << "  sparse_bwd_page_efficiency: " << table(k.sparse_bwd_page_efficiency) << "\n";
+  if (!k.sparse_fwd_page_efficiency_d64.empty())
+    o << "  sparse_fwd_page_efficiency_d64: " << table(k.sparse_fwd_page_efficiency_d64) << "\n";
+  if (!k.sparse_bwd_page_efficiency_d64.empty())
+    o << "  sparse_bwd_page_efficiency_d64: " << table(k.sparse_bwd_page_efficiency_d64) << "\n";
   o << "  memory_efficiency: " << k.memory_efficiency << "\n";
   if (!k.memory_kernel_fixed_us.empty()) {
     auto names = [](const std::map<std::string, double>& m) {

@@ -220,7 +220,10 @@ double KernelTimeModel::PagedEfficiency(int64_t page_tokens, bool backward, bool
                                                             : k.page_fwd_efficiency),
       page_tokens);
   if (sparse) {
-    const auto& table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
+    const auto& d128_table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
+    const auto& d64_table =
+        backward ? k.sparse_bwd_page_efficiency_d64 : k.sparse_fwd_page_efficiency_d64;
+    const auto& table = d64 && !d64_table.empty() ? d64_table : d128_table;
     efficiency *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
                                 : PageEfficiency(table, page_tokens);
   }

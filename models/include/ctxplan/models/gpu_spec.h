@@ -65,6 +65,10 @@ struct KernelProfile {
   // at page 64 the forward runs 1.3x slower per key than at 128, where dense launches at either
   // size run alike (H200 samples, 2026-11-24).
   std::map<int64_t, double> sparse_fwd_page_efficiency, sparse_bwd_page_efficiency;
+  // The same at head dim 64, where its samples have sparse rows (empty: the tables above). Its
+  // backward runs 64-key blocks at every page size, so its page sizes fall otherwise than 128's
+  // (pages of 64 run at page 128's rate there, at ~0.6 of it at head dim 128).
+  std::map<int64_t, double> sparse_fwd_page_efficiency_d64, sparse_bwd_page_efficiency_d64;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
   // The memory-bound kernels measured apart (cost.h MemoryKernelName -> value): each one's fixed
