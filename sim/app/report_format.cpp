@@ -66,13 +66,18 @@ std::string HeadDimRateNote(const PlanContext& c) {
          "step time includes it)\n";
 }
 
-// Where the GPU's profile predates a kernel change for these options (its kernel times are the
-// earlier kernel's), one line a change. Empty when it is up to date.
+// The kernel changes the GPU's profile predates for these options: its kernel times are the
+// earlier kernels' there. Empty when it is up to date.
+std::vector<sim::KernelChange> PredatedChanges(const PlanContext& c) {
+  return sim::ChangesAfterProfile(sim::EffectiveKernelProfile(c.machine.gpu), c.options.page_tokens,
+                                  c.model.head_dim);
+}
+
+// One line a change PredatedChanges names.
 std::string ProfilePredatesNote(const PlanContext& c) {
   std::string s;
   const KernelProfile profile = sim::EffectiveKernelProfile(c.machine.gpu);
-  for (const sim::KernelChange& change :
-       sim::ChangesAfterProfile(profile, c.options.page_tokens, c.model.head_dim))
+  for (const sim::KernelChange& change : PredatedChanges(c))
     s += "  note: this GPU's kernel times were calibrated on " + profile.date + ", before " +
          std::string(change.date) + ", when " + std::string(change.what) + ": at pages of " +
          std::to_string(c.options.page_tokens) + ", head dim " + std::to_string(c.model.head_dim) +
@@ -219,8 +224,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .EndObject();
     // Kernel changes the GPU's profile predates for these options (dates): empty when current.
     j.BeginArray("profile_predates_kernel_changes");
-    for (const sim::KernelChange& change : sim::ChangesAfterProfile(
-             sim::EffectiveKernelProfile(c.machine.gpu), o.page_tokens, c.model.head_dim))
+    for (const sim::KernelChange& change : PredatedChanges(c))
       j.Field("", std::string(change.date));  // an element: no key
     j.EndArray();
   }

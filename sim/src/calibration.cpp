@@ -768,27 +768,30 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     }
     k = best.profile;
 
-    // Head dim 64 runs its own kernel path over pages: its own table where it has samples.
-    for (const bool d64 : {false, true}) {
-      auto table_of = [backward, d64](KernelProfile& q) -> std::map<int64_t, double>& {
-        return backward ? (d64 ? q.page_bwd_efficiency_d64 : q.page_bwd_efficiency)
-                        : (d64 ? q.page_fwd_efficiency_d64 : q.page_fwd_efficiency);
-      };
+    // One page table: each page size's fraction, the implied median of its rows with the other
+    // sizes held (each starting at `start`). False when no row is of this head dim.
+    auto fit_page_table = [&](bool d64, bool sparse,
+                              const std::vector<const CalibrationSample*>& rows, double start) {
       std::map<int64_t, std::vector<const CalibrationSample*>> by_page;
-      for (const CalibrationSample* s : Select(samples, [&](const CalibrationSample& s) {
-             return s.op == op && s.pages > 0 && s.pages_per_tile == 0 && (s.head_dim <= 64) == d64;
-           }))
-        by_page[s->page_tokens].push_back(s);
-      if (by_page.empty() && !d64)
-        throw InputError("calibration samples have no dense paged " + op + " rows");
-      for (const auto& [p, rows] : by_page) table_of(k)[p] = 1.0;
-      for (const auto& [p, rows] : by_page) {
+      for (const CalibrationSample* s : rows)
+        if ((s->head_dim <= 64) == d64) by_page[s->page_tokens].push_back(s);
+      for (const auto& [p, page_rows] : by_page) k.page_table(backward, d64, sparse)[p] = start;
+      for (const auto& [p, page_rows] : by_page) {
         const int64_t page = p;
-        table_of(k)[p] = ImpliedMedian(
-            gpu, k, [&table_of, page](KernelProfile& q, double x) { table_of(q)[page] = x; }, rows,
-            0.02, 2.0);
+        k.page_table(backward, d64, sparse)[p] = ImpliedMedian(
+            gpu, k,
+            [=](KernelProfile& q, double x) { q.page_table(backward, d64, sparse)[page] = x; },
+            page_rows, 0.02, 2.0);
       }
-    }
+      return !by_page.empty();
+    };
+    // Head dim 64 runs its own kernel path over pages: its own table where it has samples.
+    const auto dense = Select(samples, [&](const CalibrationSample& s) {
+      return s.op == op && s.pages > 0 && s.pages_per_tile == 0;
+    });
+    for (const bool d64 : {false, true})
+      if (!fit_page_table(d64, false, dense, 1.0) && !d64)
+        throw InputError("calibration samples have no dense paged " + op + " rows");
     const auto sparse = Select(samples, [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
     });
@@ -802,23 +805,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     // Then per page size, where a size has its own sparse rows; per head dim, head dim 64 having
     // its own backward blocks (its table only where it has rows).
     const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
-    for (const bool d64 : {false, true}) {
-      auto sparse_table = [backward, d64](KernelProfile& q) -> std::map<int64_t, double>& {
-        return backward ? (d64 ? q.sparse_bwd_page_efficiency_d64 : q.sparse_bwd_page_efficiency)
-                        : (d64 ? q.sparse_fwd_page_efficiency_d64 : q.sparse_fwd_page_efficiency);
-      };
-      std::map<int64_t, std::vector<const CalibrationSample*>> sparse_by_page;
-      for (const CalibrationSample* s : sparse)
-        if ((s->head_dim <= 64) == d64) sparse_by_page[s->page_tokens].push_back(s);
-      for (const auto& [p, rows] : sparse_by_page) sparse_table(k)[p] = overall;
-      for (const auto& [p, rows] : sparse_by_page) {
-        const int64_t page = p;
-        sparse_table(k)[p] = ImpliedMedian(
-            gpu, k,
-            [&sparse_table, page](KernelProfile& q, double x) { sparse_table(q)[page] = x; }, rows,
-            0.02, 2.0);
-      }
-    }
+    for (const bool d64 : {false, true}) fit_page_table(d64, true, sparse, overall);
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
            "ctxtrain's attention forward, d_h 128, a full wave of items");

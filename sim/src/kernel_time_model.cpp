@@ -213,19 +213,16 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
 double KernelTimeModel::PagedEfficiency(int64_t page_tokens, bool backward, bool d64,
                                         bool sparse) const {
   const KernelProfile& k = profile_;
-  double efficiency = PageEfficiency(
-      backward ? (d64 && !k.page_bwd_efficiency_d64.empty() ? k.page_bwd_efficiency_d64
-                                                            : k.page_bwd_efficiency)
-               : (d64 && !k.page_fwd_efficiency_d64.empty() ? k.page_fwd_efficiency_d64
-                                                            : k.page_fwd_efficiency),
-      page_tokens);
+  // Head dim 64's tables where it has them, else head dim 128's.
+  auto table = [&](bool sparse_table) -> const std::map<int64_t, double>& {
+    const auto& own = k.page_table(backward, d64, sparse_table);
+    return d64 && own.empty() ? k.page_table(backward, false, sparse_table) : own;
+  };
+  double efficiency = PageEfficiency(table(false), page_tokens);
   if (sparse) {
-    const auto& d128_table = backward ? k.sparse_bwd_page_efficiency : k.sparse_fwd_page_efficiency;
-    const auto& d64_table =
-        backward ? k.sparse_bwd_page_efficiency_d64 : k.sparse_fwd_page_efficiency_d64;
-    const auto& table = d64 && !d64_table.empty() ? d64_table : d128_table;
-    efficiency *= table.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
-                                : PageEfficiency(table, page_tokens);
+    const auto& fractions = table(true);
+    efficiency *= fractions.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
+                                    : PageEfficiency(fractions, page_tokens);
   }
   return efficiency;
 }

@@ -118,6 +118,18 @@ struct KernelProfile {
     return backward ? (d64 ? attention_bwd_tflops_d64 : attention_bwd_tflops_d128)
                     : (d64 ? attention_fwd_tflops_d64 : attention_fwd_tflops_d128);
   }
+  // The page table of a direction, head dim and kind (dense, or the sparse fraction), as stored:
+  // a head dim 64 table may be empty (then the head dim 128 one applies: the model's choice).
+  std::map<int64_t, double>& page_table(bool backward, bool d64, bool sparse) {
+    if (sparse)
+      return backward ? (d64 ? sparse_bwd_page_efficiency_d64 : sparse_bwd_page_efficiency)
+                      : (d64 ? sparse_fwd_page_efficiency_d64 : sparse_fwd_page_efficiency);
+    return backward ? (d64 ? page_bwd_efficiency_d64 : page_bwd_efficiency)
+                    : (d64 ? page_fwd_efficiency_d64 : page_fwd_efficiency);
+  }
+  const std::map<int64_t, double>& page_table(bool backward, bool d64, bool sparse) const {
+    return const_cast<KernelProfile*>(this)->page_table(backward, d64, sparse);
+  }
   bool has_power() const { return power_limit_w > 0 && max_sm_clock_mhz > 0 && gemm_w > 0; }
 };
 
