@@ -237,6 +237,13 @@ const std::vector<BadInputCase>& BadInputCases() {
       {"SelectionOverlapOutOfRange",
        {"plan", "--selection", "overlap:2"},
        {"--selection: 'overlap:2'", "overlap:F with F in [0, 1]"}},
+      {"SelectionDisjointScaleZero",
+       {"plan", "--selection", "disjoint:0"},
+       {"--selection: 'disjoint:0'", "disjoint:S with S in (0, 100]"}},
+      {"SelectionNoTrace", {"selection", "@DIR@/missing.ctxtrace"}, {"missing.ctxtrace"}},
+      {"SelectionDenseTrace",
+       {"selection", kRecordedTrace},
+       {"no chunk whose page union", "accepted: a page-sparse run"}},
       {"GradDtypeFp8",
        {"plan", "--grad-dtype", "fp8"},
        {"--grad-dtype: 'fp8'", "accepted: bf16, fp32"}},
@@ -754,6 +761,35 @@ TEST(CliTest, ReplayByChunk) {
       dir.Write("replay.json", r.out));
   ASSERT_EQ(py.exit_code, 0) << py.err;
   EXPECT_EQ(py.out, "7 1\n");  // 8 chunks of 4096 at 32K: chunk 0 has no earlier pages
+}
+
+// The selection fit of the matrix's Llama-3.1-8B 128K trace (k 64): its tiles draw more
+// independently than the default rule's, and planning at the fitted scale predicts its unions.
+TEST(CliTest, SelectionFitsTheDrawScale) {
+  ScratchDir dir;
+  const std::string trace =
+      std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/matrix/l8-128k-k64-h200.ctxtrace";
+  std::vector<std::string> args = {"selection", trace, "--json"};
+  RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  RunResult py;
+  RUN_PYTHON_OR_SKIP(py, dir.path(),
+                     "import json,sys\n"
+                     "j = json.load(open(sys.argv[1]))\n"
+                     "t = j['traces'][0]\n"
+                     "assert j['model'] == 'llama-3.1-8b'\n"
+                     "assert 0.85 < j['draw_scale'] < 1.1, j\n"
+                     "assert abs(t['union_ratio_fitted'] - 1) < 0.02, t\n"
+                     "assert t['union_ratio_default'] < 0.9, t\n"
+                     "print(j['flag'].split(':')[0], t['sparse_chunks'])\n",
+                     dir.Write("selection.json", r.out));
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  EXPECT_EQ(py.out, "--selection disjoint 28\n");
+  args = {"selection", trace, "--csv"};
+  r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  EXPECT_TRUE(r.out.starts_with("trace,chunk,k,tiles,candidates,layers,mean_union_pages\n"));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 29);
 }
 
 // A trace recorded before traces named their planning machine replays against h200-125g, saying

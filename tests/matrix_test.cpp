@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -37,6 +38,29 @@ namespace ctxplan {
 namespace {
 
 const std::string kDir = std::string(CTXPLAN_SOURCE_DIR) + "/traces/recorded/";
+
+// The selection model a run of `model` is planned with: the union rule at the draw scale fitted
+// on the model's selection traces (traces/recorded/selection/<model>-*.ctxtrace: runs recorded
+// for that, in no set of the matrix), else at the rule's default scale, which the calibration
+// runs' traces were fitted for.
+SelectionModel MeasuredSelection(const std::string& model) {
+  static std::map<std::string, SelectionModel> fitted;
+  if (const auto it = fitted.find(model); it != fitted.end()) return it->second;
+  const ModelSpec spec = LoadModel(model);
+  std::vector<UnionSample> samples;
+  for (const auto& entry : std::filesystem::directory_iterator(kDir + "selection")) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".ctxtrace" || name.rfind(model + "-", 0) != 0) continue;
+    const OpTrace trace = ReadOpTrace(entry.path());
+    const RunOptions options = RunOptionsFromMetadata(trace.metadata, name);
+    const std::vector<UnionSample> s =
+        sim::MeasuredUnionSamples(trace, PlanGeometry(spec, options));
+    samples.insert(samples.end(), s.begin(), s.end());
+  }
+  SelectionModel selection;
+  if (!samples.empty()) selection.draw_scale = FitUnionDrawScale(samples);
+  return fitted[model] = selection;
+}
 
 struct MatrixRun {
   std::string machine, model, trace, line;
@@ -94,6 +118,7 @@ std::vector<MatrixRun> ReadMatrix() {
     r.sm_clock_mhz = f[22].empty() ? 0 : std::stod(f[22]);
     r.host_adamw_gparams = f[24].empty() ? 0 : std::stod(f[24]);
     o.gpu_tier_pages = std::stoll(f[25]);
+    o.selection = MeasuredSelection(r.model);
     r.validation = IsValidation(r);
     runs.push_back(r);
   }
@@ -104,6 +129,7 @@ struct Errors {
   std::vector<double> time, device, host;
   std::vector<double> clock;              // runs whose SM clock was recorded
   std::vector<double> at_measured_clock;  // their step time at that clock (a diagnostic)
+  std::vector<double> default_rule_time;  // step time with every union at the rule's default
   void Print(const char* set) const {
     auto stats = [](std::vector<double> v, double& median, double& max) {
       if (v.empty()) return;
@@ -119,6 +145,14 @@ struct Errors {
         "  %-11s %2zu runs: step time median %5.1f%% max %5.1f%%; device memory median "
         "%4.1f%% max %4.1f%%; pinned host max %4.1f%%\n",
         set, time.size(), 100 * tm, 100 * tx, 100 * dm, 100 * dx, 100 * hx);
+    if (default_rule_time != time) {
+      double rm = 0, rx = 0;
+      stats(default_rule_time, rm, rx);
+      std::printf(
+          "  %-11s %2zu runs, no model's selection measured: step time median %5.1f%% "
+          "max %5.1f%%\n",
+          set, time.size(), 100 * rm, 100 * rx);
+    }
     if (clock.empty()) return;
     double cm = 0, cx = 0, am = 0, ax = 0;
     stats(clock, cm, cx);
@@ -167,6 +201,18 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
     const sim::PlanReport report = sim::MakeReport(geometry, machine, prediction);
     // Step time is the inverse of tokens/s; errors relative to the measurement.
     const double time = r.tokens_per_second / report.tokens_per_second - 1.0;
+    // A model with a measured selection, planned at the rule's default instead: what a user who
+    // did not measure it would be told.
+    double default_rule_time = time;
+    if (r.options.selection.draw_scale > 0) {
+      RunOptions o = r.options;
+      o.selection = SelectionModel{};
+      const PlanGeometry g(model, o);
+      default_rule_time = r.tokens_per_second /
+                              sim::MakeReport(g, machine, sim::AnalyticModel(time_model).Predict(g))
+                                  .tokens_per_second -
+                          1.0;
+    }
     const double device =
         static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0) - 1.0;
     const double host_gib = static_cast<double>(report.host_peak) / 1073741824.0;
@@ -181,6 +227,7 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
                              time_model.profile().max_sm_clock_mhz;
     Errors& set = r.validation ? validation : calibration;
     set.time.push_back(std::abs(time));
+    set.default_rule_time.push_back(std::abs(default_rule_time));
     set.device.push_back(std::abs(device));
     set.host.push_back(std::abs(host));
     std::printf(
@@ -196,6 +243,11 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
         r.sm_clock_mhz > 0
             ? (" (measured " + std::to_string(std::lround(r.sm_clock_mhz)) + ")").c_str()
             : "");
+    if (std::abs(default_rule_time - time) > 5e-4)
+      std::printf(
+          "      %s's selection measured (draw scale %.3f); at the default rule's: time "
+          "%+6.1f%%\n",
+          r.model.c_str(), r.options.selection.draw_scale, 100 * default_rule_time);
     if (r.sm_clock_mhz > 0) {
       (r.validation ? validation : calibration)
           .clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
@@ -237,8 +289,11 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   // +2.2% at NVML's clock: the clock model holds it at 1767 MHz where it ran 1952). The H100's
   // clock is predicted 4-10% low on every run; its kernel times at the measured clock are within
   // -7.7% / +4.1%.
-  EXPECT_LE(time_median, 0.045);
-  EXPECT_LE(time_max, 0.12);
+  // 2026-11-26 (evening): Llama-3.1-8B's selection measured on its own run
+  // (traces/recorded/selection/): median 2.7%, max 6.1% (at the default union rule 3.1% / 10.8%,
+  // the L8B 128K k64 offload run). Issue 11's acceptance.
+  EXPECT_LE(time_median, 0.03);
+  EXPECT_LE(time_max, 0.08);
   EXPECT_LE(device_median, 0.01);
   EXPECT_LE(device_max, 0.02);
   ASSERT_GE(validation.clock.size(), 10u);
@@ -354,7 +409,8 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
       continue;
     }
     const OpTrace trace = ReadOpTrace(kDir + "matrix/" + r.trace);
-    const RunOptions options = RunOptionsFromMetadata(trace.metadata, r.trace);
+    RunOptions options = RunOptionsFromMetadata(trace.metadata, r.trace);
+    options.selection = r.options.selection;  // the model's measured selection, as the matrix
     const StepPlan plan(model, options);
     const sim::KernelTimeModel time_model(machine);
     const sim::ReplayResult result = sim::Replay(trace, plan, time_model, r.trace);

@@ -94,6 +94,41 @@ TEST(PlanGeometry, SelectionModelsBoundTheUnion) {
   EXPECT_EQ(PlanGeometry(Qwen7B(), o).Chunk(40).union_pages, 40 * 32);
 }
 
+// `disjoint:S` moves the expected union (what times copies), never the bound (what sizes memory).
+TEST(PlanGeometry, MeasuredDrawScaleSetsTheExpectedUnion) {
+  RunOptions o = Options(1 << 20);
+  const ChunkGeometry rule = PlanGeometry(Qwen7B(), o).Chunk(200);
+  o.selection = ParseSelectionModel("disjoint:0.965", "test");
+  EXPECT_EQ(SelectionModelName(o.selection), "disjoint:0.965");
+  const ChunkGeometry measured = PlanGeometry(Qwen7B(), o).Chunk(200);
+  ASSERT_TRUE(measured.sparse);
+  EXPECT_EQ(measured.union_pages, rule.union_pages);
+  EXPECT_GT(measured.expected_union_pages, rule.expected_union_pages);
+  EXPECT_NEAR(static_cast<double>(measured.expected_union_pages),
+              1.0 + ExpectedUnionPages(6399, 64, 32, 0.965), 1.0);
+  for (const char* bad : {"disjoint:0", "disjoint:-1", "disjoint:x", "disjoint:", "disjoint:101"})
+    EXPECT_THROW(ParseSelectionModel(bad, "test"), InputError) << bad;
+}
+
+// The fit gives back the scale that made the unions, whatever the chunks' shapes; chunks that
+// say nothing (every candidate taken, one tile) are left out, and none at all is an input error.
+TEST(PlanGeometry, FitUnionDrawScaleRecoversTheScale) {
+  for (const double truth : {0.3, 0.56, 0.97, 1.2}) {  // above ~1.6 every draw clamps to tiles
+    std::vector<UnionSample> samples;
+    for (int64_t candidates = 100; candidates <= 3000; candidates += 290)
+      for (const int64_t k : {16, 64})
+        for (const int64_t tiles : {24, 32, 64})
+          samples.push_back(
+              {candidates, k, tiles, ExpectedUnionPages(candidates, k, tiles, truth)});
+    samples.push_back({50, 64, 32, 50.0});    // k >= candidates
+    samples.push_back({500, 16, 1, 16.0});    // one tile
+    samples.push_back({200, 64, 32, 200.0});  // all taken
+    EXPECT_NEAR(FitUnionDrawScale(samples), truth, 1e-3 * truth) << truth;
+  }
+  const std::vector<UnionSample> none = {{50, 64, 32, 50.0}, {200, 64, 32, 200.0}};
+  EXPECT_THROW(FitUnionDrawScale(none), InputError);
+}
+
 TEST(PlanGeometry, DenseDkvTouchesEveryEarlierPage) {
   const PlanGeometry g(Qwen7B(), Options(64 * 1024, RunOptions::kAllPages));
   const int32_t n = g.num_chunks();

@@ -33,6 +33,7 @@ bool SameOptions(const RunOptions& a, const RunOptions& b) {
          a.grad_dtype == b.grad_dtype && a.optimizer == b.optimizer && a.lora_rank == b.lora_rank &&
          a.selection.kind == b.selection.kind &&
          a.selection.overlap_fraction == b.selection.overlap_fraction &&
+         a.selection.draw_scale == b.selection.draw_scale &&
          a.keep_layer_inputs == b.keep_layer_inputs && a.pipeline_stages == b.pipeline_stages;
 }
 

@@ -42,6 +42,7 @@
 #include "progress_bar.h"
 #include "report_format.h"
 #include "run_flags.h"
+#include "selection_command.h"
 
 namespace ctxplan::cli {
 namespace {
@@ -844,6 +845,12 @@ int Main(int argc, char** argv) {
   CalibrateFlags calibrate;
   CLI::App* calibrate_cmd = AddCalibrateCommand(app, calibrate);
 
+  SelectionFlags selection;
+  CLI::App* selection_cmd = AddSelectionCommand(app, selection);
+  std::string selection_output;
+  selection_cmd->add_option("--output,-o", selection_output,
+                            "write to this file (atomically) instead of stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -867,6 +874,10 @@ int Main(int argc, char** argv) {
   }
   if (list_cmd->parsed()) return RunList();
   if (calibrate_cmd->parsed()) return RunCalibrate(calibrate, argv[0]);
+  if (selection_cmd->parsed()) {
+    Emit(SelectionReport(selection), selection_output);
+    return 0;
+  }
   return 2;
 }
 

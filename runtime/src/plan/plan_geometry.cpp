@@ -84,15 +84,60 @@ int64_t PlanGeometry::boundary_buffer_bytes(int32_t stage) const {
   return 2 * per_buffer;
 }
 
-double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles) {
+double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles, double scale) {
   if (candidates <= 0 || k <= 0 || tiles <= 0) return 0;
   if (k >= candidates) return static_cast<double>(candidates);
   const double f = static_cast<double>(candidates);
   const double t = static_cast<double>(tiles);
-  const double draws = std::clamp(kUnionDrawScale * std::pow(t, kUnionTileExponent) *
+  const double draws = std::clamp(scale * std::pow(t, kUnionTileExponent) *
                                       std::pow(f / static_cast<double>(k), kUnionDrawExponent),
                                   1.0, t);
   return f * (1.0 - std::pow(1.0 - static_cast<double>(k) / f, draws));
+}
+
+double FitUnionDrawScale(std::span<const UnionSample> samples) {
+  std::vector<UnionSample> informative;
+  for (const UnionSample& s : samples) {
+    if (s.k > 0 && s.tiles > 1 && s.k < s.candidates && s.pages > 0 &&
+        s.pages < 0.999 * static_cast<double>(s.candidates))
+      informative.push_back(s);
+  }
+  if (informative.empty()) {
+    throw InputError(
+        "no chunk whose page union says how its tiles overlap: every traced chunk is dense, "
+        "has one tile, or selected all its candidate pages; accepted: a page-sparse run whose "
+        "chunks have more earlier pages than the budget");
+  }
+  auto loss = [&](double log_scale) {
+    const double scale = std::exp(log_scale);
+    double sum = 0;
+    for (const UnionSample& s : informative) {
+      const double e = ExpectedUnionPages(s.candidates, s.k, s.tiles, scale) / s.pages - 1.0;
+      sum += e * e;
+    }
+    return sum;
+  };
+  // The loss is flat where every chunk's draws clamp to 1 or to its tiles, so a coarse scan over
+  // the scale's whole range finds the basin before a golden-section search narrows it.
+  constexpr double kLow = -4.6, kHigh = 4.6;  // ln 0.01 .. ln 100
+  constexpr int kScan = 200;
+  double best = kLow, best_loss = loss(kLow);
+  for (int i = 1; i <= kScan; ++i) {
+    const double x = kLow + (kHigh - kLow) * i / kScan;
+    if (const double l = loss(x); l < best_loss) best = x, best_loss = l;
+  }
+  const double step = (kHigh - kLow) / kScan;
+  double a = best - step, b = best + step;
+  const double r = (std::sqrt(5.0) - 1.0) / 2.0;
+  for (int i = 0; i < 60; ++i) {
+    const double c = b - r * (b - a), d = a + r * (b - a);
+    if (loss(c) < loss(d)) {
+      b = d;
+    } else {
+      a = c;
+    }
+  }
+  return std::exp(0.5 * (a + b));
 }
 
 ChunkGeometry PlanGeometry::Chunk(int32_t index) const {
@@ -136,7 +181,8 @@ ChunkGeometry PlanGeometry::ComputeChunk(int32_t index) const {
   g.expected_union_pages = g.union_pages;
   if (g.sparse && o.selection.kind == SelectionModelKind::kDisjoint) {
     const double expected =
-        ExpectedUnionPages(g.earlier_pages - o.sink_pages, o.page_budget, g.tiles);
+        ExpectedUnionPages(g.earlier_pages - o.sink_pages, o.page_budget, g.tiles,
+                           o.selection.draw_scale > 0 ? o.selection.draw_scale : kUnionDrawScale);
     g.expected_union_pages =
         std::min(g.union_pages, o.sink_pages + static_cast<int64_t>(std::llround(expected)));
   }

@@ -75,8 +75,12 @@ std::string SelectionModelName(const SelectionModel& model) {
   switch (model.kind) {
     case SelectionModelKind::kShared:
       return "shared";
-    case SelectionModelKind::kDisjoint:
-      return "disjoint";
+    case SelectionModelKind::kDisjoint: {
+      if (model.draw_scale <= 0) return "disjoint";
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "disjoint:%g", model.draw_scale);
+      return buf;
+    }
     case SelectionModelKind::kOverlap: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "overlap:%g", model.overlap_fraction);
@@ -104,18 +108,23 @@ OptimizerKind ParseOptimizer(std::string_view text, std::string_view what) {
 SelectionModel ParseSelectionModel(std::string_view text, std::string_view what) {
   if (text == "shared") return {SelectionModelKind::kShared, 1.0};
   if (text == "disjoint") return {SelectionModelKind::kDisjoint, 0.0};
-  constexpr std::string_view kPrefix = "overlap:";
-  if (text.substr(0, kPrefix.size()) == kPrefix) {
-    std::string number(text.substr(kPrefix.size()));
+  // The number after `prefix`, or NaN when `text` is not prefix:NUMBER.
+  auto number_after = [text](std::string_view prefix) {
+    if (text.substr(0, prefix.size()) != prefix) return std::nan("");
+    const std::string number(text.substr(prefix.size()));
     char* end = nullptr;
-    double f = std::strtod(number.c_str(), &end);
-    if (!number.empty() && end == number.c_str() + number.size() && std::isfinite(f) && f >= 0.0 &&
-        f <= 1.0)
-      return {SelectionModelKind::kOverlap, f};
-  }
+    const double value = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size()) return std::nan("");
+    return value;
+  };
+  if (const double f = number_after("overlap:"); std::isfinite(f) && f >= 0.0 && f <= 1.0)
+    return {SelectionModelKind::kOverlap, f};
+  // The rule's scale: at most `tiles` draws whatever it is, so a bound keeps typos out.
+  if (const double s = number_after("disjoint:"); std::isfinite(s) && s > 0.0 && s <= 100.0)
+    return {SelectionModelKind::kDisjoint, 0.0, s};
   throw InputError(std::string(what) + ": '" + std::string(text) +
-                   "' is not a selection model; accepted: shared, disjoint, overlap:F with F "
-                   "in [0, 1]");
+                   "' is not a selection model; accepted: shared, disjoint, disjoint:S with S "
+                   "in (0, 100] (the union rule's measured scale), overlap:F with F in [0, 1]");
 }
 
 int64_t ParsePageBudget(std::string_view text, std::string_view what) {

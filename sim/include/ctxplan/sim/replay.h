@@ -97,4 +97,9 @@ ReplayMachine MachineOfTrace(const TraceMetadata& metadata, const std::string& t
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name);
 
+// The trace's page unions chunk by chunk, each the mean over the layers of the fill pass's union
+// records (the recompute reselects the same pages), for FitUnionDrawScale: only the chunks `g`
+// plans page-sparse, sinks taken off.
+std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const PlanGeometry& g);
+
 }  // namespace ctxplan::sim

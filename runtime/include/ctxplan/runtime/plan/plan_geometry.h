@@ -25,14 +25,33 @@ namespace ctxplan {
 // calibration traces alone (traces/recorded/matrix/unions.csv: Llama-3.2-1B 128K k128 and 256K
 // k16, Qwen2.5-7B 128K p64 k64 and 1M k64; matrix_test refits them): each trace's union within
 // 4%, where one fraction of the tiles (0.49) left them 8-9% off with 7x the squared error. The
-// validation traces: Qwen2.5-7B on the H100 x1.04, Llama-3.1-8B x0.83-0.93 (its tiles draw
-// more independently).
+// validation traces: Qwen2.5-7B on the H100 x1.04, Llama-3.1-8B x0.83-0.93: its tiles draw more
+// independently, at scale 0.92-0.98 on each of its traces. The scale is the model's and the
+// data's: `--selection disjoint:S` gives the plan one measured (FitUnionDrawScale below,
+// `ctxplan selection TRACE`).
 inline constexpr double kUnionDrawScale = 0.56;
 inline constexpr double kUnionTileExponent = 0.8;
 inline constexpr double kUnionDrawExponent = 0.16;
 // The expected union of `tiles` query tiles each selecting `k` of `candidates` pages (sinks
-// excluded), by the rule above.
-double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles);
+// excluded), by the rule above at draw scale `scale`.
+double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles,
+                          double scale = kUnionDrawScale);
+
+// One chunk's measured union (a traced run's union records, mean over its layers).
+struct UnionSample {
+  int64_t candidates = 0;  // earlier pages less the sinks
+  int64_t k = 0;           // pages a tile selects
+  int64_t tiles = 0;       // query tiles of the chunk
+  double pages = 0;        // the union's non-sink pages
+  int64_t chunk = 0;       // which chunk, and over how many layers `pages` is the mean
+  int64_t layers = 0;
+  int64_t sinks = 0;  // taken off `pages` and `candidates`
+};
+// The draw scale whose ExpectedUnionPages fits `samples` best (least squares of the relative
+// error, each sample alike; the exponents kept). Samples whose union is all the candidates or
+// where k >= candidates carry no information and are skipped; throws InputError when none is
+// left.
+double FitUnionDrawScale(std::span<const UnionSample> samples);
 
 struct ChunkGeometry {
   int32_t index = 0;

@@ -21,11 +21,17 @@ enum class OptimizerKind : uint8_t { kAdamWGpu, kAdamWHost, kNone };
 //   overlap  — each further tile shares a measured fraction f of its k pages with the union.
 // Always capped by the pages that exist. The default is the worst case: a plan must not promise
 // a context that the real selection could break.
+// What the union is expected to be (for time, not memory) depends on the model and the data:
+// under `disjoint` it is PlanGeometry's draw rule, whose scale `disjoint:S` sets from a
+// measurement of the model's selection (`ctxplan selection TRACE` fits S from a traced run).
 enum class SelectionModelKind : uint8_t { kShared, kDisjoint, kOverlap };
 
 struct SelectionModel {
   SelectionModelKind kind = SelectionModelKind::kDisjoint;
   double overlap_fraction = 0.0;  // used by kOverlap, in [0, 1]
+  // kDisjoint: the draw rule's scale (plan_geometry.h), measured for the model and data; 0 takes
+  // the rule's default (kUnionDrawScale).
+  double draw_scale = 0.0;
 };
 
 struct RunOptions {
