@@ -7,12 +7,15 @@ re-calibrating everything after each kernel change would move every prediction w
 change behind it. This replaces the base's rows of the named ops whose shape the change touched
 (a head dim, or a page size) by the new file's rows of the same shape, keeps every other row,
 takes the new file's date and commit (the kernels the profile now describes) and adds a comment
-line saying which rows came from where. Refit with `ctxplan calibrate --samples`.
+line saying which rows came from where. Touched rows of shapes the base lacks (a grid grown since)
+are added at the end. Refit with `ctxplan calibrate --samples`.
 
 usage: splice-samples.py BASE NEW OUT --note TEXT [--ops attention_fwd,attention_bwd]
-                         [--head-dims 64] [--pages 32,48,96,192]
+                         [--head-dims 64] [--pages 32,48,96,192] [--missing-only]
 A row is replaced when its op is listed and its head_dim is in --head-dims or its page_tokens is
-in --pages. Exit 2 with one line on a bad file or a shape missing from NEW.
+in --pages; with --missing-only none is, and only the touched shapes the base lacks are added (a
+grid grown since, measured with the same kernels). Exit 2 with one line on a bad file or a shape
+missing from NEW.
 """
 import argparse
 import os
@@ -41,6 +44,7 @@ def main():
     ap.add_argument("--ops", default="attention_fwd,attention_bwd")
     ap.add_argument("--head-dims", default="")
     ap.add_argument("--pages", default="")
+    ap.add_argument("--missing-only", action="store_true")
     a = ap.parse_args()
     if ":" in a.note:
         print("splice-samples: --note must not hold a colon (it would read as a header key)",
@@ -91,6 +95,10 @@ def main():
             out.append(line)
             continue
         k = key(fields, at)
+        if a.missing_only:
+            out.append(line)
+            used.add(k)
+            continue
         if k not in replacements:
             print(f"splice-samples: {a.new} has no row of shape {','.join(k)}", file=sys.stderr)
             return 2
@@ -98,11 +106,14 @@ def main():
             out.extend(replacements[k])
             used.add(k)
         replaced += 1
+    added = [line for k, lines in replacements.items() if k not in used for line in lines]
+    out.extend(added)
     directory = os.path.dirname(os.path.abspath(a.out))
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False) as f:
         f.write("\n".join(out) + "\n")
     os.replace(f.name, a.out)
-    print(f"splice-samples: {replaced} rows of {a.base} replaced by {sum(map(len, replacements.values()))} of {a.new}")
+    print(f"splice-samples: {replaced} rows of {a.base} replaced by "
+          f"{sum(map(len, replacements.values())) - len(added)} of {a.new}, {len(added)} added")
     return 0
 
 
