@@ -361,14 +361,21 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
     const ModelSpec model = LoadModel(r.model);
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
+    double error[2] = {0, 0};  // calibrated, scaled
     for (const bool estimate : {false, true}) {
       const MachineSpec machine = MachineOf(r, estimate ? "h100-sxm-estimate" : nullptr);
       const sim::KernelTimeModel time_model(machine);
       const sim::PlanReport report =
           sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
-      (estimate ? estimated : calibrated)
-          .time.push_back(std::abs(r.tokens_per_second / report.tokens_per_second - 1.0));
+      error[estimate] = r.tokens_per_second / report.tokens_per_second - 1.0;
+      (estimate ? estimated : calibrated).time.push_back(std::abs(error[estimate]));
     }
+    std::printf("  %-13s %7lld c %5lld p %3lld %-4s %-8s calibrated %+6.1f%%  scaled %+6.1f%%\n",
+                r.model.c_str(), static_cast<long long>(r.options.context_tokens),
+                static_cast<long long>(r.options.chunk_tokens),
+                static_cast<long long>(r.options.page_tokens),
+                r.options.dense() ? "all" : std::to_string(r.options.page_budget).c_str(),
+                r.options.offload ? "offload" : "", 100 * error[0], 100 * error[1]);
   }
   // The runs of kernels the H200's profile (2026-11-24) predates wait for its next calibration:
   // pages of 32 and 96 since the forward changed, and Llama-3.2-1B (head dim 64) since its

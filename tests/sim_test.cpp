@@ -468,16 +468,23 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
               k.memory_kernel_fixed_us.at("rmsnorm_fwd") * 1e-6 +
                   norm.bytes / (k.memory_kernel_efficiency.at("rmsnorm_fwd") * d2d),
               1e-9);
-  // A copy alone on the link at its measured rate; in the backward, half the duplex rate; each
-  // separate copy call pays its fixed cost.
+  // A copy alone on the link at its measured rate; in the backward the H2D at what the D2H beside
+  // it leaves (the D2H keeps its rate): the rate x with which equal copies started together take
+  // the calibration's duplex time, 2 / S = 1 / D + (1 - x / D) / H. Each copy call pays its fixed
+  // cost.
   const double call = k.copy_call_us * 1e-6;
   const double h2d = H200().gpu.host_h2d_gbs.value * 1e9;
-  const double duplex =
-      std::min(H200().gpu.host_duplex_gbs.value / 2, H200().gpu.host_h2d_gbs.value) * 1e9;
+  const double d2h = H200().gpu.host_d2h_gbs.value * 1e9;
+  const double sum = H200().gpu.host_duplex_gbs.value * 1e9;
+  const double beside = d2h * (1.0 - h2d * (2.0 / sum - 1.0 / d2h));
+  ASSERT_GT(beside, 0.4 * sum);
+  ASSERT_LT(beside, 0.5 * sum);  // the H200's: 47.6 of 97.1 GB/s
   EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true), Phase::kFill)),
               call + (1 << 30) / h2d, 1e-9);
   EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true), Phase::kBackward)),
-              call + (1 << 30) / duplex, 1e-9);
+              call + (1 << 30) / beside, 1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, false), Phase::kBackward)),
+              call + (1 << 30) / d2h, 1e-9);
   EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true, 100), Phase::kFill)),
               100 * call + (1 << 30) / h2d, 1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);

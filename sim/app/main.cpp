@@ -422,8 +422,9 @@ int RunTimeline(const TimelineFlags& f) {
 // --- replay --------------------------------------------------------------------------------
 struct ReplayFlags {
   std::string trace;
-  std::string by_chunk;  // an op kind, optionally ".part": its ops chunk by chunk
-  std::string model;     // the trace's model as a file, when outside the catalogue
+  std::string by_chunk;   // an op kind, optionally ".part": its ops chunk by chunk
+  std::string model;      // the trace's model as a file, when outside the catalogue
+  std::string selection;  // the union rule to predict with, instead of the run's
   RunFlags run;
   OutputFlags out;
 };
@@ -494,7 +495,9 @@ int RunReplay(ReplayFlags f) {
     machine = ResolveMachine(f.run);
     machine_from = f.run.gpu.empty() ? "from --machine" : "from --gpu";
   }
-  const RunOptions options = RunOptionsFromMetadata(trace.metadata, f.trace);
+  RunOptions options = RunOptionsFromMetadata(trace.metadata, f.trace);
+  // A selection measured since (ctxplan selection) times the copies; the ops stay the run's.
+  if (!f.selection.empty()) options.selection = ParseSelectionModel(f.selection, "--selection");
   options.Validate(model);
   const StepPlan plan(model, options);
   const sim::KernelTimeModel time_model(machine);
@@ -828,6 +831,9 @@ int Main(int argc, char** argv) {
                          "catalogue (default: the catalogue model the trace names)");
   replay_cmd->add_option("--host-ram", replay.run.host_ram,
                          "host RAM: with --gpu, or overriding the machine's");
+  replay_cmd->add_option("--selection", replay.selection,
+                         "the page selection model to predict with (default: the run's), e.g. "
+                         "disjoint:S from `ctxplan selection`");
   replay_cmd->add_option("--by-chunk", replay.by_chunk,
                          "one op kind (or kind.part, as 'by kind' names them) chunk by chunk: "
                          "its ops' mean measured and predicted time");

@@ -116,7 +116,7 @@ class KernelTimeModel {
   double hbm_bytes_per_second_ = 0;  // memory-bound kernels
   double h2d_bytes_per_second_ = 0;
   double d2h_bytes_per_second_ = 0;
-  double duplex_bytes_per_second_ = 0;  // per direction while both run
+  double duplex_bytes_per_second_ = 0;  // host to device while a device-to-host copy runs
   double host_bytes_per_second_ = 0;
   int gpus_per_machine_ = 1;
   double peer_bytes_per_second_ = 0;     // between GPUs of one machine, one way
