@@ -281,6 +281,15 @@ TEST(Catalog, H200MeasuredValues) {
   EXPECT_EQ(LoadGpu("h100-sxm").kernels.provenance, Provenance::kMeasured);
   EXPECT_EQ(LoadGpu("h100-sxm-estimate").bf16_gemm_tflops.provenance, Provenance::kEstimate);
   EXPECT_EQ(LoadGpu("h100-sxm-estimate").kernels.derived_from, "h200");
+  // Scaled by what the datasheets say differs: compute rates by dense TFLOP/s (the same here),
+  // an accumulating GEMM's per-wave output traffic by the device copy rate (HBM).
+  const GpuSpec h200 = LoadGpu("h200"), estimate = LoadGpu("h100-sxm-estimate");
+  EXPECT_DOUBLE_EQ(estimate.kernels.gemm_tflops, h200.kernels.gemm_tflops);
+  EXPECT_DOUBLE_EQ(estimate.kernels.gemm_wave_us, h200.kernels.gemm_wave_us);
+  EXPECT_NEAR(estimate.kernels.gemm_accumulate_wave_us_per_byte,
+              h200.kernels.gemm_accumulate_wave_us_per_byte * h200.d2d_copy_gbs.value /
+                  estimate.d2d_copy_gbs.value,
+              1e-12);
 }
 
 TEST(Catalog, Machines) {

@@ -37,6 +37,9 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
   k.attention_fwd_tflops_d64 *= compute;
   k.attention_bwd_tflops_d128 *= compute;
   k.attention_bwd_tflops_d64 *= compute;
+  // An accumulating GEMM's per-wave cost is its output tiles' read-modify-write in HBM (per byte
+  // of the output element: kernel_time_model.cpp GemmComputeSeconds).
+  k.gemm_accumulate_wave_us_per_byte /= memory;
   k.page_score_ns_per_tile_page /= memory;
   // page_score_ns_per_tile_element stays: short blocks waiting on their loads' latency.
   k.page_topk_ns_per_page /= clock;
