@@ -57,6 +57,11 @@ KernelProfile TruthProfile() {
   k.page_topk_ns_per_page = 20;
   k.copy_call_us = 1.5;
   k.lora_efficiency = 0.7;
+  // RMSNorm cold at the common pair, and 1.8x that rate after the kernel that wrote its input.
+  k.l2_cache_mib = 50;
+  k.memory_kernel_fixed_us = {{"rmsnorm_fwd", k.launch_us}};
+  k.memory_kernel_efficiency = {{"rmsnorm_fwd", k.memory_efficiency}};
+  k.memory_kernel_warm_efficiency = {{"rmsnorm_fwd", 1.8 * k.memory_efficiency}};
   return k;
 }
 
@@ -74,8 +79,11 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
   machine.host_memory_gbs = 100;
   const KernelTimeModel truth(machine, TruthProfile());
   CalibrationSamples out;
-  out.header = {
-      {"gpu_name", "Test GPU"}, {"driver", "1.0"}, {"date", "2026-11-24"}, {"commit", "abc"}};
+  out.header = {{"gpu_name", "Test GPU"},
+                {"driver", "1.0"},
+                {"date", "2026-11-24"},
+                {"commit", "abc"},
+                {"l2_bytes", "52428800"}};
   auto add = [&](CalibrationSample s, const OpCost& cost, Phase phase = Phase::kFill) {
     s.seconds = truth.Seconds(cost, phase);
     out.rows.push_back(s);
@@ -141,6 +149,12 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
     norm.m = m, norm.n = 4096;
     norm.bytes = RmsNormForwardCost(m, 4096).bytes;
     add(norm, RmsNormForwardCost(m, 4096));
+    if (m <= 1024) {  // within the L2
+      CalibrationSample warm = Row("rmsnorm_fwd_warm");
+      warm.m = m, warm.n = 4096;
+      warm.bytes = norm.bytes;
+      add(warm, WarmInput(RmsNormForwardCost(m, 4096)));
+    }
   }
   // Attention: own only, dense paged at each page size, sparse at several budgets.
   for (const bool backward : {false, true}) {
@@ -304,10 +318,15 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(k.memory_efficiency / truth.memory_efficiency, 1.0, 0.01);
   // A kernel with samples at several sizes is fitted apart where that explains them better;
   // here the common pair made them, so any pair of its own is the common one again.
-  if (k.memory_kernel_fixed_us.contains("rmsnorm_fwd")) {
-    EXPECT_NEAR(k.memory_kernel_fixed_us.at("rmsnorm_fwd"), truth.launch_us, 0.051);
-    EXPECT_NEAR(k.memory_kernel_efficiency.at("rmsnorm_fwd") / truth.memory_efficiency, 1.0, 0.01);
-  }
+  ASSERT_TRUE(k.memory_kernel_fixed_us.contains("rmsnorm_fwd"));  // with its warm rate
+  EXPECT_NEAR(k.memory_kernel_fixed_us.at("rmsnorm_fwd"), truth.launch_us, 0.051);
+  EXPECT_NEAR(k.memory_kernel_efficiency.at("rmsnorm_fwd") / truth.memory_efficiency, 1.0, 0.01);
+  // The warm rows' rate, in the L2 the header gives.
+  EXPECT_DOUBLE_EQ(k.l2_cache_mib, 50);
+  ASSERT_TRUE(k.memory_kernel_warm_efficiency.contains("rmsnorm_fwd"));
+  EXPECT_NEAR(k.memory_kernel_warm_efficiency.at("rmsnorm_fwd") /
+                  truth.memory_kernel_warm_efficiency.at("rmsnorm_fwd"),
+              1.0, 0.02);
   EXPECT_NEAR(k.page_score_ns_per_tile_element, truth.page_score_ns_per_tile_element, 0.021);
   EXPECT_NEAR(k.copy_call_us / truth.copy_call_us, 1.0, 0.05);
   EXPECT_NEAR(k.weights_init_gparams, 0.25, 1e-9);

@@ -468,6 +468,20 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
               k.memory_kernel_fixed_us.at("rmsnorm_fwd") * 1e-6 +
                   norm.bytes / (k.memory_kernel_efficiency.at("rmsnorm_fwd") * d2d),
               1e-9);
+  // After the kernel that wrote its input and within the L2, at its warm rate; beyond the L2
+  // (or not after its producer) at the cold one.
+  ASSERT_TRUE(k.memory_kernel_warm_efficiency.contains("rmsnorm_fwd"));
+  ASSERT_GT(k.l2_cache_mib, 0);
+  const double fixed = k.memory_kernel_fixed_us.at("rmsnorm_fwd") * 1e-6;
+  const OpCost in_l2 = RmsNormForwardCost(1024, 2048);       // 16.8 MB
+  const OpCost beyond_l2 = RmsNormForwardCost(16384, 4096);  // 537 MB
+  EXPECT_NEAR(TicksToSeconds(model.Duration(WarmInput(in_l2), Phase::kFill)),
+              fixed + in_l2.bytes / (k.memory_kernel_warm_efficiency.at("rmsnorm_fwd") * d2d),
+              1e-9);
+  EXPECT_NEAR(TicksToSeconds(model.Duration(in_l2, Phase::kFill)),
+              fixed + in_l2.bytes / (k.memory_kernel_efficiency.at("rmsnorm_fwd") * d2d), 1e-9);
+  EXPECT_EQ(model.Duration(WarmInput(beyond_l2), Phase::kFill),
+            model.Duration(beyond_l2, Phase::kFill));
   // A copy alone on the link at its measured rate; in the backward the H2D at what the D2H beside
   // it leaves (the D2H keeps its rate): the rate x with which equal copies started together take
   // the calibration's duplex time, 2 / S = 1 / D + (1 - x / D) / H. Each copy call pays its fixed

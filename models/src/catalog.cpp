@@ -520,6 +520,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
                    "memory_kernel_efficiency",
+                   "memory_kernel_warm_efficiency",
+                   "l2_cache_mib",
                    "lora_efficiency",
                    "page_score_fixed_us",
                    "page_score_ns_per_tile_page",
@@ -596,6 +598,14 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   if (f.Has("memory_kernel_efficiency"))
     k.memory_kernel_efficiency =
         ReadMemoryKernelTable(f, "memory_kernel_efficiency", NumberLimit{2.0});
+  if (f.Has("memory_kernel_warm_efficiency"))
+    k.memory_kernel_warm_efficiency =
+        ReadMemoryKernelTable(f, "memory_kernel_warm_efficiency", NumberLimit{20.0});
+  k.l2_cache_mib = f.OptionalNumber("l2_cache_mib", NumberLimit{4096.0}).value_or(0.0);
+  for (const auto& [name, warm] : k.memory_kernel_warm_efficiency)
+    if (!k.memory_kernel_fixed_us.contains(name) || k.l2_cache_mib <= 0)
+      f.FailKey("memory_kernel_warm_efficiency", "has " + name + " without its cold fit",
+                "kernels of memory_kernel_fixed_us, with l2_cache_mib given");
   for (const auto& [name, fixed] : k.memory_kernel_fixed_us)
     if (!k.memory_kernel_efficiency.contains(name))
       f.FailKey("memory_kernel_efficiency", "has no " + name,

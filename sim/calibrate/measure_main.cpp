@@ -11,9 +11,9 @@
 // samples); pinning 4 GiB five times is 8 s of it.
 //
 // Output (published atomically when the run completes): header comments `# key: value`
-//   gpu_name, sm_count, memory_bytes, clock_mhz, memory_clock_mhz, memory_bus_bits, driver,
-//   cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, host_cpu, gpu_uuid, quick (0/1),
-//   and from NVML (0 without it) max_sm_clock_mhz, power_limit_w
+//   gpu_name, sm_count, memory_bytes, clock_mhz, memory_clock_mhz, memory_bus_bits, l2_bytes,
+//   driver, cuda_driver, cuda_runtime, commit, date (UTC), host_cpus, host_cpu, gpu_uuid, quick
+//   (0/1), and from NVML (0 without it) max_sm_clock_mhz, power_limit_w
 // then the header line and one row per sample:
 //   op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,
 //   copies,seconds,sm_clock_mhz,watts
@@ -108,7 +108,8 @@ std::string UtcDate() {
 void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSampler& clocks) {
   cudaDeviceProp prop{};
   CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  int clock_khz = 0, memory_clock_khz = 0, bus_bits = 0, driver = 0, runtime = 0;
+  int clock_khz = 0, memory_clock_khz = 0, bus_bits = 0, driver = 0, runtime = 0, l2_bytes = 0;
+  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, device));
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
@@ -122,6 +123,7 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# clock_mhz: " << clock_khz / 1000 << "\n"
       << "# memory_clock_mhz: " << memory_clock_khz / 1000 << "\n"
       << "# memory_bus_bits: " << bus_bits << "\n"
+      << "# l2_bytes: " << l2_bytes << "\n"
       << "# driver: " << nvidia << "\n"
       << "# cuda_driver: " << CudaVersion(driver) << "\n"
       << "# cuda_runtime: " << CudaVersion(runtime) << "\n"

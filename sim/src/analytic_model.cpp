@@ -143,14 +143,15 @@ class TimeRecurrence {
       k = TokenSegments{};
       k.tokens = t;
       k.paged = f.paged;
-      add(k.pre, RmsNormForwardCost(t, d))(
+      // The ops that follow their input's producer as step_plan.cpp marks them (Warm).
+      add(k.pre, WarmInput(RmsNormForwardCost(t, d)))(
           k.pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
-          k.pre, RopeCost(t, q, kv));
+          k.pre, WarmInput(RopeCost(t, q, kv)));
       add(k.kv_write, KvWriteCost(t, kv));
       add(k.summary, PageSummaryCost(c.own_pages, o_.page_tokens, kv));
       add(k.attn_own, g_.own_attention_forward_cost(c));
-      add(k.post, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(k.post,
-                                                                     RmsNormForwardCost(t, d))(
+      add(k.post, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(
+          k.post, WarmInput(RmsNormForwardCost(t, d)))(
           k.post, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
           k.post, SwigluForwardCost(t, inter))(
           k.post, LinearForwardCost(t, d, inter, LoraOn(OpPart::kDown, r)));
@@ -208,8 +209,9 @@ class TimeRecurrence {
       Segment& pre = k.pre;
       add(pre, RmsNormForwardCost(t, d))(
           pre, LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), true))(
-          pre, RopeCost(t, q, kv))(pre, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(
-          pre, RmsNormForwardCost(t, d))(
+          pre, WarmInput(RopeCost(t, q, kv)))(pre,
+                                              LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)))(
+          pre, WarmInput(RmsNormForwardCost(t, d)))(
           pre, LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)))(
           pre, SwigluForwardCost(t, inter));
       linear(pre, d, inter, OpPart::kDown);
@@ -217,7 +219,7 @@ class TimeRecurrence {
       linear(pre, 2 * inter, d, OpPart::kGateUp);
       add(pre, RmsNormBackwardCost(t, d));
       linear(pre, d, q, OpPart::kO);
-      add(k.post, RopeCost(t, q, kv));
+      add(k.post, WarmInput(RopeCost(t, q, kv)));
       linear(k.post, q + 2 * kv, d, OpPart::kQkv);
       add(k.post, RmsNormBackwardCost(t, d));
       add(k.attn_own, g_.own_attention_backward_cost(c));
@@ -738,7 +740,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
       using Outside = TimeRecurrence::Outside;
       if (r == g.last_stage()) {
         t.KernelOutside(Outside::kFinalNorm, c.tokens, Phase::kLoss,
-                        [&] { return RmsNormForwardCost(c.tokens, m.hidden_size); });
+                        [&] { return WarmInput(RmsNormForwardCost(c.tokens, m.hidden_size)); });
         t.KernelOutside(Outside::kLoss, c.tokens, Phase::kLoss, [&] {
           return LossForwardBackwardCost(c.tokens, m.hidden_size, m.vocab_size, o.lora_rank == 0,
                                          o.grad_bytes());

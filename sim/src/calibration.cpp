@@ -72,6 +72,15 @@ bool IsMemoryOp(const std::string& op) {
   return std::find(kOps.begin(), kOps.end(), op) != kOps.end();
 }
 
+// A memory-bound kernel timed right after the kernel that wrote its input ("rope_warm"): its
+// kernel's name, else empty.
+std::string WarmMemoryOp(const std::string& op) {
+  constexpr std::string_view kSuffix = "_warm";
+  if (op.size() <= kSuffix.size() || !op.ends_with(kSuffix)) return "";
+  std::string base = op.substr(0, op.size() - kSuffix.size());
+  return IsMemoryOp(base) ? base : "";
+}
+
 // The op(s) the planner would time for a sample, and how many launches they stand for.
 struct SampleCosts {
   std::vector<OpCost> costs;
@@ -131,11 +140,14 @@ SampleCosts CostsOf(const CalibrationSample& s) {
     out.costs.push_back(PageScoreCost(s.m, kQueryTile, s.pages, s.heads * s.head_dim, kv_dim));
   } else if (s.op == "page_topk") {
     out.costs.push_back(PageTopKCost(s.m, s.pages));
-  } else if (IsMemoryOp(s.op)) {
+  } else if (IsMemoryOp(s.op) || !WarmMemoryOp(s.op).empty()) {
+    const std::string warm = WarmMemoryOp(s.op);
+    const std::string kernel = warm.empty() ? s.op : warm;
     OpCost cost{0.0, s.bytes, RateClass::kMemoryBound, {}};
     for (int i = 1; i < static_cast<int>(MemoryKernel::kCount_); ++i)
-      if (MemoryKernelName(static_cast<MemoryKernel>(i)) == s.op)
+      if (MemoryKernelName(static_cast<MemoryKernel>(i)) == kernel)
         cost.shape.memory_kernel = static_cast<MemoryKernel>(i);
+    cost.shape.warm_input = !warm.empty();
     out.costs.push_back(cost);
   } else if (s.op == "copy_h2d" || s.op == "copy_d2h" || s.op == "copy_batch_h2d" ||
              s.op == "copy_batch_d2h") {
@@ -677,6 +689,24 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     if (best.score < Score(gpu, k, rows)) k = best.profile;
   }
 
+  // The kernels timed right after the kernel that wrote their input, their traffic within the L2
+  // (ctxplan-measure's "<kernel>_warm" rows): the fraction their cold fixed cost leaves them.
+  k.l2_cache_mib = HeaderNumber(samples, "l2_bytes") / (1024.0 * 1024.0);
+  for (const std::string_view name : kMemoryKernelNames) {
+    const std::string key(name);
+    const auto rows = Op(samples, key + "_warm");
+    if (rows.empty() || k.l2_cache_mib <= 0) continue;
+    if (!k.memory_kernel_fixed_us.contains(key)) {  // cold at the common pair, said so
+      k.memory_kernel_fixed_us[key] = k.launch_us;
+      k.memory_kernel_efficiency[key] = k.memory_efficiency;
+    }
+    KernelProfile trial = k;
+    trial.memory_kernel_warm_efficiency[key] = 1.0;
+    k.memory_kernel_warm_efficiency[key] = ImpliedMedian(
+        gpu, trial, [&](KernelProfile& p, double x) { p.memory_kernel_warm_efficiency[key] = x; },
+        rows, 0.02, 20.0);
+  }
+
   // --- GEMMs: the tile, split and wave cost that explain them best, and the rate --------------
   const auto gemm_rows = Select(samples, [](const CalibrationSample& s) {
     return s.op == "gemm_fwd" || s.op == "gemm_bwd_input";
@@ -855,6 +885,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   group("attention_fwd", [](const CalibrationSample& s) { return s.op == "attention_fwd"; });
   group("attention_bwd", [](const CalibrationSample& s) { return s.op == "attention_bwd"; });
   group("memory", [](const CalibrationSample& s) { return IsMemoryOp(s.op); });
+  group("memory_warm", [](const CalibrationSample& s) { return !WarmMemoryOp(s.op).empty(); });
   group("page_score", [](const CalibrationSample& s) { return s.op == "page_score"; });
   group("page_topk", [](const CalibrationSample& s) { return s.op == "page_topk"; });
   group("copy", [](const CalibrationSample& s) {
@@ -978,7 +1009,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     };
     o << "  memory_kernel_fixed_us: " << names(k.memory_kernel_fixed_us) << "\n";
     o << "  memory_kernel_efficiency: " << names(k.memory_kernel_efficiency) << "\n";
+    if (!k.memory_kernel_warm_efficiency.empty())
+      o << "  memory_kernel_warm_efficiency: " << names(k.memory_kernel_warm_efficiency) << "\n";
   }
+  if (k.l2_cache_mib > 0) o << "  l2_cache_mib: " << k.l2_cache_mib << "\n";
   if (k.lora_efficiency != 1.0)  // 1: the samples had no lora group
     o << "  lora_efficiency: " << k.lora_efficiency << "\n";
   o << "  page_score_fixed_us: " << k.page_score_fixed_us << "\n";

@@ -103,9 +103,14 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
     if (name.empty() || fixed == profile_.memory_kernel_fixed_us.end() ||
         efficiency == profile_.memory_kernel_efficiency.end() || efficiency->second <= 0)
       continue;
+    const auto warm = profile_.memory_kernel_warm_efficiency.find(name);
     memory_kernels_[i] = {true, fixed->second * 1e-6,
-                          profile_.memory_efficiency / efficiency->second};
+                          profile_.memory_efficiency / efficiency->second,
+                          warm == profile_.memory_kernel_warm_efficiency.end() || warm->second <= 0
+                              ? 0.0
+                              : profile_.memory_efficiency / warm->second};
   }
+  l2_bytes_ = profile_.l2_cache_mib * 1024.0 * 1024.0;
   CTXPLAN_CHECK(profile_.gemm_tflops > 0 && profile_.attention_fwd_tflops_d128 > 0 &&
                     profile_.attention_bwd_tflops_d128 > 0 && hbm_bytes_per_second_ > 0 &&
                     h2d_bytes_per_second_ > 0 && d2h_bytes_per_second_ > 0 &&
@@ -344,7 +349,8 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       if (const MemoryKernelTime& own = memory_kernels_[static_cast<size_t>(s.memory_kernel)];
           own.measured) {
         fixed = own.fixed_seconds;
-        seconds *= own.slower;
+        const bool in_l2 = s.warm_input && own.warm_slower > 0 && cost.bytes <= l2_bytes_;
+        seconds *= in_l2 ? own.warm_slower : own.slower;
       }
       OpTime t{fixed + seconds, {}};
       t.energy.fixed_joules = seconds * k.memory_w;

@@ -69,6 +69,14 @@ Op Kernel(const Where& w, OpKind kind, OpCost cost, int64_t m, int64_t n = 0, in
   return op;
 }
 
+// The kernel just before it on the compute stream wrote this op's input (KernelShape::warm_input):
+// where the op's traffic fits the L2 it reads its input from there. The analytic model
+// (sim/src/analytic_model.cpp) marks the same ops.
+Op Warm(Op op) {
+  op.cost = WarmInput(op.cost);
+  return op;
+}
+
 // `pages` and `bytes` bound the copy (the slots hold them); it is timed at `expected_bytes` in
 // `expected_copies` runs (the page union's expected size, PlanGeometry), or at its bound.
 Op Copy(const Where& w, bool host_to_device, int64_t pages, int64_t bytes, int64_t copies = 1,
@@ -247,13 +255,14 @@ class PlanWriter {
       h2d = batch_.Push(Copy(w, true, c.host_union_pages, c.host_union_pages * g_.kv_page_bytes(),
                              g_.union_copy_runs(c, c.host_union_pages)),
                         {slot_release_[parity], KvHome(layer)});
-    batch_.Push(
-        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
+    // After the layer before's down projection (or the embedding), which wrote its input.
+    batch_.Push(Warm(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm)));
     batch_.Push(Kernel(w, OpKind::kLinearForward,
                        LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, o_.lora_rank),
                                          /*split_outputs=*/true),
                        t, q + 2 * kv, d, OpPart::kQkv));
-    batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
+    batch_.Push(Warm(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t)));
     OpId kv_write = kNoOp;
     const int own_parity = fill ? NextOwnParity() : 0;
     if (fill) {
@@ -294,8 +303,8 @@ class PlanWriter {
     batch_.Push(Kernel(w, OpKind::kLinearForward,
                        LinearForwardCost(t, d, q, LoraOn(OpPart::kO, o_.lora_rank)), t, d, q,
                        OpPart::kO));
-    batch_.Push(
-        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
+    batch_.Push(Warm(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm)));
     batch_.Push(Kernel(
         w, OpKind::kLinearForward,
         LinearForwardCost(t, 2 * m_.intermediate_size, d, LoraOn(OpPart::kGateUp, o_.lora_rank)), t,
@@ -326,8 +335,8 @@ class PlanWriter {
   void Loss(const ChunkGeometry& c) {
     Where w{Phase::kLoss, c.index, -1};
     const int64_t t = c.tokens, d = m_.hidden_size;
-    batch_.Push(
-        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kFinalNorm));
+    batch_.Push(Warm(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kFinalNorm)));
     batch_.Push(
         Kernel(w, OpKind::kLossForwardBackward,
                LossForwardBackwardCost(t, d, m_.vocab_size, o_.lora_rank == 0, o_.grad_bytes()), t,
@@ -388,18 +397,19 @@ class PlanWriter {
       zero.pages = fresh_pages;
       batch_.Push(zero);
     }
-    // Recompute the layer's internals from its saved input (attention output and LSE are kept).
+    // Recompute the layer's internals from its saved input (attention output and LSE are kept):
+    // the norm reads it cold, the rest follow their producers.
     batch_.Push(
         Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));
     batch_.Push(
         Kernel(w, OpKind::kLinearForward,
                LinearForwardCost(t, q + 2 * kv, d, LoraOn(OpPart::kQkv, r), /*split_outputs=*/true),
                t, q + 2 * kv, d, OpPart::kQkv));
-    batch_.Push(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t));
+    batch_.Push(Warm(Kernel(w, OpKind::kRopeForward, RopeCost(t, q, kv), t)));
     batch_.Push(Kernel(w, OpKind::kLinearForward, LinearForwardCost(t, d, q, LoraOn(OpPart::kO, r)),
                        t, d, q, OpPart::kO));
-    batch_.Push(
-        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm));
+    batch_.Push(Warm(
+        Kernel(w, OpKind::kRmsNormForward, RmsNormForwardCost(t, d), t, 0, 0, OpPart::kMlpNorm)));
     batch_.Push(Kernel(w, OpKind::kLinearForward,
                        LinearForwardCost(t, 2 * inter, d, LoraOn(OpPart::kGateUp, r)), t, 2 * inter,
                        d, OpPart::kGateUp));
@@ -432,7 +442,7 @@ class PlanWriter {
       const OpId id = batch_.Push(accumulate, {paged ? kNoOp : h2d});
       if (!paged) release = id;
     }
-    batch_.Push(Kernel(w, OpKind::kRopeBackward, RopeCost(t, q, kv), t));
+    batch_.Push(Warm(Kernel(w, OpKind::kRopeBackward, RopeCost(t, q, kv), t)));  // dQ, dK
     Linear(w, t, q + 2 * kv, d, OpPart::kQkv);
     batch_.Push(
         Kernel(w, OpKind::kRmsNormBackward, RmsNormBackwardCost(t, d), t, 0, 0, OpPart::kAttnNorm));

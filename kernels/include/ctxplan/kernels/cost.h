@@ -78,8 +78,11 @@ struct KernelShape {
   // HBM traffic of the LoRA adapters' thin GEMMs after the op's own (LoraAdapters), timed at
   // the profile's lora_efficiency of the memory-bound rate.
   double lora_bytes = 0.0;
-  // Memory-bound ops: the kernel.
+  // Memory-bound ops: the kernel, and whether the kernel just before it on the stream wrote its
+  // input (the step plan knows: RoPE after the QKV projection, the MLP's norm after the output
+  // projection). Then, where the op's traffic fits the L2, its input is still there.
   MemoryKernel memory_kernel = MemoryKernel::kOther;
+  bool warm_input = false;
   // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
   bool accumulates = false;
   int32_t out_bytes = 2;
@@ -91,6 +94,12 @@ struct OpCost {
   RateClass rate = RateClass::kNone;
   KernelShape shape;
 };
+
+// `cost` run right after the kernel that wrote its input (KernelShape::warm_input).
+inline OpCost WarmInput(OpCost cost) {
+  cost.shape.warm_input = true;
+  return cost;
+}
 
 inline constexpr int64_t kBf16Bytes = 2;
 inline constexpr int64_t kFp32Bytes = 4;

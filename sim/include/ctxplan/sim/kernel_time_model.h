@@ -127,7 +127,9 @@ class KernelTimeModel {
   struct MemoryKernelTime {
     bool measured = false;
     double fixed_seconds = 0, slower = 1;
+    double warm_slower = 0;  // after the kernel that wrote its input, traffic in the L2; 0: none
   };
+  double l2_bytes_ = 0;
   std::array<MemoryKernelTime, static_cast<size_t>(MemoryKernel::kCount_)> memory_kernels_{};
 };
 
