@@ -61,6 +61,7 @@ KernelProfile TruthProfile() {
   k.l2_cache_mib = 50;
   k.memory_kernel_fixed_us = {{"rmsnorm_fwd", k.launch_us}};
   k.memory_kernel_efficiency = {{"rmsnorm_fwd", k.memory_efficiency}};
+  k.memory_kernel_warm_fixed_us = {{"rmsnorm_fwd", 1.2}};
   k.memory_kernel_warm_efficiency = {{"rmsnorm_fwd", 1.8 * k.memory_efficiency}};
   return k;
 }
@@ -324,6 +325,7 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   // The warm rows' rate, in the L2 the header gives.
   EXPECT_DOUBLE_EQ(k.l2_cache_mib, 50);
   ASSERT_TRUE(k.memory_kernel_warm_efficiency.contains("rmsnorm_fwd"));
+  EXPECT_NEAR(k.memory_kernel_warm_fixed_us.at("rmsnorm_fwd"), 1.2, 0.051);
   EXPECT_NEAR(k.memory_kernel_warm_efficiency.at("rmsnorm_fwd") /
                   truth.memory_kernel_warm_efficiency.at("rmsnorm_fwd"),
               1.0, 0.02);

@@ -144,8 +144,13 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     // Busy time agrees but at a power-limited clock: the analytic path slows whole layer
     // segments built at the maximum clock, the event path times each op at the lower clock (an
     // op bound by memory at the maximum clock may be bound by compute at the lower one).
+    // A step of one token is fixed costs: its GEMMs read their weights longer than their tiles
+    // take at the maximum clock, but not at the lower one, which the analytic path's slowdown of
+    // clock-bound time misses (1.8% of the compute stream with the 2026-11-26 H200 profile).
+    const double busy_tolerance = c.context < 128 ? 0.02 : 0.01;
     for (int s = 0; s < kStreamCount; ++s)
-      EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1), 0.01)
+      EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1),
+                busy_tolerance)
           << where << " stream " << s;
     ++compared;
   }
@@ -476,7 +481,8 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   const OpCost in_l2 = RmsNormForwardCost(1024, 2048);       // 16.8 MB
   const OpCost beyond_l2 = RmsNormForwardCost(16384, 4096);  // 537 MB
   EXPECT_NEAR(TicksToSeconds(model.Duration(WarmInput(in_l2), Phase::kFill)),
-              fixed + in_l2.bytes / (k.memory_kernel_warm_efficiency.at("rmsnorm_fwd") * d2d),
+              k.memory_kernel_warm_fixed_us.at("rmsnorm_fwd") * 1e-6 +
+                  in_l2.bytes / (k.memory_kernel_warm_efficiency.at("rmsnorm_fwd") * d2d),
               1e-9);
   EXPECT_NEAR(TicksToSeconds(model.Duration(in_l2, Phase::kFill)),
               fixed + in_l2.bytes / (k.memory_kernel_efficiency.at("rmsnorm_fwd") * d2d), 1e-9);

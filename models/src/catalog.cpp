@@ -465,8 +465,9 @@ std::map<int64_t, double> ReadPageTable(const Fields& f, std::string_view key) {
 }
 
 // A memory-bound kernel table: {rmsnorm_fwd: 2.8, ...}, the names of cost.h MemoryKernelName.
+// zero_ok: a fixed cost may be 0 (a warm launch whose latency the L2 hides).
 std::map<std::string, double> ReadMemoryKernelTable(const Fields& f, std::string_view key,
-                                                    NumberLimit limit) {
+                                                    NumberLimit limit, bool zero_ok = false) {
   constexpr std::string_view kExpected =
       "a map of memory-bound kernel names (rmsnorm_fwd, rope, ...) to positive numbers";
   const auto& names = kMemoryKernelNames;
@@ -476,7 +477,7 @@ std::map<std::string, double> ReadMemoryKernelTable(const Fields& f, std::string
     if (std::find(names.begin(), names.end(), name) == names.end())
       table.FailKey(name, "not a memory-bound kernel", kExpected);
     const double value = table.Number(name, limit);
-    if (value <= 0) table.FailKey(name, "not positive", kExpected);
+    if (value < 0 || (value == 0 && !zero_ok)) table.FailKey(name, "not positive", kExpected);
     out[name] = value;
   }
   return out;
@@ -520,6 +521,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
                    "memory_kernel_efficiency",
+                   "memory_kernel_warm_fixed_us",
                    "memory_kernel_warm_efficiency",
                    "l2_cache_mib",
                    "lora_efficiency",
@@ -594,18 +596,24 @@ KernelProfile ReadKernelProfile(const Fields& f) {
     k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
   if (f.Has("memory_kernel_fixed_us"))
-    k.memory_kernel_fixed_us = ReadMemoryKernelTable(f, "memory_kernel_fixed_us", kFixedCostLimit);
+    k.memory_kernel_fixed_us =
+        ReadMemoryKernelTable(f, "memory_kernel_fixed_us", kFixedCostLimit, true);
   if (f.Has("memory_kernel_efficiency"))
     k.memory_kernel_efficiency =
         ReadMemoryKernelTable(f, "memory_kernel_efficiency", NumberLimit{2.0});
   if (f.Has("memory_kernel_warm_efficiency"))
     k.memory_kernel_warm_efficiency =
         ReadMemoryKernelTable(f, "memory_kernel_warm_efficiency", NumberLimit{20.0});
+  if (f.Has("memory_kernel_warm_fixed_us"))
+    k.memory_kernel_warm_fixed_us =
+        ReadMemoryKernelTable(f, "memory_kernel_warm_fixed_us", kFixedCostLimit, true);
   k.l2_cache_mib = f.OptionalNumber("l2_cache_mib", NumberLimit{4096.0}).value_or(0.0);
   for (const auto& [name, warm] : k.memory_kernel_warm_efficiency)
-    if (!k.memory_kernel_fixed_us.contains(name) || k.l2_cache_mib <= 0)
+    if (!k.memory_kernel_fixed_us.contains(name) || !k.memory_kernel_warm_fixed_us.contains(name) ||
+        k.l2_cache_mib <= 0)
       f.FailKey("memory_kernel_warm_efficiency", "has " + name + " without its cold fit",
-                "kernels of memory_kernel_fixed_us, with l2_cache_mib given");
+                "kernels of memory_kernel_fixed_us and memory_kernel_warm_fixed_us, with "
+                "l2_cache_mib given");
   for (const auto& [name, fixed] : k.memory_kernel_fixed_us)
     if (!k.memory_kernel_efficiency.contains(name))
       f.FailKey("memory_kernel_efficiency", "has no " + name,

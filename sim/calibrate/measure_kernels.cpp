@@ -66,8 +66,7 @@ const std::vector<int64_t> kMemoryTokens = {1024, 4096, 16384};
 const std::vector<int64_t> kMemoryTokensQuick = {4096};
 // The warm rows ("<kernel>_warm"): each call reads what the call before it wrote, all of it
 // within the L2 (RMSNorm at 1024 tokens: 33.5 MB of 50-60 MiB), as a small chunk's norm reads
-// the projection's output the kernel before wrote. RoPE has none: in place on one buffer it ran
-// no faster than rotated (H200, 1024 tokens: 12.4 us against 10.4-13.0; sim/MODEL-LOG.md).
+// the projection's output the kernel before wrote.
 const std::vector<int64_t> kWarmTokens = {256, 512, 1024};
 constexpr int64_t kHidden = 4096;
 constexpr int64_t kIntermediate = 14336;
@@ -296,6 +295,21 @@ void MeasureLoss(Session& session) {
 // Memory-bound kernels. Each function measures one op at `t` tokens and returns its row.
 namespace {
 
+// The seconds of one call as it runs in a step, behind a longer kernel (a projection, attention)
+// that hides its launch: each call queued after a 20 us idle kernel, less that kernel alone.
+// Back to back, a small kernel is paced by its launches instead: RoPE, whose launch carries a
+// 2 KiB table, took 12.7 us a call at 256 tokens (d_h 128) and 6.1 us so (H200, 2026-11-26).
+constexpr double kCoverSeconds = 20e-6;
+double StepSecondsPerCall(Session& session, const std::function<void(int64_t)>& call) {
+  const double cover = MedianSecondsPerCall(
+      session, [&](int64_t) { LaunchIdleKernel(kCoverSeconds, session.stream); });
+  const double both = MedianSecondsPerCall(session, [&](int64_t i) {
+    LaunchIdleKernel(kCoverSeconds, session.stream);
+    call(i);
+  });
+  return std::max(both - cover, 1e-7);
+}
+
 Sample TokenRow(const char* op, int64_t t, int64_t n, const OpCost& cost) {
   Sample s;
   s.op = op;
@@ -314,7 +328,7 @@ Sample RmsNormForward(Session& session, int64_t t) {
   Rotating<float> rstd(t, 0.5, 2, 25);               // [t]
   auto weight = RandomArray<bf16>(d, 0.5, 1.5, 26);  // [d]
   Sample s = TokenRow("rmsnorm_fwd", t, d, RmsNormForwardCost(t, d));
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     cu::RmsNormResidualForward(residual[i], x[i], weight.get(), t, d, kEps, h[i], y[i], rstd[i],
                                session.stream);
   });
@@ -341,7 +355,7 @@ Sample RmsNormBackward(Session& session, int64_t t, bool final_norm) {
   Sample s =
       TokenRow(final_norm ? "rmsnorm_bwd_final" : "rmsnorm_bwd", t, d, RmsNormBackwardCost(t, d));
   s.grad_bytes = final_norm ? 0 : kBf16Bytes;
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     if (final_norm) {
       (void)cu::RmsNormBackwardIntoPartials(x[i], weight.get(), rstd[i], dy[i], t, d, dx[i],
                                             partials.get(), session.stream);
@@ -353,61 +367,65 @@ Sample RmsNormBackward(Session& session, int64_t t, bool final_norm) {
   return s;
 }
 
-// The same, each call's input the outputs of the call before (ping-pong between two sets): the
-// kernel's traffic stays in the L2, as the MLP's norm reads the output projection's output.
+// The same, each call's x the y of the call before (ping-pong) and the residual rotated: x was
+// just written, within the L2, as the MLP's norm reads the output projection's output while the
+// residual stream comes from further back.
 Sample RmsNormForwardWarm(Session& session, int64_t t) {
   const int64_t d = kHidden;
-  auto residual_a = RandomArray<bf16>(t * d, -2, 2, 121);  // [t][d]: residual in, then h out
-  auto x_a = RandomArray<bf16>(t * d, -2, 2, 122);         // [t][d]: x in, then y out
-  auto residual_b = RandomArray<bf16>(t * d, -2, 2, 123);  // [t][d]
-  auto x_b = RandomArray<bf16>(t * d, -2, 2, 124);         // [t][d]
-  auto rstd = RandomArray<float>(t, 0.5, 2, 125);          // [t]
-  auto weight = RandomArray<bf16>(d, 0.5, 1.5, 126);       // [d]
+  Rotating<bf16> residual(t * d, -2, 2, 121);         // [t][d]
+  Rotating<bf16> h(t * d, -2, 2, 122);                // [t][d]
+  auto x_a = RandomArray<bf16>(t * d, -2, 2, 123);    // [t][d]: x in, then y out
+  auto x_b = RandomArray<bf16>(t * d, -2, 2, 124);    // [t][d]
+  Rotating<float> rstd(t, 0.5, 2, 125);               // [t]
+  auto weight = RandomArray<bf16>(d, 0.5, 1.5, 126);  // [d]
   Sample s = TokenRow("rmsnorm_fwd_warm", t, d, RmsNormForwardCost(t, d));
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     const bool even = i % 2 == 0;
-    bf16* in_residual = even ? residual_a.get() : residual_b.get();
-    bf16* in_x = even ? x_a.get() : x_b.get();
-    bf16* out_h = even ? residual_b.get() : residual_a.get();
-    bf16* out_y = even ? x_b.get() : x_a.get();
-    cu::RmsNormResidualForward(in_residual, in_x, weight.get(), t, d, kEps, out_h, out_y,
-                               rstd.get(), session.stream);
+    cu::RmsNormResidualForward(residual[i], even ? x_a.get() : x_b.get(), weight.get(), t, d, kEps,
+                               h[i], even ? x_b.get() : x_a.get(), rstd[i], session.stream);
   });
   return s;
 }
 
 // RoPE as the runtime's op runs it: Q [t][H_q][d_h] and K [t][H_kv][d_h], two launches.
-Sample Rope(Session& session, int64_t t) {
-  Rotating<bf16> q(t * kQDim, -1, 1, 41);   // [t][H_q][d_h], rotated in place
-  Rotating<bf16> k(t * kKvDim, -1, 1, 42);  // [t][H_kv][d_h], rotated in place
-  Sample s = TokenRow("rope", t, kQDim, RopeCost(t, kQDim, kKvDim));
-  s.k = kKvDim;
+Sample Rope(Session& session, int64_t t, int64_t head_dim = kHeadDim, bool warm = false) {
+  const int64_t q_dim = kHeads * head_dim, kv_dim = kKvHeads * head_dim;
+  // Rotated over copies, or (warm) one Q and K each call rotates again, what the call before
+  // wrote, within the L2, as RoPE follows the QKV projection.
+  Rotating<bf16> q(warm ? 1 : t * q_dim, -1, 1, 41);   // [t][H_q][d_h], rotated in place
+  Rotating<bf16> k(warm ? 1 : t * kv_dim, -1, 1, 42);  // [t][H_kv][d_h]
+  auto q_warm = RandomArray<bf16>(warm ? t * q_dim : 1, -1, 1, 43);
+  auto k_warm = RandomArray<bf16>(warm ? t * kv_dim : 1, -1, 1, 44);
+  Sample s = TokenRow(warm ? "rope_warm" : "rope", t, q_dim, RopeCost(t, q_dim, kv_dim));
+  s.k = kv_dim;
   s.heads = kHeads;
   s.kv_heads = kKvHeads;
-  s.head_dim = kHeadDim;
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
-    cu::RopeForward(q[i], t, kHeads, kHeadDim, kQDim, kRopeFirstPosition, kRopeTheta,
-                    session.stream);
-    cu::RopeForward(k[i], t, kKvHeads, kHeadDim, kKvDim, kRopeFirstPosition, kRopeTheta,
-                    session.stream);
+  s.head_dim = head_dim;
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
+    cu::RopeForward(warm ? q_warm.get() : q[i], t, kHeads, head_dim, q_dim, kRopeFirstPosition,
+                    kRopeTheta, session.stream);
+    cu::RopeForward(warm ? k_warm.get() : k[i], t, kKvHeads, head_dim, kv_dim, kRopeFirstPosition,
+                    kRopeTheta, session.stream);
   });
   return s;
 }
 
-Sample Swiglu(Session& session, int64_t t, bool backward) {
+// sustained: back to back, for the power group's draw (no idle kernel between the calls).
+Sample Swiglu(Session& session, int64_t t, bool backward, bool sustained = false) {
   const int64_t I = kIntermediate;
   Rotating<bf16> gate_up(t * 2 * I, -6, 6, 51);    // [t][2I] = [gate | up]
   Rotating<bf16> out(t * I, -1, 1, 52);            // forward: out [t][I]; backward: d_out
   Rotating<bf16> d_gate_up(t * 2 * I, -1, 1, 53);  // [t][2I]
   Sample s = backward ? TokenRow("swiglu_bwd", t, I, SwigluBackwardCost(t, I))
                       : TokenRow("swiglu_fwd", t, I, SwigluForwardCost(t, I));
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  auto call = [&](int64_t i) {
     if (backward) {
       cu::SwigluBackward(gate_up[i], out[i], t, I, d_gate_up[i], session.stream);
     } else {
       cu::SwigluForward(gate_up[i], t, I, out[i], session.stream);
     }
-  });
+  };
+  s.seconds = sustained ? MedianSecondsPerCall(session, call) : StepSecondsPerCall(session, call);
   return s;
 }
 
@@ -421,7 +439,7 @@ Sample Embedding(Session& session, int64_t t, bool backward) {
                       : TokenRow("embedding_fwd", t, d, EmbeddingForwardCost(t, d));
   s.k = kVocab;
   s.grad_bytes = backward ? kBf16Bytes : 0;
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     if (backward) {
       cu::EmbeddingBackward(ids[i], rows[i], t, kVocab, d, table.get(), session.stream);
     } else {
@@ -451,7 +469,7 @@ Sample PageHelper(Session& session, int64_t t, bool accumulate) {
   s.head_dim = kHeadDim;
   s.page_tokens = kPageTokens;
   s.grad_bytes = accumulate ? kBf16Bytes : 0;
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     if (accumulate) {
       cu::DkvAccumulate(PagedKv<const bf16>{shape, pool[i], page_slot.get(), own_pages}, t, k[i],
                         v[i], kKvDim, session.stream);
@@ -468,7 +486,7 @@ Sample ZeroFill(Session& session, int64_t bytes) {
   Sample s;
   s.op = "zero_fill";
   s.Cost(ZeroFillCost(bytes));
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     CTXPLAN_CUDA_CHECK(cudaMemsetAsync(buffer[i], 0, static_cast<size_t>(bytes), session.stream));
   });
   return s;
@@ -488,7 +506,7 @@ Sample AdamW(Session& session, int64_t params) {
   s.m = params;
   s.grad_bytes = kBf16Bytes;
   s.Cost(AdamWCost(params, kBf16Bytes, kBf16Bytes, false));
-  s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
+  s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
     cu::AdamW(param[i], grad[i], m[i], v[i], params, p, session.stream);
   });
   return s;
@@ -517,9 +535,18 @@ void MeasureMemory(Session& session) {
     add("kv_write", [&session, t] { return PageHelper(session, t, false); });
     add("dkv_accumulate", [&session, t] { return PageHelper(session, t, true); });
   }
+  // RoPE also at Llama-3.2-1B's head dim 64 (32 / 8 heads) and at the small sizes where its two
+  // launches' latency, not its bytes, sets the time; warm at both head dims.
   for (const int64_t t : kWarmTokens) {
     cases.push_back({Describe("rmsnorm_fwd_warm", {{"m", t}}),
                      [&session, t] { return RmsNormForwardWarm(session, t); }});
+    for (const int64_t head_dim : {int64_t{128}, int64_t{64}}) {
+      if (t != 1024 || head_dim != kHeadDim)  // the grid above has it
+        cases.push_back({Describe("rope", {{"m", t}, {"head_dim", head_dim}}),
+                         [&session, t, head_dim] { return Rope(session, t, head_dim); }});
+      cases.push_back({Describe("rope_warm", {{"m", t}, {"head_dim", head_dim}}),
+                       [&session, t, head_dim] { return Rope(session, t, head_dim, true); }});
+    }
   }
   for (const int64_t bytes : kZeroFillBytes)
     cases.push_back({Describe("zero_fill", {{"bytes", bytes}}),
@@ -546,7 +573,7 @@ void MeasurePowerKernels(Session& session) {
   cu::CublasLtGemm gemm;
   MeasureGemmShape(session, gemm, 4096, 28672, 4096, true);
   MeasureGemmShape(session, gemm, 4096, 16384, 2048, true);
-  session.Add(Swiglu(session, 16384, false));
+  session.Add(Swiglu(session, 16384, false, /*sustained=*/true));
 }
 
 // Sustained, the Llama-3-8B MLP projection of MeasurePowerKernels with an idle gap after each

@@ -18,7 +18,8 @@
 //   op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,grad_bytes,bytes,flops,
 //   copies,seconds,sm_clock_mhz,watts
 // Unused fields are 0. seconds: the median over --reps batches of the time of ONE call (copy
-// rows: of one batch of `copies` cudaMemcpyAsync calls); bytes and flops: the op's cost
+// rows: of one batch of `copies` cudaMemcpyAsync calls; memory-bound rows: each call behind a
+// 20 us kernel, as in a step, less that kernel); bytes and flops: the op's cost
 // descriptor (kernels/cost.h) for kernels, the bytes of one copy for copies. Attention rows: one
 // launch over the chunk's own positions and its earlier pages, whose bytes and flops are the sum
 // of the planner's two descriptors for it (own + paged, as plan_geometry.cpp splits it).

@@ -103,12 +103,15 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
     if (name.empty() || fixed == profile_.memory_kernel_fixed_us.end() ||
         efficiency == profile_.memory_kernel_efficiency.end() || efficiency->second <= 0)
       continue;
+    MemoryKernelTime& t = memory_kernels_[i];
+    t = {true, fixed->second * 1e-6, profile_.memory_efficiency / efficiency->second};
     const auto warm = profile_.memory_kernel_warm_efficiency.find(name);
-    memory_kernels_[i] = {true, fixed->second * 1e-6,
-                          profile_.memory_efficiency / efficiency->second,
-                          warm == profile_.memory_kernel_warm_efficiency.end() || warm->second <= 0
-                              ? 0.0
-                              : profile_.memory_efficiency / warm->second};
+    const auto warm_fixed = profile_.memory_kernel_warm_fixed_us.find(name);
+    if (warm != profile_.memory_kernel_warm_efficiency.end() && warm->second > 0 &&
+        warm_fixed != profile_.memory_kernel_warm_fixed_us.end()) {
+      t.warm_fixed_seconds = warm_fixed->second * 1e-6;
+      t.warm_slower = profile_.memory_efficiency / warm->second;
+    }
   }
   l2_bytes_ = profile_.l2_cache_mib * 1024.0 * 1024.0;
   CTXPLAN_CHECK(profile_.gemm_tflops > 0 && profile_.attention_fwd_tflops_d128 > 0 &&
@@ -348,8 +351,8 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       double fixed = launches, seconds = memory + side;
       if (const MemoryKernelTime& own = memory_kernels_[static_cast<size_t>(s.memory_kernel)];
           own.measured) {
-        fixed = own.fixed_seconds;
         const bool in_l2 = s.warm_input && own.warm_slower > 0 && cost.bytes <= l2_bytes_;
+        fixed = in_l2 ? own.warm_fixed_seconds : own.fixed_seconds;
         seconds *= in_l2 ? own.warm_slower : own.slower;
       }
       OpTime t{fixed + seconds, {}};

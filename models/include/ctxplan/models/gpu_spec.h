@@ -77,9 +77,9 @@ struct KernelProfile {
   // bandwidth. A kernel not listed: launch_us and memory_efficiency.
   std::map<std::string, double> memory_kernel_fixed_us, memory_kernel_efficiency;
   // The same kernels right after the kernel that wrote their input (KernelShape::warm_input),
-  // where their traffic fits the L2 (l2_cache_mib, the device's): the fraction their fixed cost
-  // plus bytes at it explain (measured where ctxplan-measure times them so; empty: as cold).
-  std::map<std::string, double> memory_kernel_warm_efficiency;
+  // where their traffic fits the L2 (l2_cache_mib, the device's): their fixed cost and fraction
+  // there (measured where ctxplan-measure times them so; empty: as cold).
+  std::map<std::string, double> memory_kernel_warm_fixed_us, memory_kernel_warm_efficiency;
   double l2_cache_mib = 0;  // 0: unknown (no warm rate)
   // LoRA adapters' thin GEMMs (cuBLASLt, rank-wide): fraction of the memory-bound rate their
   // traffic reaches (kernels/cost.h LoraAdapters). 1 where a profile has not measured them.

@@ -127,7 +127,8 @@ class KernelTimeModel {
   struct MemoryKernelTime {
     bool measured = false;
     double fixed_seconds = 0, slower = 1;
-    double warm_slower = 0;  // after the kernel that wrote its input, traffic in the L2; 0: none
+    // After the kernel that wrote its input, its traffic within the L2 (0: no warm rate).
+    double warm_fixed_seconds = 0, warm_slower = 0;
   };
   double l2_bytes_ = 0;
   std::array<MemoryKernelTime, static_cast<size_t>(MemoryKernel::kCount_)> memory_kernels_{};
