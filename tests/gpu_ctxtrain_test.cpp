@@ -113,6 +113,11 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
     // KV (bf16) + dKV (grad dtype) of the context's pages, all layers, pinned.
     EXPECT_GT(pinned, 0.0);
     EXPECT_NEAR(Number(v, "loss"), std::log(151936.0), 1.0);  // random weights: about ln V
+    // Page-sparse (budget 4 of up to 23 earlier pages): the tiles' unions as the union rule's
+    // draw scale, what `ctxplan plan --selection disjoint:S` takes.
+    const double selection = Number(v, "selection_draw_scale");
+    EXPECT_GT(selection, 0.05);
+    EXPECT_LT(selection, 50.0);
     // The plan's memory ops account the arena's buffers: the planner predicts from them. (The
     // cuBLAS workspace the plan counts lives outside the arena: 32 MiB of the difference.)
     const double plan = Number(v, "plan_gpu_peak_bytes");
@@ -123,9 +128,10 @@ TEST(CtxtrainCuda, ReportsMemoryThreeWays) {
     EXPECT_EQ(std::stod(recorded.metadata.at("host_runtime_bytes")), pinned);
     EXPECT_GE(std::stod(recorded.metadata.at("gpu_device_used_bytes")), reserved);
     std::printf(
-        "  %s: arena %.0f MiB of %.0f reserved (plan %.0f), device %.0f MiB, pinned %.0f MiB\n",
+        "  %s: arena %.0f MiB of %.0f reserved (plan %.0f), device %.0f MiB, pinned %.0f MiB, "
+        "selection draw scale %.3f\n",
         grads, allocated / 1048576, reserved / 1048576, plan / 1048576, device / 1048576,
-        pinned / 1048576);
+        pinned / 1048576, selection);
   }
 }
 

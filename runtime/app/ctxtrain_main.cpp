@@ -47,6 +47,7 @@
 #include "ctxplan/runtime/cpu/wall_clock_tracer.h"
 #include "ctxplan/runtime/io/safetensors.h"
 #include "ctxplan/runtime/io/token_data.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "ctxplan/runtime/plan/run_metadata.h"
 #include "ctxplan/runtime/plan/step_backend.h"
 #include "ctxplan/sim/analytic_model.h"
@@ -992,6 +993,19 @@ int Main(int argc, char** argv) {
                  FormatGiB(pinned).c_str(), FormatGiB(last.peak_arena_bytes).c_str());
     return 0;
   }
+  // Page-sparse: how this model's tiles overlapped in their selections, as the planner's union
+  // rule's draw scale (plan_geometry.h), for `ctxplan plan --selection disjoint:S`; 0 where the
+  // run says nothing of it (dense, or the CPU backend, which does not record its unions).
+  double selection_scale = 0;
+  {
+    std::vector<DrawnUnion> drawn;
+    for (const StepOutputs::PageUnion& u : last.page_unions)
+      if (u.phase == Phase::kFill) drawn.push_back({u.chunk, u.pages});
+    try {
+      selection_scale = FitUnionDrawScale(UnionSamplesOf(plan.geometry(), drawn));
+    } catch (const InputError&) {  // no chunk whose union says anything
+    }
+  }
   if (f.json) {
     std::printf(
         "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
@@ -1003,7 +1017,7 @@ int Main(int argc, char** argv) {
         "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
         "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
         "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"gpu_tier_pages\":%lld,"
-        "\"page_read_shares\":%s}\n",
+        "\"page_read_shares\":%s,\"selection_draw_scale\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
         static_cast<long long>(allocated), static_cast<long long>(reserved),
@@ -1014,7 +1028,8 @@ int Main(int argc, char** argv) {
         first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
         sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
         board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null",
-        static_cast<long long>(tier_pages), shares_json.c_str());
+        static_cast<long long>(tier_pages), shares_json.c_str(),
+        selection_scale > 0 ? std::to_string(selection_scale).c_str() : "null");
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
                 model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
@@ -1036,6 +1051,11 @@ int Main(int argc, char** argv) {
     else
       std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
     std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
+    if (selection_scale > 0)
+      std::printf(
+          "  page selection: the tiles' unions fit the planner's union rule at draw scale %.3g "
+          "(its default %.2g); plan this model and data with --selection disjoint:%.3g\n",
+          selection_scale, kUnionDrawScale, selection_scale);
     if (tier_pages > 0)
       std::printf("  page store: GPU tier of the first %lld of %lld pages a layer (KV and dKV)\n",
                   static_cast<long long>(tier_pages), static_cast<long long>(geometry_pages));

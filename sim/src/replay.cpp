@@ -143,24 +143,10 @@ UnionComparison CompareUnions(const OpTrace& trace, const PlanGeometry& g) {
 }  // namespace
 
 std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const PlanGeometry& g) {
-  const RunOptions& o = g.options();
-  std::map<int32_t, std::pair<double, int64_t>> by_chunk;  // pages summed over layers, layers
-  for (const UnionRecord& m : trace.unions) {
-    if (m.phase != static_cast<uint8_t>(Phase::kFill) || m.chunk < 0 || m.chunk >= g.num_chunks())
-      continue;
-    if (!g.Chunk(m.chunk).sparse) continue;
-    by_chunk[m.chunk].first += m.pages;
-    ++by_chunk[m.chunk].second;
-  }
-  std::vector<UnionSample> samples;
-  for (const auto& [chunk, sum] : by_chunk) {
-    const ChunkGeometry c = g.Chunk(chunk);
-    const int64_t sinks = std::min(o.sink_pages, c.earlier_pages);
-    samples.push_back({c.earlier_pages - sinks, o.page_budget, c.tiles,
-                       sum.first / static_cast<double>(sum.second) - static_cast<double>(sinks),
-                       chunk, sum.second, sinks});
-  }
-  return samples;
+  std::vector<DrawnUnion> drawn;
+  for (const UnionRecord& m : trace.unions)
+    if (m.phase == static_cast<uint8_t>(Phase::kFill)) drawn.push_back({m.chunk, m.pages});
+  return UnionSamplesOf(g, drawn);
 }
 
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,

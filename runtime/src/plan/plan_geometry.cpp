@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
@@ -138,6 +139,24 @@ double FitUnionDrawScale(std::span<const UnionSample> samples) {
     }
   }
   return std::exp(0.5 * (a + b));
+}
+
+std::vector<UnionSample> UnionSamplesOf(const PlanGeometry& g, std::span<const DrawnUnion> drawn) {
+  std::map<int32_t, std::pair<double, int64_t>> by_chunk;  // pages summed over layers, layers
+  for (const DrawnUnion& u : drawn) {
+    if (u.chunk < 0 || u.chunk >= g.num_chunks() || !g.Chunk(u.chunk).sparse) continue;
+    by_chunk[u.chunk].first += static_cast<double>(u.pages);
+    ++by_chunk[u.chunk].second;
+  }
+  std::vector<UnionSample> samples;
+  for (const auto& [chunk, sum] : by_chunk) {
+    const ChunkGeometry c = g.Chunk(chunk);
+    const int64_t sinks = std::min(g.options().sink_pages, c.earlier_pages);
+    samples.push_back({c.earlier_pages - sinks, g.options().page_budget, c.tiles,
+                       sum.first / static_cast<double>(sum.second) - static_cast<double>(sinks),
+                       chunk, sum.second, sinks});
+  }
+  return samples;
 }
 
 ChunkGeometry PlanGeometry::Chunk(int32_t index) const {

@@ -53,6 +53,16 @@ struct UnionSample {
 // left.
 double FitUnionDrawScale(std::span<const UnionSample> samples);
 
+class PlanGeometry;
+// One layer's union of a chunk's tile selections in the fill pass, as a run drew it.
+struct DrawnUnion {
+  int32_t chunk = -1;
+  int64_t pages = 0;  // sinks included
+};
+// The drawn unions chunk by chunk, each the mean over its layers: only the chunks `g` plans
+// page-sparse, sinks taken off (FitUnionDrawScale's samples).
+std::vector<UnionSample> UnionSamplesOf(const PlanGeometry& g, std::span<const DrawnUnion> drawn);
+
 struct ChunkGeometry {
   int32_t index = 0;
   int64_t start = 0;           // first position
