@@ -853,9 +853,6 @@ int Main(int argc, char** argv) {
 
   SelectionFlags selection;
   CLI::App* selection_cmd = AddSelectionCommand(app, selection);
-  std::string selection_output;
-  selection_cmd->add_option("--output,-o", selection_output,
-                            "write to this file (atomically) instead of stdout");
 
   try {
     app.parse(argc, argv);
@@ -881,7 +878,7 @@ int Main(int argc, char** argv) {
   if (list_cmd->parsed()) return RunList();
   if (calibrate_cmd->parsed()) return RunCalibrate(calibrate, argv[0]);
   if (selection_cmd->parsed()) {
-    Emit(SelectionReport(selection), selection_output);
+    Emit(SelectionReport(selection), selection.output);
     return 0;
   }
   return 2;

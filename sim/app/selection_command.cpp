@@ -23,6 +23,7 @@ CLI::App* AddSelectionCommand(CLI::App& app, SelectionFlags& flags) {
                   "the traces' model as a .yaml or config.json path, when it is not in the "
                   "catalogue (default: the catalogue model the traces name)");
   cmd->add_flag("--json", flags.json, "print JSON instead of text");
+  cmd->add_option("--output,-o", flags.output, "write to this file (atomically) instead of stdout");
   cmd->add_flag("--csv", flags.csv,
                 "print each sparse chunk's measured union as CSV (trace, chunk, k, tiles, "
                 "candidates, layers, union pages with the sinks) instead of the fit");

@@ -14,7 +14,8 @@ struct SelectionFlags {
   std::vector<std::string> traces;  // .ctxtrace files of page-sparse runs, one model
   std::string model;                // the traces' model, when it is not in the catalogue
   bool json = false;
-  bool csv = false;  // the chunks' unions, a row each, instead of the fit
+  bool csv = false;    // the chunks' unions, a row each, instead of the fit
+  std::string output;  // empty: stdout
 };
 
 CLI::App* AddSelectionCommand(CLI::App& app, SelectionFlags& flags);
