@@ -86,9 +86,9 @@ bool IsValidation(const MatrixRun& r) {
          o.page_tokens == 192 || o.chunk_tokens == 3072 || o.chunk_tokens == 6144;
 }
 
-std::vector<MatrixRun> ReadMatrix() {
+std::vector<MatrixRun> ReadMatrix(const std::string& file = "matrix.csv") {
   std::vector<MatrixRun> runs;
-  for (const std::vector<std::string>& f : test::ReadCsvRows(kDir + "matrix.csv")) {
+  for (const std::vector<std::string>& f : test::ReadCsvRows(kDir + file)) {
     const std::string line = test::CsvLine(f);
     EXPECT_EQ(f.size(), 26u) << line;
     if (f.size() != 26) continue;
@@ -302,6 +302,37 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   EXPECT_LE(MedianOf(validation.clock), 0.055);
   EXPECT_LE(*std::max_element(validation.clock.begin(), validation.clock.end()), 0.115);
   EXPECT_LE(host_max, 0.01);
+}
+
+// Runs outside the grid (chunk 1024-16384), recorded the same way
+// (traces/recorded/beyond-matrix.csv) and judged by no set: printed with the planner's error, and
+// bounded at today's accuracy so that a change that worsens them is seen. Chunk 256, 2026-11-26
+// night: 9-12% optimistic (an H100 trace of Llama-3.2-1B 32K: the fused loss over 256 tokens at
+// twice its predicted time, the many small page copies x1.25-1.30, the unions x0.84 of the plan).
+TEST(Matrix, BeyondTheMatrix) {
+  const std::vector<MatrixRun> runs = ReadMatrix("beyond-matrix.csv");
+  ASSERT_GE(runs.size(), 3u);
+  for (const MatrixRun& r : runs) {
+    const ModelSpec model = LoadModel(r.model);
+    const MachineSpec machine = MachineOf(r);
+    r.options.Validate(model);
+    const PlanGeometry geometry(model, r.options);
+    const sim::KernelTimeModel time_model(machine);
+    const sim::PlanReport report =
+        sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
+    const double time = r.tokens_per_second / report.tokens_per_second - 1.0;
+    const double device =
+        static_cast<double>(report.gpu_memory.device) / (r.device_gib * 1073741824.0) - 1.0;
+    std::printf("  %-10s %-13s %7lld c %5lld p %3lld %-4s  time %+6.1f%%  device %+5.1f%%\n",
+                r.machine.c_str(), r.model.c_str(),
+                static_cast<long long>(r.options.context_tokens),
+                static_cast<long long>(r.options.chunk_tokens),
+                static_cast<long long>(r.options.page_tokens),
+                r.options.dense() ? "all" : std::to_string(r.options.page_budget).c_str(),
+                100 * time, 100 * device);
+    EXPECT_LE(std::abs(time), 0.15) << r.line;
+    EXPECT_LE(std::abs(device), 0.02) << r.line;
+  }
 }
 
 // Start-up before the first step (random weights, arena, pinning), predicted against ctxtrain's
