@@ -51,10 +51,8 @@ SelectionModel MeasuredSelection(const std::string& model) {
   for (const auto& entry : std::filesystem::directory_iterator(kDir + "selection")) {
     const std::string name = entry.path().filename().string();
     if (entry.path().extension() != ".ctxtrace" || name.rfind(model + "-", 0) != 0) continue;
-    const OpTrace trace = ReadOpTrace(entry.path());
-    const RunOptions options = RunOptionsFromMetadata(trace.metadata, name);
     const std::vector<UnionSample> s =
-        sim::MeasuredUnionSamples(trace, PlanGeometry(spec, options));
+        sim::MeasuredUnionSamples(ReadOpTrace(entry.path()), spec, name);
     samples.insert(samples.end(), s.begin(), s.end());
   }
   SelectionModel selection;

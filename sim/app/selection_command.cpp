@@ -5,7 +5,6 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/plan/plan_geometry.h"
-#include "ctxplan/runtime/plan/run_metadata.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/traces/op_trace.h"
 #include "json_out.h"
@@ -53,9 +52,7 @@ std::string SelectionReport(const SelectionFlags& flags) {
     if (model.name != name->second)
       throw InputError("--model " + flags.model + " is model '" + model.name + "', but " + path +
                        " is a trace of '" + name->second + "'; accepted: the traces' model");
-    const RunOptions options = RunOptionsFromMetadata(trace.metadata, path);
-    options.Validate(model);
-    Traced t{path, sim::MeasuredUnionSamples(trace, PlanGeometry(model, options))};
+    Traced t{path, sim::MeasuredUnionSamples(trace, model, path)};
     all.insert(all.end(), t.samples.begin(), t.samples.end());
     traced.push_back(std::move(t));
   }

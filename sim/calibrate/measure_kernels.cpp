@@ -390,22 +390,21 @@ Sample RmsNormForwardWarm(Session& session, int64_t t) {
 // RoPE as the runtime's op runs it: Q [t][H_q][d_h] and K [t][H_kv][d_h], two launches.
 Sample Rope(Session& session, int64_t t, int64_t head_dim = kHeadDim, bool warm = false) {
   const int64_t q_dim = kHeads * head_dim, kv_dim = kKvHeads * head_dim;
-  // Rotated over copies, or (warm) one Q and K each call rotates again, what the call before
+  // Rotated over copies, or (warm) the first copy every call, rotating again what the call before
   // wrote, within the L2, as RoPE follows the QKV projection.
-  Rotating<bf16> q(warm ? 1 : t * q_dim, -1, 1, 41);   // [t][H_q][d_h], rotated in place
-  Rotating<bf16> k(warm ? 1 : t * kv_dim, -1, 1, 42);  // [t][H_kv][d_h]
-  auto q_warm = RandomArray<bf16>(warm ? t * q_dim : 1, -1, 1, 43);
-  auto k_warm = RandomArray<bf16>(warm ? t * kv_dim : 1, -1, 1, 44);
+  Rotating<bf16> q(t * q_dim, -1, 1, 41);   // [t][H_q][d_h], rotated in place
+  Rotating<bf16> k(t * kv_dim, -1, 1, 42);  // [t][H_kv][d_h]
   Sample s = TokenRow(warm ? "rope_warm" : "rope", t, q_dim, RopeCost(t, q_dim, kv_dim));
   s.k = kv_dim;
   s.heads = kHeads;
   s.kv_heads = kKvHeads;
   s.head_dim = head_dim;
   s.seconds = StepSecondsPerCall(session, [&](int64_t i) {
-    cu::RopeForward(warm ? q_warm.get() : q[i], t, kHeads, head_dim, q_dim, kRopeFirstPosition,
-                    kRopeTheta, session.stream);
-    cu::RopeForward(warm ? k_warm.get() : k[i], t, kKvHeads, head_dim, kv_dim, kRopeFirstPosition,
-                    kRopeTheta, session.stream);
+    const int64_t copy = warm ? 0 : i;
+    cu::RopeForward(q[copy], t, kHeads, head_dim, q_dim, kRopeFirstPosition, kRopeTheta,
+                    session.stream);
+    cu::RopeForward(k[copy], t, kKvHeads, head_dim, kv_dim, kRopeFirstPosition, kRopeTheta,
+                    session.stream);
   });
   return s;
 }

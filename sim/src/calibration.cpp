@@ -340,6 +340,28 @@ KernelProfile FitFixedAndPerUnit(const GpuSpec& gpu, const KernelProfile& k,
   return best.profile;
 }
 
+// One memory-bound kernel's fixed cost (a grid) and fraction of the device copy rate (implied,
+// at most `max_fraction`) in the tables `fixed_us` and `fraction` under `key`: the pair that
+// explains `rows` best.
+using KernelTable = std::map<std::string, double>;
+KernelProfile FitKernelFixedAndFraction(const GpuSpec& gpu, const KernelProfile& k,
+                                        const std::vector<const CalibrationSample*>& rows,
+                                        const std::string& key,
+                                        KernelTable KernelProfile::*fixed_us,
+                                        KernelTable KernelProfile::*fraction, double max_fraction) {
+  Candidate best;
+  for (const double fixed : Grid(kMemoryKernelFixedUsMax, kMemoryKernelFixedUsStep)) {
+    KernelProfile trial = k;
+    (trial.*fixed_us)[key] = fixed;
+    (trial.*fraction)[key] = 1.0;
+    (trial.*fraction)[key] = ImpliedMedian(
+        gpu, trial, [&](KernelProfile& p, double x) { (p.*fraction)[key] = x; }, rows, 0.02,
+        max_fraction);
+    best.Consider(trial, Score(gpu, trial, rows));
+  }
+  return best.profile;
+}
+
 }  // namespace
 
 CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path) {
@@ -675,22 +697,14 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
           return s->bytes == rows.front()->bytes;
         }))
       continue;
-    const std::string key(name);
-    Candidate best;
-    for (const double fixed : Grid(kMemoryKernelFixedUsMax, kMemoryKernelFixedUsStep)) {
-      KernelProfile trial = k;
-      trial.memory_kernel_fixed_us[key] = fixed;
-      trial.memory_kernel_efficiency[key] = 1.0;
-      trial.memory_kernel_efficiency[key] = ImpliedMedian(
-          gpu, trial, [&](KernelProfile& p, double x) { p.memory_kernel_efficiency[key] = x; },
-          rows, 0.02, 2.0);
-      best.Consider(trial, Score(gpu, trial, rows));
-    }
-    if (best.score < Score(gpu, k, rows)) k = best.profile;
+    const KernelProfile own = FitKernelFixedAndFraction(
+        gpu, k, rows, std::string(name), &KernelProfile::memory_kernel_fixed_us,
+        &KernelProfile::memory_kernel_efficiency, 2.0);
+    if (Score(gpu, own, rows) < Score(gpu, k, rows)) k = own;
   }
 
   // The kernels timed right after the kernel that wrote their input, their traffic within the L2
-  // (ctxplan-measure's "<kernel>_warm" rows): the fraction their cold fixed cost leaves them.
+  // (ctxplan-measure's "<kernel>_warm" rows): their own fixed cost and fraction there.
   k.l2_cache_mib = HeaderNumber(samples, "l2_bytes") / (1024.0 * 1024.0);
   for (const std::string_view name : kMemoryKernelNames) {
     const std::string key(name);
@@ -701,17 +715,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       k.memory_kernel_efficiency[key] = k.memory_efficiency;
     }
     // Its own fixed cost too: loads that hit the L2 shorten the latency a small launch waits on.
-    Candidate best;
-    for (const double fixed : Grid(kMemoryKernelFixedUsMax, kMemoryKernelFixedUsStep)) {
-      KernelProfile trial = k;
-      trial.memory_kernel_warm_fixed_us[key] = fixed;
-      trial.memory_kernel_warm_efficiency[key] = 1.0;
-      trial.memory_kernel_warm_efficiency[key] = ImpliedMedian(
-          gpu, trial, [&](KernelProfile& p, double x) { p.memory_kernel_warm_efficiency[key] = x; },
-          rows, 0.02, 20.0);
-      best.Consider(trial, Score(gpu, trial, rows));
-    }
-    k = best.profile;
+    k = FitKernelFixedAndFraction(gpu, k, rows, key, &KernelProfile::memory_kernel_warm_fixed_us,
+                                  &KernelProfile::memory_kernel_warm_efficiency, 20.0);
   }
 
   // --- GEMMs: the tile, split and wave cost that explain them best, and the rate --------------

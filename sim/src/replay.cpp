@@ -149,6 +149,13 @@ std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const PlanGe
   return UnionSamplesOf(g, drawn);
 }
 
+std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const ModelSpec& model,
+                                              const std::string& trace_name) {
+  const RunOptions options = RunOptionsFromMetadata(trace.metadata, trace_name);
+  options.Validate(model);
+  return MeasuredUnionSamples(trace, PlanGeometry(model, options));
+}
+
 ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTimeModel& time_model,
                     const std::string& trace_name) {
   // A trace of one rank of a pipelined run (ctxtrain writes one a GPU, with its rank) holds that

@@ -101,5 +101,9 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
 // records (the recompute reselects the same pages), for FitUnionDrawScale: only the chunks `g`
 // plans page-sparse, sinks taken off.
 std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const PlanGeometry& g);
+// The same, planned from the trace's own options (its metadata) for `model`; a trace whose
+// options do not read or do not suit the model throws InputError naming `trace_name`.
+std::vector<UnionSample> MeasuredUnionSamples(const OpTrace& trace, const ModelSpec& model,
+                                              const std::string& trace_name);
 
 }  // namespace ctxplan::sim
