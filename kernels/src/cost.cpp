@@ -1,5 +1,7 @@
 #include "ctxplan/kernels/cost.h"
 
+#include <algorithm>
+
 #include "ctxplan/models/gpu_spec.h"
 
 namespace ctxplan {
@@ -228,7 +230,10 @@ OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bo
   double flops = gemms * 2.0 * D(tokens) * D(vocab) * D(hidden);
   double bytes = 2.0 * D(vocab * hidden) * kBf16Bytes + 2.0 * D(tokens * hidden) * kBf16Bytes +
                  (head_trainable ? 2.0 * D(vocab * hidden) * D(grad_bytes) : 0.0);
-  return {flops, bytes, RateClass::kFusedLoss, GemmShape(tokens, vocab, hidden)};
+  KernelShape shape = GemmShape(tokens, vocab, hidden);
+  shape.out_bytes = static_cast<int32_t>(grad_bytes);
+  shape.vocab_tile = std::min(kLossVocabTile, vocab);
+  return {flops, bytes, RateClass::kFusedLoss, shape};
 }
 OpCost ZeroFillCost(int64_t bytes) {
   return Memory(MemoryKernel::kZeroFill, D(bytes));

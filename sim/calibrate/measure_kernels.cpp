@@ -53,13 +53,12 @@ const std::vector<int64_t> kLoraRanks = {16, 64};
 const std::vector<int64_t> kLoraRanksQuick = {16};
 
 // --- loss: tokens x vocabulary x hidden (two hidden sizes part the GEMMs from the softmax) ------
-const std::vector<int64_t> kLossTokens = {1024, 2048, 4096, 8192};
+const std::vector<int64_t> kLossTokens = {256, 512, 1024, 2048, 4096, 8192};
 const std::vector<int64_t> kLossTokensQuick = {4096};
 const std::vector<int64_t> kLossVocab = {32000, 128256, 152064};
 const std::vector<int64_t> kLossVocabQuick = {152064};
 const std::vector<int64_t> kLossHidden = {2048, 4096};
 const std::vector<int64_t> kLossHiddenQuick = {2048, 4096};
-constexpr int64_t kLossVocabTile = 8192;  // the runtime's (PlanGeometry::kLossVocabTile)
 
 // --- memory-bound kernels: a Llama-3-8B-like layer ----------------------------------------------
 const std::vector<int64_t> kMemoryTokens = {1024, 4096, 16384};

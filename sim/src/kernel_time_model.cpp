@@ -156,6 +156,39 @@ double KernelTimeModel::GemmComputeSeconds(const KernelShape& s) const {
   return waves * (tile_seconds + wave_us * 1e-6);
 }
 
+double KernelTimeModel::LossGemmSeconds(const OpCost& cost) const {
+  const KernelShape& s = cost.shape;
+  // The loss runs a vocabulary tile at a time, each tile's GEMMs shaped by the chunk: over few
+  // tokens the logits are a thin wave, dX [tokens x hidden] a handful of tiles each summing a
+  // whole vocabulary tile, and dW [tile x hidden] many tiles summing only the tokens, whose
+  // accumulate costs more than their FLOPs. A trainable head runs four GEMMs a tile, else three.
+  const double one = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.cols) *
+                     static_cast<double>(s.depth);
+  const bool head_trainable = cost.flops > 3.5 * one;
+  auto tile_seconds = [&](int64_t cols) {
+    KernelShape logits;  // [tokens x cols] fp32 = x W_tile^T, twice (LSE pass, gradient pass)
+    logits.rows = s.rows;
+    logits.cols = cols;
+    logits.depth = s.depth;
+    KernelShape dx;  // [tokens x hidden] fp32 += g W_tile, over the tile's columns
+    dx.rows = s.rows;
+    dx.cols = s.depth;
+    dx.depth = cols;
+    KernelShape dw;  // [cols x hidden] += g^T x, over the tokens
+    dw.rows = cols;
+    dw.cols = s.depth;
+    dw.depth = s.rows;
+    dw.accumulates = true;
+    dw.out_bytes = s.out_bytes;
+    return 2.0 * GemmComputeSeconds(logits) + GemmComputeSeconds(dx) +
+           (head_trainable ? GemmComputeSeconds(dw) : 0.0);
+  };
+  const int64_t tile = s.vocab_tile > 0 ? std::min(s.vocab_tile, s.cols) : s.cols;
+  const int64_t rest = s.cols % tile;
+  return static_cast<double>(s.cols / tile) * tile_seconds(tile) +
+         (rest > 0 ? tile_seconds(rest) : 0.0);
+}
+
 double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const KernelProfile& k = profile_;
   const KernelShape& s = cost.shape;
@@ -311,14 +344,9 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       return t;
     }
     case RateClass::kFusedLoss: {
-      // Its passes over the same [tokens x vocab] grid (LSE, then the gradients): one GEMM's
-      // quantisation times the FLOPs' multiple of a single GEMM, at the loss's fraction.
-      double compute = cost.flops / (k.gemm_tflops * 1e12);
-      if (s.rows > 0 && s.cols > 0 && s.depth > 0) {
-        const double one = 2.0 * static_cast<double>(s.rows) * static_cast<double>(s.cols) *
-                           static_cast<double>(s.depth);
-        compute = GemmComputeSeconds(s) * (cost.flops / one);
-      }
+      const double compute = s.rows > 0 && s.cols > 0 && s.depth > 0
+                                 ? LossGemmSeconds(cost)
+                                 : cost.flops / (k.gemm_tflops * 1e12);
       const double softmax =
           static_cast<double>(s.rows) * static_cast<double>(s.cols) * k.loss_ns_per_logit * 1e-9;
       return bounded(launches, compute / k.loss_efficiency + softmax,

@@ -84,8 +84,11 @@ struct KernelShape {
   MemoryKernel memory_kernel = MemoryKernel::kOther;
   bool warm_input = false;
   // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
+  // The fused loss: its head gradient's bytes an element.
   bool accumulates = false;
   int32_t out_bytes = 2;
+  // The fused loss: the vocabulary columns of one logits tile (its GEMMs run a tile at a time).
+  int64_t vocab_tile = 0;
 };
 
 struct OpCost {
@@ -167,8 +170,12 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
-// Fused linear + cross-entropy over `tokens` positions and a `vocab` x `hidden` head:
-// logits computed twice (LSE pass, gradient pass), dX, and dW accumulated.
+// The fused loss's logits tile: kLossVocabTile vocabulary columns (fp32) a pass, so the [t][V]
+// logits never exist whole (kernels/src/cuda/linear_cross_entropy.cu).
+inline constexpr int64_t kLossVocabTile = 8192;
+// Fused linear + cross-entropy over `tokens` positions and a `vocab` x `hidden` head, a
+// kLossVocabTile tile of the vocabulary at a time: logits computed twice (LSE pass, gradient
+// pass), dX, and dW accumulated.
 OpCost LossForwardBackwardCost(int64_t tokens, int64_t hidden, int64_t vocab, bool head_trainable,
                                int64_t grad_bytes);
 OpCost ZeroFillCost(int64_t bytes);

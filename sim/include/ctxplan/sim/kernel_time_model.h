@@ -90,6 +90,8 @@ class KernelTimeModel {
   // --- the pieces, public for calibration fits and tests --------------------------------------
   // Tensor-core seconds of a GEMM-shaped launch, with tile and wave quantisation.
   double GemmComputeSeconds(const KernelShape& shape) const;
+  // The fused loss's GEMMs at the maximum clock, a vocabulary tile at a time.
+  double LossGemmSeconds(const OpCost& cost) const;
   // Seconds of an attention op's compute (no launch, no memory bound).
   double AttentionComputeSeconds(const OpCost& cost) const;
   // The fraction of the contiguous rate reached over pages of `page_tokens` (1 for 0).
