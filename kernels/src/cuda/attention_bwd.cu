@@ -24,8 +24,10 @@
 //     (red.global.add.v2.f32) into an fp32 workspace.
 //  3. postprocess: dQ = bf16(scale * accumulator).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
-// loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). What is
-// left is decoupling the two warpgroups' dQ so they can take turns on the tensor cores.
+// loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
+// warpgroups an item's dQ runs under the next item's S and dP (one block barrier an item, operands
+// loaded two items ahead). What is left is decoupling the two warpgroups' dQ so they can take
+// turns on the tensor cores.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -706,17 +708,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 template <int HD, int NWG>
 struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
+  // Two warpgroups run an item's dQ under the next item's S and dP (AttnBwdWgmmaKernel): their
+  // operands are loaded two items ahead, and dS alternates between two buffers. One warpgroup
+  // (two blocks a multiprocessor) has room for two buffers only.
+  static constexpr bool kPipelined = NWG == 2;
+  static constexpr int kStages = kPipelined ? 3 : 2;
+  static constexpr int kdSBuffers = kPipelined ? 2 : 1;
   static constexpr int kKvBytes = BN * HD * 2;     // one of K, V: [HD / 64][BN][64] bf16
   static constexpr int kQBytes = kBwdBM * HD * 2;  // one buffer of Q or dO: [HD / 64][64][64]
+  static constexpr int kdSBytes = BN * 128;        // one buffer of dS^T: [BN keys][64 q] bf16
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
-  static constexpr int kQ = kV + kKvBytes;       // 2 buffers
-  static constexpr int kdO = kQ + 2 * kQBytes;   // 2 buffers
-  static constexpr int kdS = kdO + 2 * kQBytes;  // [BN keys][64 q]
-  static constexpr int kL = kdS + BN * 128;      // [2][64] fp32
-  static constexpr int kD = kL + 512;            // [2][64] fp32
-  static constexpr int kUnion = kD + 512;        // uint32 union, int32 tile count
-  static constexpr int kMask = kUnion + 16;      // [sel_tiles] uint32, then [n_q_tiles] int32
+  static constexpr int kQ = kV + kKvBytes;                  // kStages buffers
+  static constexpr int kdO = kQ + kStages * kQBytes;        // kStages buffers
+  static constexpr int kdS = kdO + kStages * kQBytes;       // kdSBuffers buffers
+  static constexpr int kL = kdS + kdSBuffers * kdSBytes;    // [kStages][64] fp32
+  static constexpr int kD = kL + kStages * kBwdBM * 4;      // [kStages][64] fp32
+  static constexpr int kUnion = kD + kStages * kBwdBM * 4;  // uint32 union, int32 count
+  static constexpr int kMask = kUnion + 16;  // [sel_tiles] uint32, then [n_q_tiles] int32
   static int Bytes(int sel_tiles, int q_tiles) {
     return kMask + 4 * sel_tiles + 4 * q_tiles + 1024;
   }
@@ -796,10 +805,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         [](int row, int c) { return Sw128<BM>(row, c); });
   };
 
-  int hl = 0, item = 0;
-  load_item(hl, tile_at(item), 0);
-  CpAsyncCommit();
-
   float dk[HD / 2], dv[HD / 2];
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) {
@@ -815,27 +820,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   }
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
 
-  for (int n = 0; hl < prm.group; ++n) {
-    const int buf = n & 1;
-    const int h = hkv * prm.group + hl;
-    const int q0 = tile_at(item) * BM;
-    CpAsyncWait<0>();
-    FenceProxyAsync();
-    __syncthreads();
-    {
-      int nhl = hl, nitem = item;
-      advance(nhl, nitem);
-      if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
-      CpAsyncCommit();
-    }
-    const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
-    const float* lrow = sLf + buf * BM;
-    const float* drow = sDf + buf * BM;
+  if constexpr (L::kPipelined) {
+    // Item n: dQ of item n - 1 and this item's S^T and dP^T issued together, so the tensor cores
+    // run S^T and dP^T while dQ's atomics go out; then the softmax's backward and one block
+    // barrier (both warpgroups' dS^T, the next item's operands). Every wgmma is waited within its
+    // iteration: one in flight across the loop's back edge makes the compiler serialise them all.
+    // Operands load two items ahead into a ring of three buffers: at item n's barrier every
+    // thread is done with item n - 1's, which take item n + 2's. dS^T alternates between two
+    // buffers, as item n's is written while the other warpgroup may still read item n - 1's.
 
-    const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
-
-    // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P): the tensor cores run dP^T while
-    // this warpgroup exponentiates S^T, and later dV += P^T dO while it forms dS^T.
     // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
     auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
 #pragma unroll
@@ -846,162 +839,390 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       }
       WgmmaCommit();
     };
-    WgmmaFence();
-    key_query_product(s, k_wg, qb);
-    key_query_product(dp_, v_wg, dob);
-    WgmmaWait<1>();  // S^T done; dP^T may still run
-    FenceAcc(s);
+    // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P), from operand buffer `buf`: the
+    // tensor cores run dP^T while this warpgroup exponentiates S^T, and later dV += P^T dO while it
+    // forms dS^T. Two commit groups.
+    auto issue_s_dp = [&](int buf) {
+      WgmmaFence();
+      key_query_product(s, k_wg, sQ + buf * L::kQBytes);
+      key_query_product(dp_, v_wg, sdO + buf * L::kQBytes);
+    };
 
-    // P^T = exp2(S^T scale log2e - LSE2[q]), masked.
-    bool row_ok[2] = {key_ok[0], key_ok[1]};
-    if (sparse) {
-      row_ok[0] = row_ok[0] && ((tile_bits >> key_bit[0]) & 1u);
-      row_ok[1] = row_ok[1] && ((tile_bits >> key_bit[1]) & 1u);
-    }
-    const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
-    // Two copies of the loop, the unmasked one (most items) without the mask arithmetic. Written
-    // out: left to the compiler, the all-blocks variant was unswitched and the over-the-union one
-    // was not, which ran slower (kernels/PERF.md).
-    auto exponentiate = [&](auto masked) {
+    // With S^T done and dP^T in flight: P^T, dV += P^T dO, dS^T = P^T (dP^T - D) (into the dS
+    // buffer ds, for dQ), dK += dS^T Q. Leaves dV and dK in flight, two commit groups.
+    auto softmax_backward = [&](int q0, int buf, uint32_t ds) {
+      const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
+      const float* lrow = sLf + buf * BM;
+      const float* drow = sDf + buf * BM;
+      const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
+
+      // P^T = exp2(S^T scale log2e - LSE2[q]), masked.
+      bool row_ok[2] = {key_ok[0], key_ok[1]};
+      if (sparse) {
+        row_ok[0] = row_ok[0] && ((tile_bits >> key_bit[0]) & 1u);
+        row_ok[1] = row_ok[1] && ((tile_bits >> key_bit[1]) & 1u);
+      }
+      const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
+      // Two copies of the loop, the unmasked one (most items) without the mask arithmetic. Written
+      // out: left to the compiler, the all-blocks variant was unswitched and the over-the-union one
+      // was not, which ran slower (kernels/PERF.md).
+      auto exponentiate = [&](auto masked) {
 #pragma unroll
-      for (int i = 0; i < BM / 8; ++i) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lrow + i * 8 + 2 * tq);
+        for (int i = 0; i < BM / 8; ++i) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lrow + i * 8 + 2 * tq);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lv = (e & 1) ? l2.y : l2.x;
-          float pv = Exp2(fmaf(s[4 * i + e], prm.scale_log2, -lv));
-          if constexpr (decltype(masked)::value) {
-            const int qi = q0 + i * 8 + 2 * tq + (e & 1);
-            const int kidx = kb0 + kr0 + (e >> 1) * 8;
-            const bool ok = row_ok[e >> 1] && qi < t && (earlier || kidx <= qi);
-            pv = ok ? pv : 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            const float lv = (e & 1) ? l2.y : l2.x;
+            float pv = Exp2(fmaf(s[4 * i + e], prm.scale_log2, -lv));
+            if constexpr (decltype(masked)::value) {
+              const int qi = q0 + i * 8 + 2 * tq + (e & 1);
+              const int kidx = kb0 + kr0 + (e >> 1) * 8;
+              const bool ok = row_ok[e >> 1] && qi < t && (earlier || kidx <= qi);
+              pv = ok ? pv : 0.0f;
+            }
+            s[4 * i + e] = pv;
           }
-          s[4 * i + e] = pv;
+        }
+      };
+      if (full) {
+        exponentiate(std::false_type{});
+      } else {
+        exponentiate(std::true_type{});
+      }
+      uint32_t pa[BM / 16][4];
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        pa[kq][0] = PackBf16(s[8 * kq + 0], s[8 * kq + 1]);
+        pa[kq][1] = PackBf16(s[8 * kq + 2], s[8 * kq + 3]);
+        pa[kq][2] = PackBf16(s[8 * kq + 4], s[8 * kq + 5]);
+        pa[kq][3] = PackBf16(s[8 * kq + 6], s[8 * kq + 7]);
+      }
+
+      // dV += P^T dO.
+      WgmmaFence();
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        if constexpr (HD == 128) {
+          WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+        } else {
+          WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
         }
       }
+      WgmmaCommit();
+      WgmmaWait<1>();  // dP^T done; dV may still run
+      FenceAcc(dp_);
+
+      // dS^T = P^T (dP^T - D[q]): packed for dK, stored for dQ.
+      uint32_t da[BM / 16][4];
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i) {
+        const float2 d2 = *reinterpret_cast<const float2*>(drow + i * 8 + 2 * tq);
+        const float x0 = s[4 * i + 0] * (dp_[4 * i + 0] - d2.x);
+        const float x1 = s[4 * i + 1] * (dp_[4 * i + 1] - d2.y);
+        const float x2 = s[4 * i + 2] * (dp_[4 * i + 2] - d2.x);
+        const float x3 = s[4 * i + 3] * (dp_[4 * i + 3] - d2.y);
+        const uint32_t lo = PackBf16(x0, x1), hi = PackBf16(x2, x3);
+        da[i >> 1][(i & 1) * 2 + 0] = lo;
+        da[i >> 1][(i & 1) * 2 + 1] = hi;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + Sw128<BN>(kr0, i) + tq * 4), "r"(lo)
+                     : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(ds + Sw128<BN>(kr0 + 8, i) + tq * 4), "r"(hi)
+                     : "memory");
+      }
+      FenceProxyAsync();
+
+      // dK += dS^T Q.
+      WgmmaFence();
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        if constexpr (HD == 128) {
+          WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+        } else {
+          WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+        }
+      }
+      WgmmaCommit();
     };
-    if (full) {
-      exponentiate(std::false_type{});
-    } else {
-      exponentiate(std::true_type{});
-    }
-    uint32_t pa[BM / 16][4];
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      pa[kq][0] = PackBf16(s[8 * kq + 0], s[8 * kq + 1]);
-      pa[kq][1] = PackBf16(s[8 * kq + 2], s[8 * kq + 3]);
-      pa[kq][2] = PackBf16(s[8 * kq + 4], s[8 * kq + 5]);
-      pa[kq][3] = PackBf16(s[8 * kq + 6], s[8 * kq + 7]);
-    }
 
-    // dV += P^T dO.
-    WgmmaFence();
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      if constexpr (HD == 128) {
-        WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
-      } else {
-        WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
-      }
-    }
-    WgmmaCommit();
-    WgmmaWait<1>();  // dP^T done; dV may still run
-    FenceAcc(dp_);
-
-    // dS^T = P^T (dP^T - D[q]): packed for dK, stored for dQ.
-    uint32_t da[BM / 16][4];
-#pragma unroll
-    for (int i = 0; i < BM / 8; ++i) {
-      const float2 d2 = *reinterpret_cast<const float2*>(drow + i * 8 + 2 * tq);
-      const float x0 = s[4 * i + 0] * (dp_[4 * i + 0] - d2.x);
-      const float x1 = s[4 * i + 1] * (dp_[4 * i + 1] - d2.y);
-      const float x2 = s[4 * i + 2] * (dp_[4 * i + 2] - d2.x);
-      const float x3 = s[4 * i + 3] * (dp_[4 * i + 3] - d2.y);
-      const uint32_t lo = PackBf16(x0, x1), hi = PackBf16(x2, x3);
-      da[i >> 1][(i & 1) * 2 + 0] = lo;
-      da[i >> 1][(i & 1) * 2 + 1] = hi;
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0, i) + tq * 4), "r"(lo)
-                   : "memory");
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0 + 8, i) + tq * 4), "r"(hi)
-                   : "memory");
-    }
-    FenceProxyAsync();
-
-    // dK += dS^T Q.
-    WgmmaFence();
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      if constexpr (HD == 128) {
-        WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
-      } else {
-        WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
-      }
-    }
-    WgmmaCommit();
-
-    // dQ[64 q][64 d] = dS K. Head_dim 128: with two warpgroups each takes one 64-column half of
-    // d over all the block's keys (both warpgroups' dS^T), with one it does both halves in turn.
-    // Head_dim 64: each warpgroup its own 64 keys' share of the one half.
-    constexpr int kPasses = HD == 64 ? 1 : 3 - NWG;
+    // dQ[64 q][64 d] = dS K. Head_dim 128: each warpgroup takes one 64-column half of d over all
+    // the block's keys (both warpgroups' dS^T); head_dim 64: its own 64 keys' share of the one
+    // half. One commit group.
     constexpr int kDqKeys = HD == 64 ? 64 : BN;
     const int dq_key0 = HD == 64 ? wg * 64 : 0;
-    if (HD == 128 && NWG == 2) {
-      __syncthreads();  // dS^T of both warpgroups in shared memory
-    } else {
-      NamedBarrierSync(1 + wg, 128);  // this warpgroup's dS^T
-    }
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int half = HD == 64 ? 0 : NWG == 2 ? wg : pass;
+    const int half = HD == 64 ? 0 : wg;
+    auto issue_dq = [&](uint32_t ds) {
       WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-        const uint32_t a = sdS + (dq_key0 + kk * 16) * 128;
+        const uint32_t a = ds + (dq_key0 + kk * 16) * 128;
         const uint32_t b = sK + half * (BN * 128) + (dq_key0 + kk * 16) * 128;
         WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
                              kk > 0 ? 1 : 0);
       }
       WgmmaCommit();
-      WgmmaWait<0>();  // dQ, and (first pass) this warpgroup's dV and dK
+    };
+    // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a barrier
+    // per item to a loop the atomics never stall (kernels/PERF.md).
+    auto add_dq = [&](int h, int q0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int qi = q0 + wwarp * 16 + g + hf * 8;
+        if (qi < t) {
+          float* dst =
+              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
+                      make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+        }
+      }
+    };
+
+    int hl = 0, item = 0;
+    int hl1 = 0, item1 = 0;  // item n + 1
+    advance(hl1, item1);
+    load_item(hl, tile_at(item), 0);
+    CpAsyncCommit();
+    if (hl1 < prm.group) load_item(hl1, tile_at(item1), 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    FenceProxyAsync();
+    __syncthreads();
+    int prev_h = 0, prev_q0 = 0;
+    for (int n = 0; hl < prm.group; ++n) {
+      const int buf = n % L::kStages;
+      const int h = hkv * prm.group + hl;
+      const int q0 = tile_at(item) * BM;
+      const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
+      // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing, issued
+      // all the same so that no branch splits the wgmma sequence.
+      issue_dq(sdS + ((n + 1) & 1) * L::kdSBytes);
+      issue_s_dp(buf);
+      WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
+      FenceAcc(dq);
+      if (n > 0) add_dq(prev_h, prev_q0);
+      WgmmaWait<1>();  // S^T done; dP^T may still run
+      FenceAcc(s);
+      softmax_backward(q0, buf, ds);
+      CpAsyncWait<0>();  // item n + 1's operands
+      FenceProxyAsync();
+      __syncthreads();  // both warpgroups' dS^T; item n + 1's operands; item n - 1 done
+      int hl2 = hl1, item2 = item1;
+      advance(hl2, item2);
+      if (hl2 < prm.group) load_item(hl2, tile_at(item2), (n + 2) % L::kStages);
+      CpAsyncCommit();
+      WgmmaWait<0>();  // dV and dK
       FenceAcc(dv);
       FenceAcc(dk);
-      FenceAcc(dq);
-      // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a
-      // barrier per item to a loop the atomics never stall (kernels/PERF.md).
-      if constexpr (NWG == 1) {
-        // Lanes tq and tq ^ 1 swap halves so that each adds four adjacent columns of one row
-        // (the even lane row g, the odd lane row g + 8): half the atomic instructions, 1.03-1.12x
-        // in 64-key blocks; in 128-key blocks 0.90-1.01x (kernels/PERF.md).
-        const bool odd = tq & 1;
-        const int qi = q0 + wwarp * 16 + g + (odd ? 8 : 0);
-        float* dst =
-            prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * (tq & 2);
+      prev_h = h;
+      prev_q0 = q0;
+      hl = hl1;
+      item = item1;
+      hl1 = hl2;
+      item1 = item2;
+    }
+    // The last item's dQ, its dS^T behind the last barrier.
+    issue_dq(sdS + ((n_tiles * prm.group - 1) & 1) * L::kdSBytes);
+    WgmmaWait<0>();
+    FenceAcc(dq);
+    if (n_tiles > 0) add_dq(prev_h, prev_q0);
+  } else {
+    // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
+    // item's wgmmas waited within it. Written out apart from the pipelined loop's pieces: built
+    // from them, this loop ran 2-3% slower (kernels/PERF.md).
+    int hl = 0, item = 0;
+    load_item(hl, tile_at(item), 0);
+    CpAsyncCommit();
+
+    for (int n = 0; hl < prm.group; ++n) {
+      const int buf = n & 1;
+      const int h = hkv * prm.group + hl;
+      const int q0 = tile_at(item) * BM;
+      CpAsyncWait<0>();
+      FenceProxyAsync();
+      __syncthreads();
+      {
+        int nhl = hl, nitem = item;
+        advance(nhl, nitem);
+        if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
+        CpAsyncCommit();
+      }
+      const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
+      const float* lrow = sLf + buf * BM;
+      const float* drow = sDf + buf * BM;
+
+      const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
+
+      // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P): the tensor cores run dP^T while
+      // this warpgroup exponentiates S^T, and later dV += P^T dO while it forms dS^T.
+      // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
+      auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float give0 = odd ? dq[4 * i] : dq[4 * i + 2];
-          const float give1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
-          const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-          const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-          const float4 v = odd ? make_float4(got0, got1, dq[4 * i + 2], dq[4 * i + 3])
-                               : make_float4(dq[4 * i], dq[4 * i + 1], got0, got1);
-          if (qi < t) atomicAdd(reinterpret_cast<float4*>(dst + i * 8), v);
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          const uint32_t a = keys_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+          const uint32_t b = queries + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+          WgmmaSS_m64n64<0, 0>(acc, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
         }
+        WgmmaCommit();
+      };
+      WgmmaFence();
+      key_query_product(s, k_wg, qb);
+      key_query_product(dp_, v_wg, dob);
+      WgmmaWait<1>();  // S^T done; dP^T may still run
+      FenceAcc(s);
+
+      // P^T = exp2(S^T scale log2e - LSE2[q]), masked.
+      bool row_ok[2] = {key_ok[0], key_ok[1]};
+      if (sparse) {
+        row_ok[0] = row_ok[0] && ((tile_bits >> key_bit[0]) & 1u);
+        row_ok[1] = row_ok[1] && ((tile_bits >> key_bit[1]) & 1u);
+      }
+      const bool full = row_ok[0] && row_ok[1] && q0 + BM <= t && (earlier || q0 >= kb0 + BN);
+      // Two copies of the loop, the unmasked one (most items) without the mask arithmetic. Written
+      // out: left to the compiler, the all-blocks variant was unswitched and the over-the-union one
+      // was not, which ran slower (kernels/PERF.md).
+      auto exponentiate = [&](auto masked) {
+#pragma unroll
+        for (int i = 0; i < BM / 8; ++i) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lrow + i * 8 + 2 * tq);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float lv = (e & 1) ? l2.y : l2.x;
+            float pv = Exp2(fmaf(s[4 * i + e], prm.scale_log2, -lv));
+            if constexpr (decltype(masked)::value) {
+              const int qi = q0 + i * 8 + 2 * tq + (e & 1);
+              const int kidx = kb0 + kr0 + (e >> 1) * 8;
+              const bool ok = row_ok[e >> 1] && qi < t && (earlier || kidx <= qi);
+              pv = ok ? pv : 0.0f;
+            }
+            s[4 * i + e] = pv;
+          }
+        }
+      };
+      if (full) {
+        exponentiate(std::false_type{});
       } else {
+        exponentiate(std::true_type{});
+      }
+      uint32_t pa[BM / 16][4];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int qi = q0 + wwarp * 16 + g + hf * 8;
-          if (qi < t) {
-            float* dst =
-                prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        pa[kq][0] = PackBf16(s[8 * kq + 0], s[8 * kq + 1]);
+        pa[kq][1] = PackBf16(s[8 * kq + 2], s[8 * kq + 3]);
+        pa[kq][2] = PackBf16(s[8 * kq + 4], s[8 * kq + 5]);
+        pa[kq][3] = PackBf16(s[8 * kq + 6], s[8 * kq + 7]);
+      }
+
+      // dV += P^T dO.
+      WgmmaFence();
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-              atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
-                        make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        if constexpr (HD == 128) {
+          WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+        } else {
+          WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+        }
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();  // dP^T done; dV may still run
+      FenceAcc(dp_);
+
+      // dS^T = P^T (dP^T - D[q]): packed for dK, stored for dQ.
+      uint32_t da[BM / 16][4];
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i) {
+        const float2 d2 = *reinterpret_cast<const float2*>(drow + i * 8 + 2 * tq);
+        const float x0 = s[4 * i + 0] * (dp_[4 * i + 0] - d2.x);
+        const float x1 = s[4 * i + 1] * (dp_[4 * i + 1] - d2.y);
+        const float x2 = s[4 * i + 2] * (dp_[4 * i + 2] - d2.x);
+        const float x3 = s[4 * i + 3] * (dp_[4 * i + 3] - d2.y);
+        const uint32_t lo = PackBf16(x0, x1), hi = PackBf16(x2, x3);
+        da[i >> 1][(i & 1) * 2 + 0] = lo;
+        da[i >> 1][(i & 1) * 2 + 1] = hi;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0, i) + tq * 4), "r"(lo)
+                     : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>(kr0 + 8, i) + tq * 4),
+                     "r"(hi)
+                     : "memory");
+      }
+      FenceProxyAsync();
+
+      // dK += dS^T Q.
+      WgmmaFence();
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        if constexpr (HD == 128) {
+          WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+        } else {
+          WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+        }
+      }
+      WgmmaCommit();
+
+      // dQ[64 q][64 d] = dS K. Head_dim 128: with two warpgroups each takes one 64-column half of
+      // d over all the block's keys (both warpgroups' dS^T), with one it does both halves in turn.
+      // Head_dim 64: each warpgroup its own 64 keys' share of the one half.
+      constexpr int kPasses = HD == 64 ? 1 : 3 - NWG;
+      constexpr int kDqKeys = HD == 64 ? 64 : BN;
+      const int dq_key0 = HD == 64 ? wg * 64 : 0;
+      if (HD == 128 && NWG == 2) {
+        __syncthreads();  // dS^T of both warpgroups in shared memory
+      } else {
+        NamedBarrierSync(1 + wg, 128);  // this warpgroup's dS^T
+      }
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int half = HD == 64 ? 0 : NWG == 2 ? wg : pass;
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+          const uint32_t a = sdS + (dq_key0 + kk * 16) * 128;
+          const uint32_t b = sK + half * (BN * 128) + (dq_key0 + kk * 16) * 128;
+          WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
+                               kk > 0 ? 1 : 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();  // dQ, and (first pass) this warpgroup's dV and dK
+        FenceAcc(dv);
+        FenceAcc(dk);
+        FenceAcc(dq);
+        // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a
+        // barrier per item to a loop the atomics never stall (kernels/PERF.md).
+        if constexpr (NWG == 1) {
+          // Lanes tq and tq ^ 1 swap halves so that each adds four adjacent columns of one row
+          // (the even lane row g, the odd lane row g + 8): half the atomic instructions, 1.03-1.12x
+          // in 64-key blocks; in 128-key blocks 0.90-1.01x (kernels/PERF.md).
+          const bool odd = tq & 1;
+          const int qi = q0 + wwarp * 16 + g + (odd ? 8 : 0);
+          float* dst =
+              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * (tq & 2);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float give0 = odd ? dq[4 * i] : dq[4 * i + 2];
+            const float give1 = odd ? dq[4 * i + 1] : dq[4 * i + 3];
+            const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+            const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+            const float4 v = odd ? make_float4(got0, got1, dq[4 * i + 2], dq[4 * i + 3])
+                                 : make_float4(dq[4 * i], dq[4 * i + 1], got0, got1);
+            if (qi < t) atomicAdd(reinterpret_cast<float4*>(dst + i * 8), v);
+          }
+        } else {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int qi = q0 + wwarp * 16 + g + hf * 8;
+            if (qi < t) {
+              float* dst =
+                  prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
+#pragma unroll
+              for (int i = 0; i < 8; ++i)
+                atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
+                          make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
+            }
           }
         }
       }
+      advance(hl, item);
     }
-    advance(hl, item);
   }
   CpAsyncWait<0>();
 
