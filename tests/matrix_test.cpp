@@ -306,7 +306,9 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
 // (traces/recorded/beyond-matrix.csv) and judged by no set: printed with the planner's error, and
 // bounded at today's accuracy so that a change that worsens them is seen. Chunk 256, 2026-11-26
 // night: 9-12% optimistic (an H100 trace of Llama-3.2-1B 32K: the fused loss over 256 tokens at
-// twice its predicted time, the many small page copies x1.25-1.30, the unions x0.84 of the plan).
+// twice its predicted time, the many small page copies x1.25-1.30, the unions x0.84 of the plan);
+// with the loss timed a vocabulary tile at a time and the union rule anchored at one tile,
+// -4.7 / +1.9 / +2.5%.
 TEST(Matrix, BeyondTheMatrix) {
   const std::vector<MatrixRun> runs = ReadMatrix("beyond-matrix.csv");
   ASSERT_GE(runs.size(), 3u);
@@ -328,7 +330,7 @@ TEST(Matrix, BeyondTheMatrix) {
                 static_cast<long long>(r.options.page_tokens),
                 r.options.dense() ? "all" : std::to_string(r.options.page_budget).c_str(),
                 100 * time, 100 * device);
-    EXPECT_LE(std::abs(time), 0.15) << r.line;
+    EXPECT_LE(std::abs(time), 0.08) << r.line;
     EXPECT_LE(std::abs(device), 0.02) << r.line;
   }
 }
@@ -531,7 +533,7 @@ TEST(Matrix, PageUnionRuleIsTheCalibrationFit) {
     const double f = static_cast<double>(c.candidates), t = static_cast<double>(c.tiles);
     const double k = static_cast<double>(c.k);
     const double draws =
-        std::clamp(scale * std::pow(t, tile_exp) * std::pow(f / k, draw_exp), 1.0, t);
+        std::clamp(1.0 + scale * std::pow(t - 1.0, tile_exp) * std::pow(f / k, draw_exp), 1.0, t);
     return 1.0 + f * (1.0 - std::pow(1.0 - k / f, draws));  // one sink page
   };
   // Mean squared relative error per trace, then over the calibration traces.
@@ -560,7 +562,8 @@ TEST(Matrix, PageUnionRuleIsTheCalibrationFit) {
         }
       }
   std::printf(
-      "  union rule refit: scale %.2f tiles^%.1f (candidates/k)^%.2f (committed %.2f %.1f %.2f)\n",
+      "  union rule refit: scale %.2f (tiles-1)^%.1f (candidates/k)^%.2f (committed %.2f %.1f "
+      "%.2f)\n",
       best_scale, best_tile, best_draw, kUnionDrawScale, kUnionTileExponent, kUnionDrawExponent);
   EXPECT_NEAR(kUnionDrawScale, best_scale, 0.021);
   EXPECT_NEAR(kUnionTileExponent, best_tile, 0.051);

@@ -90,9 +90,10 @@ double ExpectedUnionPages(int64_t candidates, int64_t k, int64_t tiles, double s
   if (k >= candidates) return static_cast<double>(candidates);
   const double f = static_cast<double>(candidates);
   const double t = static_cast<double>(tiles);
-  const double draws = std::clamp(scale * std::pow(t, kUnionTileExponent) *
-                                      std::pow(f / static_cast<double>(k), kUnionDrawExponent),
-                                  1.0, t);
+  const double draws =
+      std::clamp(1.0 + scale * std::pow(t - 1.0, kUnionTileExponent) *
+                           std::pow(f / static_cast<double>(k), kUnionDrawExponent),
+                 1.0, t);
   return f * (1.0 - std::pow(1.0 - static_cast<double>(k) / f, draws));
 }
 
