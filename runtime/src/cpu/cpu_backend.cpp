@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/plan/op_dispatch.h"
 #include "ctxplan/runtime/plan/plan_geometry.h"
@@ -552,9 +553,9 @@ class CpuBackend::Impl {
     d_xnf_.resize(xnf_.size());
     const float scale = labelled_total_ > 0 ? 1.0f / static_cast<float>(labelled_total_) : 0.0f;
     const std::span<const int32_t> labels = ChunkLabels();
-    const double loss = cpu::LinearCrossEntropy(xnf_.data(), head, labels, d_, vocab_, T(),
-                                                std::min(PlanGeometry::kLossVocabTile, vocab_),
-                                                scale, d_xnf_.data(), d_head);
+    const double loss =
+        cpu::LinearCrossEntropy(xnf_.data(), head, labels, d_, vocab_, T(),
+                                std::min(kLossVocabTile, vocab_), scale, d_xnf_.data(), d_head);
     if (!std::isfinite(loss))
       throw TrainingError("the loss of chunk " + std::to_string(c_.index) + " is " +
                           std::to_string(loss) + ": the run diverged");

@@ -24,6 +24,7 @@
 #include <memory>
 #include <vector>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/gemm.h"
 #include "ctxplan/kernels/cuda/lora_gemm.h"
@@ -165,8 +166,7 @@ class TypedImpl final : public CudaBackend::Impl {
   void SwigluBackward(const Op&);
   void Loss(const Op&);
   k::LinearCrossEntropyShape LossShape(int64_t tokens) const {
-    return {tokens, d_, vocab_, std::max<int64_t>(tokens, 1),
-            std::min(PlanGeometry::kLossVocabTile, vocab_)};
+    return {tokens, d_, vocab_, std::max<int64_t>(tokens, 1), std::min(kLossVocabTile, vocab_)};
   }
   k::LoraProjectionGemm LoraGemm(const DeviceLoraProjection<G>& p) const {
     return {T(), o_.lora_rank, p.in, p.out, p.out_offset, lora_scale_, p.a.get(), p.b.get()};

@@ -227,7 +227,6 @@ class PlanGeometry {
   // layer's matmul parameters: the loss runs the head four times (logits twice, dX, dW), a layer
   // five times (fill, recompute, the backward's recompute, dX, dW).
   static constexpr double kLossLayerWeight = 4.0 / 5.0;
-  static constexpr int64_t kLossVocabTile = ctxplan::kLossVocabTile;  // logits tile columns, fp32
 
  private:
   ModelSpec model_;
