@@ -21,11 +21,12 @@ done
 ctxtrain=$(find_bin ctxtrain)
 ctxplan=$(find_bin ctxplan)
 # MACHINE and RUNS ("context gpus steps", ...) choose other hosts and runs: on the x4 host,
-# MACHINE=h200-x4 RUNS="4194304 4 1" is the 4M step over 4 GPUs (planned 318.6 s plus start-up).
+# MACHINE=h200-x4 RUNS="4194304 4 1" is the 4M step over 4 GPUs; GPU_TIER=auto keeps the earliest
+# pages in GPU memory (--gpu-tier).
 machine=${MACHINE:-h200-x2}
 runs=${RUNS:-"128K 1 2,128K 2 2,1M 1 1,1M 2 1,2097152 2 1"}
 flags="--model qwen2.5-7b --machine $machine --chunk 4096 --page 128 --budget 64 --offload on
-       --gpu-tier off --keep-layer-inputs off --optimizer adamw-gpu"
+       --gpu-tier ${GPU_TIER:-off} --keep-layer-inputs off --optimizer adamw-gpu"
 IFS=, read -ra run_list <<< "$runs"
 for run in "${run_list[@]}"; do
   set -- $run

@@ -245,8 +245,8 @@ TEST(Catalog, EveryEntryLoadsAndNamesItsFile) {
     EXPECT_EQ(on_disk.memory_bytes(), g.memory_bytes());
   }
   const std::vector<std::string> machines = CatalogMachineNames();
-  EXPECT_EQ(machines, (std::vector<std::string>{"h100-125g", "h100-x8", "h200-125g", "h200-512g",
-                                                "h200-x2", "h200-x4", "h200-x8"}));
+  EXPECT_EQ(machines, (std::vector<std::string>{"h100-125g", "h100-x4", "h100-x8", "h200-125g",
+                                                "h200-512g", "h200-x2", "h200-x4", "h200-x8"}));
   for (const std::string& name : machines) {
     SCOPED_TRACE(name);
     const MachineSpec m = LoadMachine(name);
@@ -301,6 +301,10 @@ TEST(Catalog, Machines) {
   EXPECT_DOUBLE_EQ(m.host_memory_gbs, 50);  // measured: host AdamW at 7B
   EXPECT_EQ(LoadMachine("h200-512g").host_ram_bytes, 512 * kGiB);
   EXPECT_EQ(LoadMachine("h100-125g").gpu.name, "h100-sxm");
+  // The host links measured on the lent four-GPU H100 host; a machine that names none has 0.
+  EXPECT_DOUBLE_EQ(LoadMachine("h100-x4").host_links_h2d_gbs, 160.4);
+  EXPECT_DOUBLE_EQ(LoadMachine("h100-x4").host_links_d2h_gbs, 120.1);
+  EXPECT_DOUBLE_EQ(LoadMachine("h200-x4").host_links_h2d_gbs, 0);
 
   const MachineSpec custom = MakeMachine(LoadGpu("h200"), ParseBytes("125GiB", "--host-ram"));
   EXPECT_EQ(custom.name, "h200+125GiB");
@@ -728,6 +732,8 @@ TEST(MachineYaml, ValidationErrors) {
           {"missing bandwidth", m("host_memory_gbs", ""), 1, "host_memory_gbs", "missing"},
           {"unknown key", Plus(kMachine, "gpu_count: 4"), 7, "gpu_count", "unknown key"},
           {"no gpus", Plus(kMachine, "gpus: 0"), 7, "gpus", "gpus"},
+          {"negative links", Plus(kMachine, "host_links_h2d_gbs: -5"), 7, "host_links_h2d_gbs",
+           "host_links_h2d_gbs"},
       },
       [](const std::string& path) { LoadMachine(path); });
 }

@@ -508,6 +508,28 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(TicksToSeconds(model.Duration(CopyCost(1 << 30, true, 100), Phase::kFill)),
               100 * call + (1 << 30) / h2d, 1e-9);
   EXPECT_EQ(model.Duration(OpCost{}, Phase::kFill), 0);
+  // Pipelined over the GPUs of a machine whose host links were measured, each copy one way gets
+  // an even share of what the host gives all its GPUs at once, never more than its link alone;
+  // the backward's H2D the lesser of that share and its rate beside a D2H. One stage, or a
+  // machine that measured no links, leaves every link as if alone.
+  {
+    MachineSpec four = H200();
+    four.gpus = 4;
+    four.host_links_h2d_gbs = 160;
+    four.host_links_d2h_gbs = 240;  // 60 a GPU: more than the link alone
+    const KernelTimeModel alone(four);
+    const KernelTimeModel shared = alone.ForStages(4);
+    const KernelTimeModel two = alone.ForStages(2);
+    const OpCost up = CopyCost(1 << 30, true), down = CopyCost(1 << 30, false);
+    EXPECT_NEAR(TicksToSeconds(shared.Duration(up, Phase::kFill)), call + (1 << 30) / 40e9, 1e-9);
+    EXPECT_NEAR(TicksToSeconds(shared.Duration(up, Phase::kBackward)),
+                call + (1 << 30) / std::min(40e9, beside), 1e-9);
+    EXPECT_EQ(shared.Duration(down, Phase::kBackward), alone.Duration(down, Phase::kBackward));
+    EXPECT_EQ(two.Duration(up, Phase::kFill), alone.Duration(up, Phase::kFill));  // 80 > H2D
+    EXPECT_EQ(alone.ForStages(1).Duration(up, Phase::kFill), alone.Duration(up, Phase::kFill));
+    EXPECT_EQ(KernelTimeModel(H200()).ForStages(4).Duration(up, Phase::kFill),
+              model.Duration(up, Phase::kFill));
+  }
   // Attention over many pages is its blocks at the rate, times the page size's fraction; over
   // page-sparse selections the same pairs take about 1 / the sparse fraction (at that page size,
   // where the profile measured one) as long.

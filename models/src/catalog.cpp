@@ -430,7 +430,8 @@ constexpr std::string_view kGpuExpected =
     "expected a GPU: a mapping of name, display_name, sm_count, host_link and spec values";
 constexpr std::string_view kMachineExpected =
     "expected a machine: a mapping of name, gpu, host_ram_gib, host_reserved_gib, "
-    "host_memory_gbs, gpus, peer_gbs, network_gbs, peer_latency_us, note";
+    "host_memory_gbs, gpus, peer_gbs, network_gbs, peer_latency_us, host_links_h2d_gbs, "
+    "host_links_d2h_gbs, note";
 
 constexpr NumberLimit kProfileLimit{1e7};
 constexpr IntLimit kMachineGpusLimit{1024};
@@ -855,7 +856,8 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   const YAML::Node root = ParseDocument(text, source, kMachineExpected);
   const Fields f(root, source, "");
   f.RejectUnknown({"name", "gpu", "host_ram_gib", "host_reserved_gib", "host_memory_gbs", "gpus",
-                   "peer_gbs", "network_gbs", "peer_latency_us", "note"});
+                   "peer_gbs", "network_gbs", "peer_latency_us", "host_links_h2d_gbs",
+                   "host_links_d2h_gbs", "note"});
   MachineSpec m;
   m.name = f.String("name");
   const std::string gpu = f.String("gpu");
@@ -887,6 +889,8 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   m.network_gbs = f.OptionalNumber("network_gbs", kLinkGbsLimit).value_or(kDefaultNetworkGbs);
   m.peer_latency_us =
       f.OptionalNumber("peer_latency_us", kFixedCostLimit).value_or(kDefaultPeerLatencyUs);
+  m.host_links_h2d_gbs = f.OptionalNumber("host_links_h2d_gbs", kLinkGbsLimit).value_or(0.0);
+  m.host_links_d2h_gbs = f.OptionalNumber("host_links_d2h_gbs", kLinkGbsLimit).value_or(0.0);
   m.note = f.OptionalString("note").value_or("");
   return m;
 }

@@ -17,6 +17,7 @@ void MeasureMemory(Session& session);     // measure_kernels.cpp
 void MeasureAttention(Session& session);  // measure_attention.cpp
 void MeasureSelect(Session& session);     // measure_attention.cpp
 void MeasureCopy(Session& session);       // measure_transfers.cpp
+void MeasureLinks(Session& session);      // measure_transfers.cpp
 void MeasureHost(Session& session);       // measure_transfers.cpp
 void MeasurePower(Session& session);      // measure_power.cpp
 // The power group's pieces: a few kernels timed under session.sustain_seconds.

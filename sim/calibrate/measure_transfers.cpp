@@ -1,7 +1,7 @@
-// Groups copy and host: PCIe copies between pinned host memory and the GPU (one large copy, many
-// page-sized copies from scattered host pages, both directions at once), the device-to-device
-// copy, host memory bandwidth, pinning as the pinned page store pins, and the GPU arena's
-// reservation.
+// Groups copy, links and host: PCIe copies between pinned host memory and the GPU (one large
+// copy, many page-sized copies from scattered host pages, both directions at once), the same
+// copies on several GPUs of the host at once, the device-to-device copy, host memory bandwidth,
+// pinning as the pinned page store pins, and the GPU arena's reservation.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -41,6 +41,9 @@ constexpr int64_t kHostPagesPerCopy = 4;  // the scattered pages are drawn from 
 const std::vector<int64_t> kDuplexBytes = {64 * kMiB, 256 * kMiB};
 const std::vector<int64_t> kDeviceCopyBytes = {64 * kMiB, 1 * kGiB};
 
+// --- links ---
+constexpr int64_t kLinkCopyBytes = 256 * kMiB;  // one copy a GPU and direction
+constexpr int64_t kLinkCopies = 8;              // back to back on each GPU, a round
 // --- host ---
 constexpr int64_t kHostMemcpyBytes = 1 * kGiB;
 // AdamW on the host over this many parameters (3 GiB of weights, gradients and moments).
@@ -185,6 +188,123 @@ void MeasureCopy(Session& session) {
           cudaMemcpyAsync(d2d_dst.get(), d2d_src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
     });
     session.Add(s);
+  }
+}
+
+// =================================================================================================
+// The host's side of the PCIe links when several GPUs copy at once: a pipelined run's stages
+// move their pages at the same time, and what the host gives them together (its root ports,
+// switches, memory) can be less than each link alone. For g = 1 .. every GPU of the host
+// (devices 0 .. g - 1), then device 0 with each other one alone (which pairs share a switch),
+// each GPU copies kLinkCopies x kLinkCopyBytes between its own pinned buffers and its memory,
+// host to device, device to host, or both at once (two streams), all GPUs started together; a
+// round is timed on the steady clock from before the first copy is issued until every GPU has
+// finished. Rows: links_h2d / links_d2h / links_duplex, m = GPUs at once, n = the second
+// device of a pair (0 otherwise), bytes = one copy, copies = a GPU's copies a direction,
+// seconds = the round's median. The GPUs' summed rate is m x copies x bytes / seconds (twice
+// that for duplex). One GPU: nothing to measure beside the copy group.
+void MeasureLinks(Session& session) {
+  int count = 0;
+  CTXPLAN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  int home = 0;
+  CTXPLAN_CUDA_CHECK(cudaGetDevice(&home));
+  if (count < 2) {
+    Progress progress("links", 0);
+    progress.Note("one GPU: no links shared by several");
+    return;
+  }
+  struct Gpu {  // one device's buffers and streams
+    int device = 0;
+    std::unique_ptr<PinnedHost> to_device, from_device;  // pinned [kLinkCopyBytes] each
+    std::unique_ptr<DeviceArray<std::byte>> in, out;     // [kLinkCopyBytes] each
+    cudaStream_t up = nullptr, down = nullptr;
+  };
+  std::vector<Gpu> gpus(static_cast<size_t>(count));
+  struct Cleanup {
+    std::vector<Gpu>& gpus;
+    int home;
+    ~Cleanup() {
+      for (Gpu& g : gpus) {
+        if (cudaSetDevice(g.device) != cudaSuccess) continue;
+        g.in.reset();
+        g.out.reset();
+        if (g.up != nullptr) (void)cudaStreamDestroy(g.up);
+        if (g.down != nullptr) (void)cudaStreamDestroy(g.down);
+      }
+      (void)cudaSetDevice(home);
+    }
+  } cleanup{gpus, home};
+  for (int d = 0; d < count; ++d) {
+    Gpu& g = gpus[static_cast<size_t>(d)];
+    g.device = d;
+    CTXPLAN_CUDA_CHECK(cudaSetDevice(d));
+    g.to_device = std::make_unique<PinnedHost>(kLinkCopyBytes);
+    g.from_device = std::make_unique<PinnedHost>(kLinkCopyBytes);
+    g.in = std::make_unique<DeviceArray<std::byte>>(kLinkCopyBytes);
+    g.out = std::make_unique<DeviceArray<std::byte>>(kLinkCopyBytes);
+    CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&g.up, cudaStreamNonBlocking));
+    CTXPLAN_CUDA_CHECK(cudaStreamCreateWithFlags(&g.down, cudaStreamNonBlocking));
+  }
+
+  // The sets of GPUs copying at once: the first g, then device 0 beside each other one.
+  std::vector<std::vector<int>> sets;
+  for (int g = 1; g <= count; ++g) {
+    std::vector<int> set(static_cast<size_t>(g));
+    std::iota(set.begin(), set.end(), 0);
+    sets.push_back(set);
+  }
+  for (int d = 2; d < count; ++d) sets.push_back({0, d});
+  enum class Way { kUp, kDown, kBoth };
+  Progress progress("links", 3 * sets.size());
+  for (const std::vector<int>& set : sets) {
+    const bool pair = set.size() == 2 && set[1] != 1;
+    for (const Way way : {Way::kUp, Way::kDown, Way::kBoth}) {
+      const char* op = way == Way::kUp     ? "links_h2d"
+                       : way == Way::kDown ? "links_d2h"
+                                           : "links_duplex";
+      progress.Step(Describe(
+          op, {{"gpus", static_cast<int64_t>(set.size())}, {"second", pair ? set[1] : 0}}));
+      auto round = [&] {
+        for (const int d : set) {  // nothing in flight before the clock starts
+          CTXPLAN_CUDA_CHECK(cudaSetDevice(d));
+          CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+        }
+        const auto start = std::chrono::steady_clock::now();
+        for (int64_t c = 0; c < kLinkCopies; ++c) {  // interleaved: every GPU starts at once
+          for (const int d : set) {
+            Gpu& g = gpus[static_cast<size_t>(d)];
+            CTXPLAN_CUDA_CHECK(cudaSetDevice(d));
+            if (way != Way::kDown)
+              CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(g.in->get(), g.to_device->get(), kLinkCopyBytes,
+                                                 cudaMemcpyHostToDevice, g.up));
+            if (way != Way::kUp)
+              CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(g.from_device->get(), g.out->get(), kLinkCopyBytes,
+                                                 cudaMemcpyDeviceToHost, g.down));
+          }
+        }
+        for (const int d : set) {
+          Gpu& g = gpus[static_cast<size_t>(d)];
+          CTXPLAN_CUDA_CHECK(cudaSetDevice(d));
+          CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(g.up));
+          CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(g.down));
+        }
+        return SecondsSince(start);
+      };
+      (void)round();  // warm-up: the links' first use
+      Sample s = CopyRow(op, kLinkCopyBytes, kLinkCopies);
+      s.m = static_cast<int64_t>(set.size());
+      s.n = pair ? set[1] : 0;
+      s.seconds = MedianWallSeconds(session.reps, round);
+      session.Add(s);
+      const double gbs = static_cast<double>(s.m * kLinkCopies * kLinkCopyBytes) *
+                         (way == Way::kBoth ? 2.0 : 1.0) / s.seconds / 1e9;
+      char note[160];
+      std::snprintf(note, sizeof note, "%s, GPUs %s: %.1f GB/s summed, %.1f a GPU", op,
+                    pair ? ("0 and " + std::to_string(set[1])).c_str()
+                         : ("0-" + std::to_string(set.size() - 1)).c_str(),
+                    gbs, gbs / static_cast<double>(s.m));
+      progress.Note(note);
+    }
   }
 }
 

@@ -628,15 +628,18 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
   LayerCache& layers = ThreadLayerCache();
   const double clock = TimeAtMaxClock(g, result, layers);
-  if (clock < 1.0) PredictTime(g, time_model_.AtClock(clock), result, layers, /*reuse=*/true);
+  if (clock < 1.0) PredictTime(g, ForRun(g, clock), result, layers, /*reuse=*/true);
   return result;
 }
 
 StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock_fraction) const {
   StepPrediction result = WithMemory(PredictMemory(g, time_model_.gpus_per_machine()));
-  PredictTime(g, time_model_.AtClock(clock_fraction), result, ThreadLayerCache(),
-              /*reuse=*/false);
+  PredictTime(g, ForRun(g, clock_fraction), result, ThreadLayerCache(), /*reuse=*/false);
   return result;
+}
+
+KernelTimeModel AnalyticModel::ForRun(const PlanGeometry& g, double clock_fraction) const {
+  return time_model_.ForStages(g.options().pipeline_stages).AtClock(clock_fraction);
 }
 
 double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
@@ -646,7 +649,7 @@ double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
 
 double AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& result,
                                      LayerCache& layers) const {
-  const KernelTimeModel at_max = time_model_.AtClock(1.0);
+  const KernelTimeModel at_max = ForRun(g, 1.0);
   PredictTime(g, at_max, result, layers, /*reuse=*/false);
   return SustainedClockFraction(at_max.profile(),
                                 TicksToSeconds(result.step_ticks - result.gpu_idle_tail_ticks),

@@ -181,8 +181,9 @@ void StreamState::Process() {
 StepPrediction EventSimulator::Run(const StepPlan& plan, SimObserver* observer) const {
   // The ops timed at the SM clock the step holds under the power limit, which the analytic
   // path finds (clock_model.h).
-  const double clock = AnalyticModel(time_model_).SustainedClock(plan.geometry());
-  const KernelTimeModel at_clock = time_model_.AtClock(clock);
+  const AnalyticModel analytic(time_model_);
+  const double clock = analytic.SustainedClock(plan.geometry());
+  const KernelTimeModel at_clock = analytic.ForRun(plan.geometry(), clock);
   Engine engine(plan, at_clock, observer);
   StepPrediction result = engine.Run();
   result.sm_clock_fraction = clock;

@@ -91,6 +91,8 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
   }
   duplex_bytes_per_second_ = std::min({h2d_beside, h, d}) * 1e9;
   host_bytes_per_second_ = machine.host_memory_gbs * 1e9;
+  links_h2d_bytes_per_second_ = machine.host_links_h2d_gbs * 1e9;
+  links_d2h_bytes_per_second_ = machine.host_links_d2h_gbs * 1e9;
   gpus_per_machine_ = std::max(1, machine.gpus);
   peer_bytes_per_second_ = (machine.peer_gbs > 0 ? machine.peer_gbs : gpu.host_h2d_gbs.value) * 1e9;
   network_bytes_per_second_ =
@@ -306,6 +308,23 @@ KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
   CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
   KernelTimeModel m = *this;
   m.clock_fraction_ = fraction;
+  return m;
+}
+
+KernelTimeModel KernelTimeModel::ForStages(int stages) const {
+  KernelTimeModel m = *this;
+  const int copiers = std::min(std::max(1, stages), gpus_per_machine_);
+  if (copiers < 2) return m;
+  // The stages run the same chunks side by side, so their copies one way go out together: an
+  // even share of what the host gives all its GPUs at once, never more than a link alone. The
+  // backward's host-to-device copies keep the lesser of that share and their rate beside a
+  // device-to-host copy (the constructor): its two ways are not all busy on every GPU at once.
+  const double n = copiers;
+  if (links_h2d_bytes_per_second_ > 0)
+    m.h2d_bytes_per_second_ = std::min(h2d_bytes_per_second_, links_h2d_bytes_per_second_ / n);
+  if (links_d2h_bytes_per_second_ > 0)
+    m.d2h_bytes_per_second_ = std::min(d2h_bytes_per_second_, links_d2h_bytes_per_second_ / n);
+  m.duplex_bytes_per_second_ = std::min(duplex_bytes_per_second_, m.h2d_bytes_per_second_);
   return m;
 }
 

@@ -192,7 +192,11 @@ struct MachineSpec {
   double peer_gbs = 0.0;         // GB/s one way between two of its GPUs (NVLink, or PCIe)
   double network_gbs = 0.0;      // GB/s one way from one GPU to another machine's
   double peer_latency_us = 0.0;  // per transfer, either link
-  std::string note;              // what the preset describes; empty for a custom machine
+  // What the host's side of the PCIe links gives all its GPUs copying one way at once, summed
+  // over the GPUs (`ctxplan-measure --only links`). 0: not measured, each link as if alone.
+  double host_links_h2d_gbs = 0.0;
+  double host_links_d2h_gbs = 0.0;
+  std::string note;  // what the preset describes; empty for a custom machine
 
   int64_t host_usable_bytes() const { return host_ram_bytes - host_reserved_bytes; }
 };

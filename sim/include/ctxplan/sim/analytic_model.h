@@ -37,6 +37,9 @@ class AnalyticModel {
   StepPrediction PredictAtClock(const PlanGeometry& geometry, double clock_fraction) const;
   // That clock, as a fraction of the maximum (1: the step fits under the limit).
   double SustainedClock(const PlanGeometry& geometry) const;
+  // The kernel-time model `geometry`'s ops are timed with at `clock_fraction`: its GPUs sharing
+  // the host's links (KernelTimeModel::ForStages), at that clock. The event path uses it too.
+  KernelTimeModel ForRun(const PlanGeometry& geometry, double clock_fraction) const;
   // Memory only: O(chunks x stages) integer arithmetic, for the max-context search. Pipeline
   // stages fill machines of `gpus_per_machine` GPUs in order, sharing their host memory.
   static MemoryPrediction PredictMemory(const PlanGeometry& geometry, int gpus_per_machine = 1);

@@ -82,6 +82,11 @@ class KernelTimeModel {
 
   // This model with compute-bound work at `fraction` of the maximum SM clock.
   KernelTimeModel AtClock(double fraction) const;
+  // This model for a run pipelined over `stages` GPUs: the GPUs of one machine copy to and from
+  // the host at the same time (their stages run side by side), and share what the host's links
+  // give them together (MachineSpec::host_links_*); a machine that measured none, or one GPU,
+  // leaves each link as if alone.
+  KernelTimeModel ForStages(int stages) const;
   double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
@@ -120,6 +125,9 @@ class KernelTimeModel {
   double d2h_bytes_per_second_ = 0;
   double duplex_bytes_per_second_ = 0;  // host to device while a device-to-host copy runs
   double host_bytes_per_second_ = 0;
+  // The machine's GPUs all copying one way at once, summed over them (0: not measured).
+  double links_h2d_bytes_per_second_ = 0;
+  double links_d2h_bytes_per_second_ = 0;
   int gpus_per_machine_ = 1;
   double peer_bytes_per_second_ = 0;     // between GPUs of one machine, one way
   double network_bytes_per_second_ = 0;  // between machines, one way per GPU
