@@ -24,6 +24,7 @@ void MeasurePower(Session& session);      // measure_power.cpp
 void MeasurePowerKernels(Session& session);    // measure_kernels.cpp
 void MeasurePowerDuty(Session& session);       // measure_kernels.cpp
 void MeasurePowerAttention(Session& session);  // measure_attention.cpp
+void MeasurePowerCopy(Session& session);       // measure_transfers.cpp
 
 // An empty kernel <<<1, 1>>> on `stream`, launch checked (measure_launch.cu).
 void LaunchEmptyKernel(cudaStream_t stream);

@@ -62,6 +62,42 @@ Sample CopyRow(const char* op, int64_t bytes, int64_t copies) {
   return s;
 }
 
+// Copies both ways at once on two streams: `stream` forks to a second stream and joins it
+// again, so events on `stream` time until both copies are done.
+class DuplexCopier {
+ public:
+  explicit DuplexCopier(cudaStream_t stream) : stream_(stream) {
+    CTXPLAN_CUDA_CHECK(cudaStreamCreate(&other_));
+    CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  }
+  ~DuplexCopier() {
+    (void)cudaEventDestroy(fork_);
+    (void)cudaEventDestroy(join_);
+    (void)cudaStreamDestroy(other_);
+  }
+  DuplexCopier(const DuplexCopier&) = delete;
+  DuplexCopier& operator=(const DuplexCopier&) = delete;
+  // `bytes` from host_src to device_dst on the stream, and as many from device_src to host_dst
+  // beside it.
+  void Issue(void* device_dst, const void* host_src, void* host_dst, const void* device_src,
+             int64_t bytes) {
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+    CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(other_, fork_, 0));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, other_));
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(join_, other_));
+    CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t other_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+};
+
 }  // namespace
 
 void MeasureCopy(Session& session) {
@@ -145,34 +181,13 @@ void MeasureCopy(Session& session) {
     }
   }
 
-  // Both directions at once, on two streams: `stream` forks to `other` and joins it again, so
-  // the events on `stream` time until both copies are done.
-  cudaStream_t other = nullptr;
-  CTXPLAN_CUDA_CHECK(cudaStreamCreate(&other));
-  cudaEvent_t fork = nullptr, join = nullptr;
-  CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CTXPLAN_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  struct Cleanup {
-    cudaStream_t s;
-    cudaEvent_t a, b;
-    ~Cleanup() {
-      (void)cudaEventDestroy(a);
-      (void)cudaEventDestroy(b);
-      (void)cudaStreamDestroy(s);
-    }
-  } cleanup{other, fork, join};
+  // Both directions at once.
+  DuplexCopier duplex(stream);
   for (const int64_t bytes : kDuplexBytes) {
     progress.Step(Describe("copy_duplex", {{"bytes", bytes}}));
     Sample s = CopyRow("copy_duplex", bytes, 1);
     s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
-      CTXPLAN_CUDA_CHECK(cudaEventRecord(fork, stream));
-      CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(other, fork, 0));
-      CTXPLAN_CUDA_CHECK(
-          cudaMemcpyAsync(dev_a.get(), host_a.get(), bytes, cudaMemcpyHostToDevice, stream));
-      CTXPLAN_CUDA_CHECK(
-          cudaMemcpyAsync(host_b.get(), dev_b.get(), bytes, cudaMemcpyDeviceToHost, other));
-      CTXPLAN_CUDA_CHECK(cudaEventRecord(join, other));
-      CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+      duplex.Issue(dev_a.get(), host_a.get(), host_b.get(), dev_b.get(), bytes);
     });
     session.Add(s);
   }
@@ -306,6 +321,20 @@ void MeasureLinks(Session& session) {
       progress.Note(note);
     }
   }
+}
+
+// The power group's copy row: the largest duplex copy back to back under session.sustain_seconds,
+// for what the board draws while its PCIe link moves pages both ways and the SMs idle.
+void MeasurePowerCopy(Session& session) {
+  const int64_t bytes = kDuplexBytes.back();
+  PinnedHost up(bytes), down(bytes);                     // pinned [bytes] each
+  DeviceArray<std::byte> dev_in(bytes), dev_out(bytes);  // [bytes] each
+  DuplexCopier duplex(session.stream);
+  Sample s = CopyRow("copy_duplex", bytes, 1);
+  s.seconds = MedianSecondsPerCall(session, [&](int64_t) {
+    duplex.Issue(dev_in.get(), up.get(), down.get(), dev_out.get(), bytes);
+  });
+  session.Add(s);
 }
 
 // =================================================================================================
