@@ -289,6 +289,41 @@ TEST(CpuRuntime, NonFiniteLossStopsNamingTheChunk) {
   }
 }
 
+// A rank of several GPUs makes only its stage's random weights: they equal the whole model's
+// sliced to that stage (values, and the empty tensors of the others), with QKV bias or not and a
+// tied head or not, over 1 to 4 stages.
+TEST(CpuRuntime, AStagesRandomWeightsAreTheWholeModelsSliced) {
+  ModelSpec biased = Tiny();
+  biased.num_hidden_layers = 4;
+  biased.attention_bias = true;
+  ModelSpec tied = biased;
+  tied.attention_bias = false;
+  tied.tie_word_embeddings = true;
+  for (const ModelSpec& model : {biased, tied}) {
+    const ModelWeights whole = RandomWeights(model, 23);
+    for (int32_t stages = 1; stages <= 4; ++stages) {
+      for (int32_t stage = 0; stage < stages; ++stage) {
+        SCOPED_TRACE(std::to_string(stage) + " of " + std::to_string(stages));
+        ModelWeights sliced = whole;
+        KeepStageTensors(sliced, model, stage, stages);
+        ModelWeights made = RandomWeights(model, 23, stage, stages);
+        std::vector<std::pair<std::string, std::vector<float>>> want, got;
+        sliced.ForEach([&](const std::string& n, std::vector<float>& t) {
+          want.push_back({n, t});
+        });
+        made.ForEach([&](const std::string& n, std::vector<float>& t) { got.push_back({n, t}); });
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].first, want[i].first);
+          EXPECT_EQ(got[i].second, want[i].second) << want[i].first;
+        }
+        EXPECT_EQ(made.ParameterCount(), sliced.ParameterCount());
+        EXPECT_GT(made.ParameterCount(), 0);
+      }
+    }
+  }
+}
+
 // Issue 13: layers pipelined over GPUs change where the step runs, never what it computes. One
 // process runs every stage in the plan's interleaved order, the boundaries passing the residual
 // stream and its pending add forward and their gradient back: gradients and loss bit for bit

@@ -492,8 +492,9 @@ int Main(int argc, char** argv) {
                        std::to_string(ranks->world_size) + " or none");
     f.run.gpus = std::to_string(ranks->world_size);
     // Each rank holds its stage's gradients only; one file of them all is not gathered yet.
-    // --export-weights needs no gathering where every rank starts from the whole model (random
-    // or --weights): the first rank writes it. A resumed rank holds its stage's tensors only.
+    // --export-weights needs no gathering where every rank starts from the whole model (random,
+    // made whole for it, or --weights): the first rank writes it. A resumed rank holds its
+    // stage's tensors only.
     if (!f.dump_grads.empty())
       throw InputError(
           "--dump-grads with several GPUs: not yet; accepted: --dump-grads on one GPU");
@@ -586,8 +587,13 @@ int Main(int argc, char** argv) {
 
   // Weights, optimizer state, first step.
   Clock::time_point weights_start = Clock::now();
-  ModelWeights weights =
-      f.weights.empty() ? RandomWeights(model, f.seed) : LoadSafetensorsWeights(f.weights, model);
+  // A rank of several GPUs makes only its stage's random weights (the backend keeps no others),
+  // unless the first rank is to export the whole model's.
+  const bool stage_weights = ranks && f.export_weights.empty();
+  ModelWeights weights = f.weights.empty()
+                             ? RandomWeights(model, f.seed, stage_weights ? ranks->rank : 0,
+                                             stage_weights ? ranks->world_size : 1)
+                             : LoadSafetensorsWeights(f.weights, model);
   startup.weights = SecondsSince(weights_start);
   // The CPU backend's AdamW moments live on the host; the CUDA backend keeps its own on the GPU
   // (at 7B the host copies alone would take 61 GB of the RAM that pinned pages need).

@@ -32,7 +32,14 @@ StartupPrediction PredictStartup(const PlanGeometry& geometry, const MachineSpec
   const KernelProfile k = EffectiveKernelProfile(machine.gpu);
   StartupPrediction s;
   s.context_seconds = kCudaContextSeconds;
-  const double params = static_cast<double>(geometry.model().total_params());
+  // Every rank makes and uploads its own stage's weights, side by side: the largest stage's.
+  double params = static_cast<double>(geometry.model().total_params());
+  if (geometry.stages() > 1) {
+    int64_t largest = 0;
+    for (int32_t r = 0; r < geometry.stages(); ++r)
+      largest = std::max(largest, geometry.weight_bytes(r) / kBf16Bytes);
+    params = static_cast<double>(largest);
+  }
   if (k.weights_init_gparams > 0)
     s.weights_seconds =
         params / (k.weights_init_gparams * 1e9) +

@@ -35,15 +35,39 @@ int64_t ModelWeights::ParameterCount() const {
   return count;
 }
 
-ModelWeights ZeroWeights(const ModelSpec& m) {
+namespace {
+
+// What pipeline stage `stage` of `stages` holds (PipelineStageFirstLayers' split): its layers,
+// the embedding on the first stage and, with a tied LM head, on the last (its copy is the head),
+// the final norm and the LM head on the last.
+struct StageTensors {
+  int32_t first_layer = 0, end_layer = 0;
+  bool embedding = true, head = true;
+
+  StageTensors(const ModelSpec& model, int32_t stage, int32_t stages) {
+    CTXPLAN_CHECK(stage >= 0 && stage < stages, "pipeline stage out of range");
+    const std::vector<int32_t> first = PipelineStageFirstLayers(model, stages);
+    first_layer = first[static_cast<size_t>(stage)];
+    end_layer = first[static_cast<size_t>(stage) + 1];
+    head = stage == stages - 1;
+    embedding = stage == 0 || (head && model.tie_word_embeddings);
+  }
+  bool HoldsLayer(int32_t l) const { return l >= first_layer && l < end_layer; }
+};
+
+}  // namespace
+
+ModelWeights ZeroWeights(const ModelSpec& m, int32_t stage, int32_t stages) {
   const size_t d = static_cast<size_t>(m.hidden_size);
   const size_t qkv = static_cast<size_t>(m.q_dim() + 2 * m.kv_dim());
   const size_t inter = static_cast<size_t>(m.intermediate_size);
   const size_t vocab = static_cast<size_t>(m.vocab_size);
+  const StageTensors holds(m, stage, stages);
   ModelWeights w;
-  w.embedding.assign(vocab * d, 0.0f);
+  if (holds.embedding) w.embedding.assign(vocab * d, 0.0f);
   w.layers.resize(static_cast<size_t>(m.num_hidden_layers));
-  for (LayerWeights& l : w.layers) {
+  for (int32_t i = holds.first_layer; i < holds.end_layer; ++i) {
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
     l.attn_norm.assign(d, 0.0f);
     l.qkv.assign(qkv * d, 0.0f);
     if (m.attention_bias) l.qkv_bias.assign(qkv, 0.0f);
@@ -52,8 +76,10 @@ ModelWeights ZeroWeights(const ModelSpec& m) {
     l.gate_up.assign(2 * inter * d, 0.0f);
     l.down.assign(d * inter, 0.0f);
   }
-  w.final_norm.assign(d, 0.0f);
-  if (!m.tie_word_embeddings) w.lm_head.assign(vocab * d, 0.0f);
+  if (holds.head) {
+    w.final_norm.assign(d, 0.0f);
+    if (!m.tie_word_embeddings) w.lm_head.assign(vocab * d, 0.0f);
+  }
   return w;
 }
 
@@ -82,8 +108,8 @@ void FillNormal(float* out, size_t n, uint64_t seed, float std) {
 
 }  // namespace
 
-ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
-  ModelWeights w = ZeroWeights(m);
+ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed, int32_t stage, int32_t stages) {
+  ModelWeights w = ZeroWeights(m, stage, stages);
   constexpr size_t kBlock = size_t{1} << 20;
   struct Job {
     float* data;
@@ -91,17 +117,31 @@ ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
     uint64_t seed;
   };
   std::vector<Job> jobs;
+  // Tensors in ForEach's order over the whole model, each seeded by its index there: a stage's
+  // tensors (the others empty here) get the values the whole model's have.
   uint64_t tensor = 0;
-  w.ForEach([&](const std::string& name, std::vector<float>& t) {
+  auto add = [&](std::vector<float>& t, bool norm) {
     ++tensor;
-    if (name.find("norm") != std::string::npos) {
+    if (norm) {
       std::fill(t.begin(), t.end(), 1.0f);
       return;
     }
     for (size_t begin = 0; begin < t.size(); begin += kBlock)
       jobs.push_back({t.data() + begin, std::min(kBlock, t.size() - begin),
                       seed * 0x100000001B3ull + tensor * 0x9E3779B97F4A7C15ull + begin});
-  });
+  };
+  add(w.embedding, false);
+  for (LayerWeights& l : w.layers) {
+    add(l.attn_norm, true);
+    add(l.qkv, false);
+    if (m.attention_bias) add(l.qkv_bias, false);
+    add(l.o, false);
+    add(l.mlp_norm, true);
+    add(l.gate_up, false);
+    add(l.down, false);
+  }
+  add(w.final_norm, true);
+  if (!m.tie_word_embeddings) add(w.lm_head, false);
   const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
@@ -115,20 +155,15 @@ ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed) {
 }
 
 void KeepStageTensors(ModelWeights& w, const ModelSpec& model, int32_t stage, int32_t stages) {
-  const std::vector<int32_t> first = PipelineStageFirstLayers(model, stages);
-  CTXPLAN_CHECK(stage >= 0 && stage < stages, "KeepStageTensors: stage out of range");
-  const int32_t first_layer = first[static_cast<size_t>(stage)];
-  const int32_t end_layer = first[static_cast<size_t>(stage) + 1];
-  const bool head = stage == stages - 1;
-  const bool embedding = stage == 0 || (head && model.tie_word_embeddings);
+  const StageTensors holds(model, stage, stages);
   auto drop = [](std::vector<float>& t) { std::vector<float>().swap(t); };
-  if (!embedding) drop(w.embedding);
-  if (!head) {
+  if (!holds.embedding) drop(w.embedding);
+  if (!holds.head) {
     drop(w.final_norm);
     drop(w.lm_head);
   }
   for (int32_t l = 0; l < static_cast<int32_t>(w.layers.size()); ++l) {
-    if (l >= first_layer && l < end_layer) continue;
+    if (holds.HoldsLayer(l)) continue;
     LayerWeights& t = w.layers[static_cast<size_t>(l)];
     for (std::vector<float>* v :
          {&t.attn_norm, &t.qkv, &t.qkv_bias, &t.o, &t.mlp_norm, &t.gate_up, &t.down})

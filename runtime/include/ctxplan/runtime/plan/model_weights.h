@@ -35,10 +35,15 @@ struct ModelWeights {
   int64_t ParameterCount() const;
 };
 
-// Every tensor sized for `model` and filled with zeros (gradients start so).
-ModelWeights ZeroWeights(const ModelSpec& model);
-// Random initialisation from a seed: matrices N(0, 0.02), norms 1, biases N(0, 0.02).
-ModelWeights RandomWeights(const ModelSpec& model, uint64_t seed);
+// Every tensor sized for `model` and filled with zeros (gradients start so). With `stages` > 1,
+// only the tensors pipeline stage `stage` holds, the others empty (KeepStageTensors' shape).
+ModelWeights ZeroWeights(const ModelSpec& model, int32_t stage = 0, int32_t stages = 1);
+// Random initialisation from a seed: matrices N(0, 0.02), norms 1, biases N(0, 0.02). With
+// `stages` > 1 only stage `stage`'s tensors, with the values they have in the whole model's: a
+// rank of several GPUs initialises (and holds on the host) its own quarter of a 7B model, not all
+// of it.
+ModelWeights RandomWeights(const ModelSpec& model, uint64_t seed, int32_t stage = 0,
+                           int32_t stages = 1);
 
 // Empties every tensor pipeline stage `stage` of `stages` does not hold (its shape stays the
 // model's): the layers of the other stages (PipelineStageFirstLayers' split), the embedding but
