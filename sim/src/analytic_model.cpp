@@ -639,7 +639,9 @@ StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock
 }
 
 KernelTimeModel AnalyticModel::ForRun(const PlanGeometry& g, double clock_fraction) const {
-  return time_model_.ForStages(g.options().pipeline_stages).AtClock(clock_fraction);
+  KernelTimeModel m = time_model_.AtClock(clock_fraction);  // one copy of the profile, not two
+  m.ShareHostLinks(g.options().pipeline_stages);
+  return m;
 }
 
 double AnalyticModel::SustainedClock(const PlanGeometry& g) const {

@@ -313,19 +313,23 @@ KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
 
 KernelTimeModel KernelTimeModel::ForStages(int stages) const {
   KernelTimeModel m = *this;
+  m.ShareHostLinks(stages);
+  return m;
+}
+
+void KernelTimeModel::ShareHostLinks(int stages) {
   const int copiers = std::min(std::max(1, stages), gpus_per_machine_);
-  if (copiers < 2) return m;
+  if (copiers < 2) return;
   // The stages run the same chunks side by side, so their copies one way go out together: an
   // even share of what the host gives all its GPUs at once, never more than a link alone. The
   // backward's host-to-device copies keep the lesser of that share and their rate beside a
   // device-to-host copy (the constructor): its two ways are not all busy on every GPU at once.
   const double n = copiers;
   if (links_h2d_bytes_per_second_ > 0)
-    m.h2d_bytes_per_second_ = std::min(h2d_bytes_per_second_, links_h2d_bytes_per_second_ / n);
+    h2d_bytes_per_second_ = std::min(h2d_bytes_per_second_, links_h2d_bytes_per_second_ / n);
   if (links_d2h_bytes_per_second_ > 0)
-    m.d2h_bytes_per_second_ = std::min(d2h_bytes_per_second_, links_d2h_bytes_per_second_ / n);
-  m.duplex_bytes_per_second_ = std::min(duplex_bytes_per_second_, m.h2d_bytes_per_second_);
-  return m;
+    d2h_bytes_per_second_ = std::min(d2h_bytes_per_second_, links_d2h_bytes_per_second_ / n);
+  duplex_bytes_per_second_ = std::min(duplex_bytes_per_second_, h2d_bytes_per_second_);
 }
 
 KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) const {

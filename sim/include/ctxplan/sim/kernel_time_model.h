@@ -87,6 +87,7 @@ class KernelTimeModel {
   // give them together (MachineSpec::host_links_*); a machine that measured none, or one GPU,
   // leaves each link as if alone.
   KernelTimeModel ForStages(int stages) const;
+  void ShareHostLinks(int stages);  // the same, in place
   double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
