@@ -375,6 +375,31 @@ TEST(CliTest, ValidFixtureModelLoads) {
   EXPECT_NE(r.out.find("test-model"), std::string::npos);
 }
 
+// On a machine whose host links were measured, a plan over its GPUs says what each copies at
+// while the others copy (the step time includes it); one GPU, or offload off, says nothing.
+TEST(CliTest, PlanSaysWhenTheGpusShareTheHostLinks) {
+  ScratchDir dir;
+  auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"plan", "--machine", "h100-x4", "--context",
+                                     "1M",   "--path",    "analytic"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = RunCtxplan(args, dir.path());
+    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
+    return r.out;
+  };
+  const std::string four = plan({"--gpus", "4"});
+  EXPECT_NE(four.find("host links: the 4 GPUs of a machine copy at once and share 160.4 GB/s up "
+                      "and 120.1 down (measured); each copies at 40.1 / 30.0 GB/s"),
+            std::string::npos)
+      << four;
+  EXPECT_EQ(plan({"--gpus", "1"}).find("host links:"), std::string::npos);
+  EXPECT_EQ(plan({"--gpus", "4", "--offload", "off"}).find("host links:"), std::string::npos);
+  const std::string json = plan({"--gpus", "4", "--json"});
+  EXPECT_NE(json.find("\"host_link\":{\"h2d_gbs\":40.1,\"d2h_gbs\":30.025,\"shared\":true}"),
+            std::string::npos)
+      << json;
+}
+
 // A failed run never touches an existing output file: the reader keeps the previous result.
 TEST(CliTest, BadInputKeepsExistingOutputFile) {
   ScratchDir dir;

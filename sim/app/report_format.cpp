@@ -53,6 +53,37 @@ std::string PageRateWarning(const PlanContext& c) {
          (faster.empty() ? "" : "; at full rate with --page " + faster) + "\n";
 }
 
+// The GPUs of one machine pipelined together share what its host's PCIe gives them copying at
+// once (MachineSpec::host_links_*): each GPU's copy rates then, where that is below its link's.
+struct SharedLinks {
+  bool shared = false;
+  double h2d_gbs = 0, d2h_gbs = 0;  // a GPU's, with the others copying
+  double alone_h2d_gbs = 0, alone_d2h_gbs = 0;
+};
+SharedLinks HostLinkShare(const PlanContext& c) {
+  const sim::KernelTimeModel alone(c.machine);
+  const sim::KernelTimeModel shared = alone.ForStages(c.options.pipeline_stages);
+  SharedLinks l;
+  l.h2d_gbs = shared.h2d_bytes_per_second() / 1e9;
+  l.d2h_gbs = shared.d2h_bytes_per_second() / 1e9;
+  l.alone_h2d_gbs = alone.h2d_bytes_per_second() / 1e9;
+  l.alone_d2h_gbs = alone.d2h_bytes_per_second() / 1e9;
+  l.shared = l.h2d_gbs < l.alone_h2d_gbs || l.d2h_gbs < l.alone_d2h_gbs;
+  return l;
+}
+std::string HostLinkNote(const PlanContext& c) {
+  if (!c.options.offload) return "";
+  const SharedLinks l = HostLinkShare(c);
+  if (!l.shared) return "";
+  const int gpus = std::min(c.options.pipeline_stages, std::max(1, c.machine.gpus));
+  auto gbs = [](double v) { return Printf("%.1f", v); };
+  return "  host links: the " + std::to_string(gpus) +
+         " GPUs of a machine copy at once and share " + gbs(c.machine.host_links_h2d_gbs) +
+         " GB/s up and " + gbs(c.machine.host_links_d2h_gbs) + " down (measured); each copies at " +
+         gbs(l.h2d_gbs) + " / " + gbs(l.d2h_gbs) + " GB/s, " + gbs(l.alone_h2d_gbs) + " / " +
+         gbs(l.alone_d2h_gbs) + " alone (the step time includes it)\n";
+}
+
 // Attention at head dim 64 runs slower per FLOP than at 128 (the same softmax work for half the
 // matrix work a tile); the profile knows by how much. Empty within 10% or at head dim 128.
 std::string HeadDimRateNote(const PlanContext& c) {
@@ -117,6 +148,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += ProfilePredatesNote(c);
   s += HeadDimRateNote(c);
   s += SelectionNote(c);
+  s += HostLinkNote(c);
   if (c.options.pipeline_stages > 1) {
     // Each GPU its stage of layers; the memory below is the GPU with the highest peak.
     const PlanGeometry g(c.model, c.options);
@@ -246,6 +278,14 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
     j.EndArray();
   }
   j.Field("gpus", r.gpus).Field("machines", r.machines);
+  {  // a GPU's host copy rates in this run, its share where the machine's GPUs share the host's
+    const SharedLinks l = HostLinkShare(c);
+    j.BeginObject("host_link")
+        .Field("h2d_gbs", l.h2d_gbs)
+        .Field("d2h_gbs", l.d2h_gbs)
+        .Field("shared", l.shared)
+        .EndObject();
+  }
   {
     const PlanGeometry g(c.model, c.options);
     j.BeginArray("stages");

@@ -91,6 +91,10 @@ class KernelTimeModel {
   double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
+  // A GPU's PCIe copy rates, bytes a second: one way alone on its link (after ForStages, its
+  // share of the host's), and the host-to-device rate beside a device-to-host copy.
+  double h2d_bytes_per_second() const { return h2d_bytes_per_second_; }
+  double d2h_bytes_per_second() const { return d2h_bytes_per_second_; }
   int gpus_per_machine() const { return gpus_per_machine_; }
 
   // --- the pieces, public for calibration fits and tests --------------------------------------
