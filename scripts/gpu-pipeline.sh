@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The multi-GPU measurements of traces/recorded/pipeline-runs.csv (issue 13), on a host of two
-# or more GPUs (the lent nvidia-h200-x2): the NCCL links and pipeline gradient tests, then
-# Qwen2.5-7B at 128K, 1M on one GPU and two, and 2M on two, each beside the planner's
-# prediction. Run from a folder holding the built binaries, e.g. `scripts/gpu-pipeline.sh build`;
+# The multi-GPU measurements of traces/recorded/pipeline-runs.csv (issues 13 and 17), on a host
+# of two or more GPUs (the lent nvidia-h200-x2, nvidia-h100-x4): the NCCL links and pipeline
+# gradient tests, the host's PCIe links, then by default Qwen2.5-7B at 128K, 1M on one GPU and
+# two, and 2M on two, each beside the planner's prediction. Run from a folder holding the built binaries, e.g. `scripts/gpu-pipeline.sh build`;
 # the 1M and 2M steps take 4-7 minutes each with start-up. NCCL: the toolkit's, or the Python
 # package's where the image has no other (found below). NVLink multicast stays off.
 set -uo pipefail
@@ -21,8 +21,14 @@ done
 ctxtrain=$(find_bin ctxtrain)
 ctxplan=$(find_bin ctxplan)
 # MACHINE and RUNS ("context gpus steps", ...) choose other hosts and runs: on the x4 host,
-# MACHINE=h200-x4 RUNS="4194304 4 1" is the 4M step over 4 GPUs; GPU_TIER=auto keeps the earliest
-# pages in GPU memory (--gpu-tier).
+# MACHINE=h100-x4 RUNS="4194304 4 1" GPU_TIER=auto is the 4M step over 4 GPUs with the earliest
+# pages in GPU memory (--gpu-tier), RUNS="2097152 4 1" the 2M step with every page on the host
+# (traces/recorded/pipeline-runs.csv). First the host's links, where ctxplan-measure is there.
+measure=$(find_bin ctxplan-measure)
+if [ -n "$measure" ]; then
+  echo "=== ctxplan-measure --only links"
+  timeout 120 "$measure" --only links -o links.csv 2>&1 | grep note
+fi
 machine=${MACHINE:-h200-x2}
 runs=${RUNS:-"128K 1 2,128K 2 2,1M 1 1,1M 2 1,2097152 2 1"}
 flags="--model qwen2.5-7b --machine $machine --chunk 4096 --page 128 --budget 64 --offload on
