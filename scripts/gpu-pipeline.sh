@@ -2,9 +2,10 @@
 # The multi-GPU measurements of traces/recorded/pipeline-runs.csv (issues 13 and 17), on a host
 # of two or more GPUs (the lent nvidia-h200-x2, nvidia-h100-x4): the NCCL links and pipeline
 # gradient tests, the host's PCIe links, then by default Qwen2.5-7B at 128K, 1M on one GPU and
-# two, and 2M on two, each beside the planner's prediction. Run from a folder holding the built binaries, e.g. `scripts/gpu-pipeline.sh build`;
-# the 1M and 2M steps take 4-7 minutes each with start-up. NCCL: the toolkit's, or the Python
-# package's where the image has no other (found below). NVLink multicast stays off.
+# two, and 2M on two, each beside the planner's prediction. Run from a folder holding the built
+# binaries, e.g. `scripts/gpu-pipeline.sh build`; the 1M and 2M steps take 4-7 minutes each with
+# start-up. NCCL: the toolkit's, or the Python package's where the image has no other (found
+# below). NVLink multicast stays off.
 set -uo pipefail
 bin=${1:-build}
 find_bin() { find "$bin" -name "$1" -type f -perm -u+x | head -1; }
