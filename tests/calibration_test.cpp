@@ -439,6 +439,22 @@ TEST(Calibration, BadMemoryKernelTablesNameTheKey) {
   std::filesystem::remove(path);
 }
 
+// The machine keys from the links rows measured on the lent 4x H100 host: the sums of the
+// rows with all four GPUs, as models/machine/h100-x4.yaml holds them; nothing from a GPU's own
+// samples (no links rows).
+TEST(Calibration, HostLinkSumsAreTheRowsOfEveryGpu) {
+  const HostLinkSums links = FitHostLinkSums(ReadCalibrationSamples(
+      std::string(CTXPLAN_SOURCE_DIR) + "/models/machine/calibration/h100-x4-links.csv"));
+  EXPECT_EQ(links.gpus, 4);
+  const MachineSpec machine = LoadMachine("h100-x4");
+  EXPECT_NEAR(links.h2d_gbs, machine.host_links_h2d_gbs, 0.05);
+  EXPECT_NEAR(links.d2h_gbs, machine.host_links_d2h_gbs, 0.05);
+  EXPECT_EQ(FitHostLinkSums(ReadCalibrationSamples(std::string(CTXPLAN_SOURCE_DIR) +
+                                                   "/models/gpu/calibration/h200-samples.csv"))
+                .gpus,
+            0);
+}
+
 TEST(Calibration, BadSamplesNameTheFileAndLine) {
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() / "ctxplan-bad-samples.csv";

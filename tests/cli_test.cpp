@@ -400,6 +400,25 @@ TEST(CliTest, PlanSaysWhenTheGpusShareTheHostLinks) {
       << json;
 }
 
+// calibrate on ctxplan-measure's links rows alone prints the machine's keys, then says in one
+// line why no GPU profile comes of them (exit 2, nothing written).
+TEST(CliTest, CalibrateOnLinksAlonePrintsTheMachineKeys) {
+  ScratchDir dir;
+  const fs::path out = dir.path() / "profile.yaml";
+  const std::vector<std::string> args = {
+      "calibrate", "--samples",
+      std::string(CTXPLAN_SOURCE_DIR) + "/models/machine/calibration/h100-x4-links.csv", "-o",
+      out.string()};
+  const RunResult r = RunCtxplan(args, dir.path());
+  EXPECT_EQ(r.exit_code, 2) << Describe(args, r);
+  EXPECT_NE(r.out.find("host_links_h2d_gbs: 160.4 and host_links_d2h_gbs: 120.1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.err.find("holds the links group alone"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // A failed run never touches an existing output file: the reader keeps the previous result.
 TEST(CliTest, BadInputKeepsExistingOutputFile) {
   ScratchDir dir;

@@ -93,6 +93,18 @@ int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
   const sim::CalibrationSamples samples = sim::ReadCalibrationSamples(samples_path);
   const auto name = samples.header.find("gpu_name");
   const std::string gpu_name = name == samples.header.end() ? "an unnamed GPU" : name->second;
+  // A host of several GPUs: what its PCIe gave them together, for its machine .yaml.
+  const sim::HostLinkSums links = sim::FitHostLinkSums(samples);
+  if (links.gpus > 1)
+    std::printf(
+        "host links: %d GPUs copying at once moved %.1f GB/s up and %.1f down together; a machine "
+        ".yaml of this host takes them as host_links_h2d_gbs: %.1f and host_links_d2h_gbs: %.1f\n",
+        links.gpus, links.h2d_gbs, links.d2h_gbs, links.h2d_gbs, links.d2h_gbs);
+  if (std::all_of(samples.rows.begin(), samples.rows.end(),
+                  [](const sim::CalibrationSample& s) { return s.op.starts_with("links_"); }))
+    throw InputError("calibrate: " + samples_path.string() +
+                     " holds the links group alone (a machine's keys, above); a GPU profile "
+                     "needs ctxplan-measure's other groups: run it without --only links");
   const GpuSpec base = LoadGpu(f.gpu.empty() ? CatalogueNameFor(gpu_name) : f.gpu);
   const sim::CalibrationFit fit =
       sim::FitCalibration(samples, base, samples_path.filename().string());

@@ -560,6 +560,22 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
 
 }  // namespace
 
+HostLinkSums FitHostLinkSums(const CalibrationSamples& samples) {
+  HostLinkSums sums;
+  for (const CalibrationSample& s : samples.rows)
+    if ((s.op == "links_h2d" || s.op == "links_d2h") && s.n == 0 && s.seconds > 0)
+      sums.gpus = std::max(sums.gpus, static_cast<int>(s.m));
+  if (sums.gpus < 2) return {};
+  for (const CalibrationSample& s : samples.rows) {
+    if (s.m != sums.gpus || s.n != 0 || s.seconds <= 0) continue;
+    // A row's GPUs each moved `copies` copies of `bytes` in `seconds`.
+    const double gbs = static_cast<double>(s.m * s.copies) * s.bytes / s.seconds / 1e9;
+    if (s.op == "links_h2d") sums.h2d_gbs = gbs;
+    if (s.op == "links_d2h") sums.d2h_gbs = gbs;
+  }
+  return sums;
+}
+
 CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& base,
                               const std::string& samples_name) {
   const CalibrationSamples samples = AtMaxClock(timed);

@@ -61,4 +61,13 @@ CalibrationFit FitCalibration(const CalibrationSamples& samples, const GpuSpec& 
 // The GPU profile as YAML in the models/gpu/ format.
 std::string GpuProfileYaml(const GpuSpec& gpu);
 
+// What the host's PCIe gave all its GPUs copying one way at once (ctxplan-measure's links rows
+// with the most GPUs), summed over them: a machine .yaml's host_links_h2d_gbs and
+// host_links_d2h_gbs. gpus 0: the samples hold no such rows (one GPU, or the group not run).
+struct HostLinkSums {
+  int gpus = 0;
+  double h2d_gbs = 0, d2h_gbs = 0;
+};
+HostLinkSums FitHostLinkSums(const CalibrationSamples& samples);
+
 }  // namespace ctxplan::sim
