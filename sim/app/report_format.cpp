@@ -57,6 +57,7 @@ std::string PageRateWarning(const PlanContext& c) {
 // once (MachineSpec::host_links_*): each GPU's copy rates then, where that is below its link's.
 struct SharedLinks {
   bool shared = false;
+  int gpus = 1;                     // the machine's GPUs copying at once
   double h2d_gbs = 0, d2h_gbs = 0;  // a GPU's, with the others copying
   double alone_h2d_gbs = 0, alone_d2h_gbs = 0;
 };
@@ -64,6 +65,7 @@ SharedLinks HostLinkShare(const PlanContext& c) {
   const sim::KernelTimeModel alone(c.machine);
   const sim::KernelTimeModel shared = alone.ForStages(c.options.pipeline_stages);
   SharedLinks l;
+  l.gpus = alone.HostCopiers(c.options.pipeline_stages);
   l.h2d_gbs = shared.h2d_bytes_per_second() / 1e9;
   l.d2h_gbs = shared.d2h_bytes_per_second() / 1e9;
   l.alone_h2d_gbs = alone.h2d_bytes_per_second() / 1e9;
@@ -75,9 +77,8 @@ std::string HostLinkNote(const PlanContext& c) {
   if (!c.options.offload) return "";
   const SharedLinks l = HostLinkShare(c);
   if (!l.shared) return "";
-  const int gpus = std::min(c.options.pipeline_stages, std::max(1, c.machine.gpus));
   auto gbs = [](double v) { return Printf("%.1f", v); };
-  return "  host links: the " + std::to_string(gpus) +
+  return "  host links: the " + std::to_string(l.gpus) +
          " GPUs of a machine copy at once and share " + gbs(c.machine.host_links_h2d_gbs) +
          " GB/s up and " + gbs(c.machine.host_links_d2h_gbs) + " down (measured); each copies at " +
          gbs(l.h2d_gbs) + " / " + gbs(l.d2h_gbs) + " GB/s, " + gbs(l.alone_h2d_gbs) + " / " +

@@ -318,7 +318,7 @@ KernelTimeModel KernelTimeModel::ForStages(int stages) const {
 }
 
 void KernelTimeModel::ShareHostLinks(int stages) {
-  const int copiers = std::min(std::max(1, stages), gpus_per_machine_);
+  const int copiers = HostCopiers(stages);
   if (copiers < 2) return;
   // The stages run the same chunks side by side, so their copies one way go out together: an
   // even share of what the host gives all its GPUs at once, never more than a link alone. The

@@ -33,6 +33,7 @@
 // clock_model.h).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -88,6 +89,8 @@ class KernelTimeModel {
   // leaves each link as if alone.
   KernelTimeModel ForStages(int stages) const;
   void ShareHostLinks(int stages);  // the same, in place
+  // The GPUs of one machine that copy at once in a run of `stages` pipeline stages.
+  int HostCopiers(int stages) const { return std::min(std::max(1, stages), gpus_per_machine_); }
   double clock_fraction() const { return clock_fraction_; }
 
   const KernelProfile& profile() const { return profile_; }
