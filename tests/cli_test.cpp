@@ -533,9 +533,10 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
 }
 
 // A GPU profile calibrated before a kernel changed for the options planned: plan says so, in
-// text and JSON (sim/kernel_changes.h). The committed profiles are current (both 2026-11-26, after
-// every change); the H200's with its calibration dated 2026-11-24 predates the page cursor of
-// 2026-11-26 and the groups of 16 rows of 2026-11-26T18:30Z at pages of 96, and none at 128.
+// text and JSON (sim/kernel_changes.h). The committed profiles (both 2026-11-26) predate the
+// backward's bulk reduces of 2026-11-27T06:15Z at head dim 128 only; the H200's with its
+// calibration dated 2026-11-24 predates the page cursor of 2026-11-26 and the groups of 16 rows of
+// 2026-11-26T18:30Z at pages of 96 as well, and at 128 only the bulk reduces.
 TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   ScratchDir dir;
   const fs::path old_h200 = dir.path() / "h200-2026-11-24.yaml";
@@ -563,7 +564,8 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   const std::vector<std::string> old = {"--gpu", old_h200.string(), "--host-ram", "125GiB"};
   const auto [old_json, old_text] = plan(old, "96");
   EXPECT_NE(
-      old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\"]"),
+      old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
+                    "\"2026-11-27T06:15Z\"]"),
       std::string::npos)
       << old_json;
   EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
@@ -572,11 +574,17 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
       << old_text;
   EXPECT_NE(old_text.find("re-run `ctxplan calibrate`"), std::string::npos);
   const auto [old_128, old_128_text] = plan(old, "128");
-  EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[]"), std::string::npos);
+  EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\"]"),
+            std::string::npos)
+      << old_128;
   for (const std::string machine : {"h100-125g", "h200-125g"}) {
     const auto [json, text] = plan({"--machine", machine}, "96");
-    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[]"), std::string::npos) << machine;
-    EXPECT_EQ(text.find("note: this GPU's kernel times"), std::string::npos) << machine;
+    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\"]"),
+              std::string::npos)
+        << machine;
+    EXPECT_NE(text.find("note: this GPU's kernel times were calibrated on 2026-11-26"),
+              std::string::npos)
+        << machine;
   }
 }
 

@@ -498,12 +498,14 @@ TEST(GpuAttention, SparseTopK) {
 }
 
 // The sparse backward launched over the union of the tiles' selections only equals the one
-// launched over every earlier page: dK/dV and the dKV pool bit for bit (no block of an unselected
-// page writes anything), dQ up to the order of its fp32 atomics (dQ is rounded to bf16 after
-// them, so another order flips the last bit of a few elements: 1.1e-5 measured on the H200). Pages
-// of 128 and 64 tokens (64- and 128-key blocks), head_dim 128 and 64 (both wgmma); pages of
-// 96, 192 and 48, whose blocks over the union end at their page's end (a block over every
-// position spans two pages).
+// launched over every earlier page: the own positions' dK/dV bit for bit, the pages no tile
+// selected untouched in the dKV pool (no block of an unselected page writes anything), dQ up to
+// the order of its fp32 adds (dQ is rounded to bf16 after them, so another order flips the last
+// bit of a few elements: 1.1e-5 measured on the H200). Pages of 128 and 64 tokens (64- and
+// 128-key blocks, which start where the blocks over every position do): the whole dKV pool bit
+// for bit. Pages of 96, 192 and 48, whose blocks over the union end at their page's end (a block
+// over every position spans two pages): a key's items come in another order (ItemOrder rotates
+// by the block's first key), so the selected pages' dKV agree to fp32 (or bf16) rounding.
 TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
   SKIP_WITHOUT_GPU();
   struct Shape {
@@ -536,6 +538,11 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
     const std::vector<float> dkv_init =
         RandomBf16(pr.num_slots * pr.PageShape().page_elements(), init_rng);
     const DeviceBuffer<int32_t> union_dev = Upload(union_pages);
+    // The key blocks of either launch start at the same keys: 64-key blocks for pages of 64 or
+    // fewer tokens at head_dim 128 and for every page at head_dim 64, else 128.
+    const int64_t block_keys = (sh.hd == 64 || sh.p <= 64) ? 64 : 128;
+    const bool same_blocks = sh.p % block_keys == 0;
+    const int64_t pe = pr.PageShape().page_elements();
     for (const bool bf16_pool : {false, true}) {
       const BwdResult all = GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool);
       const BwdResult over_union =
@@ -545,7 +552,20 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
                                 " p " + std::to_string(sh.p) + (bf16_pool ? " bf16" : " fp32");
       EXPECT_EQ(RelErr(over_union.dk, all.dk), 0.0) << where;
       EXPECT_EQ(RelErr(over_union.dv, all.dv), 0.0) << where;
-      EXPECT_EQ(RelErr(over_union.dkv, all.dkv), 0.0) << where;
+      if (same_blocks) {
+        EXPECT_EQ(RelErr(over_union.dkv, all.dkv), 0.0) << where;
+      } else {
+        EXPECT_LE(RelErr(over_union.dkv, all.dkv), bf16_pool ? 1e-4 : 1e-6) << where;
+      }
+      for (int64_t pg = 0; pg < pr.pages; ++pg) {
+        if (std::binary_search(union_pages.begin(), union_pages.end(), static_cast<int32_t>(pg)))
+          continue;
+        const int64_t at = pr.dkv_slots[pg] * pe;
+        for (const BwdResult* r : {&all, &over_union})
+          ASSERT_TRUE(
+              std::equal(r->dkv.begin() + at, r->dkv.begin() + at + pe, dkv_init.begin() + at))
+              << where << ": unselected page " << pg << " written";
+      }
       EXPECT_LE(RelErr(over_union.dq, all.dq), 1e-4) << where;
     }
   }
@@ -650,14 +670,16 @@ TEST(GpuAttention, PagedEqualsContiguousAndSparseAllEqualsDense) {
   const BwdResult b0 = GpuBackward(base, d0, out_b, f0.lse, zeros, false);
   const BwdResult b1 = GpuBackward(shuffled, d1, out_b, f0.lse, zeros, false);
   const BwdResult b2 = GpuBackward(all, d2, out_b, f0.lse, zeros, false);
-  // dK/dV are deterministic (no atomics); dQ sums key blocks with fp32 atomics.
+  // dK/dV are deterministic (no atomics); dQ sums key blocks in fp32 in any order. The sparse
+  // backward over pages of 64 runs 64-key blocks where the dense one runs 128-key blocks, whose
+  // items come in another order for the second 64 keys (ItemOrder): dK/dV to bf16 rounding.
   EXPECT_EQ(RelErr(b1.dk, b0.dk), 0.0);
   EXPECT_EQ(RelErr(b1.dv, b0.dv), 0.0);
   EXPECT_LE(RelErr(b1.dq, b0.dq), 1e-2);
-  EXPECT_EQ(RelErr(b2.dk, b0.dk), 0.0);
-  EXPECT_EQ(RelErr(b2.dv, b0.dv), 0.0);
+  EXPECT_LE(RelErr(b2.dk, b0.dk), 1e-4);
+  EXPECT_LE(RelErr(b2.dv, b0.dv), 1e-4);
   EXPECT_LE(RelErr(b2.dq, b0.dq), 1e-2);
-  EXPECT_EQ(RelErr(b2.dkv, b0.dkv), 0.0);
+  EXPECT_LE(RelErr(b2.dkv, b0.dkv), 1e-6);  // fp32 pool, the same rounding argument
   // Logical page pg of the shuffled run lives in dkv slot shuffled.dkv_slots[pg].
   std::vector<float> b1_logical(b0.dkv.size()), b0_logical(b0.dkv.size());
   for (int64_t pg = 0; pg < base.pages; ++pg) {

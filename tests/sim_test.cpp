@@ -591,13 +591,15 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   old_profile.date = "2026-11-24";
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
   new_profile.date = "2026-11-26T19:30Z";
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 2u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 2u);
-  EXPECT_TRUE(ChangesAfterProfile(old_profile, 128, 128).empty());
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 1u);
+  // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 1u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 2u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 1u);  // a multiple of 16 only now
-  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 128).empty());
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 2u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 1u);
+  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 64).empty());
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -615,7 +617,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_TRUE(ChangesAfterProfile(groups_profile, 128, 128).empty());
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 1u);
   ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 2u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 4u);
@@ -626,7 +628,12 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 1u);
-  EXPECT_TRUE(ChangesAfterProfile(d64_profile, 32, 128).empty());
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 1u);
+  // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
+  const KernelChange& bulk = KernelChanges()[4];
+  EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 64));
 }
 
 }  // namespace

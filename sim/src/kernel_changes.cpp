@@ -39,6 +39,12 @@ const std::vector<KernelChange>& KernelChanges() {
        "(1.03-1.12x on an H100) at head dim 64",
        {},
        {64}},
+      {"2026-11-27T06:15Z",
+       "the attention backward came to add dQ by bulk reduces and to order its items for the L2 "
+       "(head dim 128: 1.20-1.23x over every earlier page, 1.08-1.10x page-sparse, on an H200 "
+       "and an H100)",
+       {},
+       {128}},
   };
   return changes;
 }

@@ -20,14 +20,15 @@
 //     style, kept for comparison). dK and dV of a key are complete in one
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
-//     two pages share a slot). Only dQ, summed over key blocks, uses fp32 atomics
-//     (red.global.add.v2.f32) into an fp32 workspace.
+//     two pages share a slot). Only dQ is summed over key blocks, into an fp32 workspace: by one
+//     16 KB bulk reduce a warpgroup an item in the two-warpgroup kernel (a tiled accumulator,
+//     DqTileOffset), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
 // warpgroups an item's dQ runs under the next item's S and dP (one block barrier an item, operands
-// loaded two items ahead). What is left is decoupling the two warpgroups' dQ so they can take
-// turns on the tensor cores.
+// loaded two items ahead). The blocks resident together walk the queries side by side
+// (ItemOrder), so that Q, dO and dQ are served by the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -69,7 +70,7 @@ struct BwdParams {
   const bf16* d_out;
   const float* lse2;   // [hq][t_pad], lse * log2(e)
   const float* delta;  // [hq][t_pad]
-  float* dq_acc;       // [t][hq][HD]
+  float* dq_acc;       // [t_pad][hq][HD], or tiled (DqTileOffset) in the pipelined kernel
   bf16* dk_own;
   bf16* dv_own;
   void* dkv_pool;
@@ -226,6 +227,43 @@ __global__ void AttnBwdPreKernel(const bf16* __restrict__ out, const bf16* __res
 }
 
 // --- 3. postprocess ------------------------------------------------------------------------
+// The tiled dQ accumulator of the pipelined kernel: [H_q][t_pad / 64][HD / 64][4096] fp32, each
+// 64 x 64 tile in the wgmma accumulator's order (float4 chunk c of warpgroup thread w = 32 warp +
+// 4 g + tq at 128 c + w: rows 16 warp + g and + 8, columns 8 c + 2 tq and + 1), so that a
+// warpgroup's item dQ is one contiguous 16 KB bulk reduce. Offset in floats.
+template <int HD>
+__host__ __device__ __forceinline__ int64_t DqTileOffset(int n_q_tiles, int h, int q_tile,
+                                                         int half) {
+  return ((static_cast<int64_t>(h) * n_q_tiles + q_tile) * (HD / 64) + half) * 4096;
+}
+
+// dQ = bf16(scale * accumulator) from the tiled accumulator: one float4 chunk a thread (two rows'
+// column pairs).
+template <int HD>
+__global__ void AttnBwdPostTiledKernel(const float* __restrict__ acc, int t, int hq, int n_q_tiles,
+                                       float scale, bf16* __restrict__ dq) {
+  const int64_t chunks = static_cast<int64_t>(hq) * n_q_tiles * (HD / 64) * 1024;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int w = static_cast<int>(i & 127), c = static_cast<int>((i >> 7) & 7);
+    const int64_t tile = i >> 10;
+    const int half = static_cast<int>(tile % (HD / 64));
+    const int64_t head_tile = tile / (HD / 64);
+    const int q_tile = static_cast<int>(head_tile % n_q_tiles);
+    const int h = static_cast<int>(head_tile / n_q_tiles);
+    const int lane = w & 31;
+    const int row = q_tile * 64 + (w >> 5) * 16 + (lane >> 2);
+    const int col = half * 64 + c * 8 + 2 * (lane & 3);
+    const float4 v = reinterpret_cast<const float4*>(acc)[i];
+    if (row < t)
+      *reinterpret_cast<uint32_t*>(dq + (static_cast<int64_t>(row) * hq + h) * HD + col) =
+          PackBf16(v.x * scale, v.y * scale);
+    if (row + 8 < t)
+      *reinterpret_cast<uint32_t*>(dq + (static_cast<int64_t>(row + 8) * hq + h) * HD + col) =
+          PackBf16(v.z * scale, v.w * scale);
+  }
+}
+
 __global__ void AttnBwdPostKernel(const float* __restrict__ acc, int64_t n4, float scale,
                                   bf16* __restrict__ dq) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
@@ -282,8 +320,9 @@ __device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0
 // in O(1) per item: scanning the tiles one by one (with an integer division each) for the next
 // selected one cost ~45 instructions per skipped tile, twice per item; at a 64K context's last
 // chunk, 64 pages per tile out of 480, that was a third of the sparse backward's instructions.
+template <typename TileIndex>
 __device__ int CollectSelectedTiles(const uint32_t* s_mask, int n_q_tiles, int tiles_per_sel,
-                                    int* s_tiles, int* s_count) {
+                                    TileIndex* s_tiles, int* s_count) {
   if (threadIdx.x < 32) {
     const int lane = static_cast<int>(threadIdx.x);
     int count = 0;
@@ -291,7 +330,7 @@ __device__ int CollectSelectedTiles(const uint32_t* s_mask, int n_q_tiles, int t
       const int qt = base + lane;
       const bool take = qt < n_q_tiles && s_mask[qt / tiles_per_sel] != 0u;
       const uint32_t ballot = __ballot_sync(0xffffffffu, take);
-      if (take) s_tiles[count + __popc(ballot & ((1u << lane) - 1u))] = qt;
+      if (take) s_tiles[count + __popc(ballot & ((1u << lane) - 1u))] = static_cast<TileIndex>(qt);
       count += __popc(ballot);
     }
     if (lane == 0) *s_count = count;
@@ -696,7 +735,54 @@ __global__ void __launch_bounds__(kBwdThreads, 1) AttnBwdKernel(const BwdParams 
 //   dP^T = V_wg dO^T     wgmma SS                                              64 x 64
 //   dK  += dS^T Q        wgmma RS (dS^T from registers, Q N-major)            64 x 128
 //   dQ   = dS K          wgmma SS (dS^T in shared memory read M-major, K N-major), each warpgroup
-//                        one 64-column half of d, then fp32 atomics
+//                        one 64-column half of d, then one bulk reduce (two warpgroups) or
+//                        fp32 atomics (one)
+
+// The order of the two-warpgroup kernel's items (query head hl of the GQA group, i-th of the
+// block's n_tiles query tiles, ascending), chosen for the L2: the blocks resident together should
+// read the same Q and dO and add into the same dQ while these are still in the L2, yet not the
+// same item at the same moment (their dQ adds would queue on the same lines). Tiles outer,
+// descending, so that blocks started together walk the queries side by side; the group's heads
+// inner. Each block starts at its own head and (for sixteen groups of blocks) its own tile a few
+// tiles down, wrapping round to the top at the end, which spreads a wave of blocks over ~100 items
+// a few tiles wide. Under ncu (32K causal, H200) the L2 hit rate went from 64% to 87% and DRAM
+// traffic from 35% to 12% of its peak against heads outer with tiles ascending (kernels/PERF.md).
+// The rotations are fixed by the block's first key and by absolute query tiles, not by the
+// block's index, so that a key's items come in one order in blocks over the union or over every
+// position where these start at the same key (dK and dV bit for bit).
+struct ItemCursor {
+  int hl;  // query head of the group
+  int i;   // index into the block's ascending tiles
+};
+struct ItemOrder {
+  int n_tiles, group, head_rot;
+  ItemCursor first;
+  // tiles(i): the block's i-th tile (ascending); n_q_tiles: the chunk's tiles.
+  template <typename Tiles>
+  __device__ ItemOrder(int n_tiles_, int group_, int key0, int n_q_tiles, Tiles tiles)
+      : n_tiles(n_tiles_), group(group_) {
+    const int key_unit = key0 / 128;  // 128-key blocks
+    head_rot = key_unit % group;
+    const int start = n_q_tiles - 1 - (key_unit / group) % 16;  // absolute tile
+    int lo = 0, hi = n_tiles;  // the tiles <= start: a prefix of the ascending list
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (tiles(mid) <= start) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    first = {head_rot, lo > 0 ? lo - 1 : n_tiles - 1};
+  }
+  // The next item: the next head; after the group's last, the next tile down (from the lowest,
+  // the highest). As cheap as a plain counter: the one-warpgroup kernel's items are small.
+  __device__ __forceinline__ void Next(ItemCursor& c) const {
+    if (++c.hl == group) c.hl = 0;
+    if (c.hl == head_rot) c.i = c.i == 0 ? n_tiles - 1 : c.i - 1;
+  }
+};
+
 // All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async.
 // NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves page-sparse selection over
 // pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
@@ -717,17 +803,27 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kKvBytes = BN * HD * 2;     // one of K, V: [HD / 64][BN][64] bf16
   static constexpr int kQBytes = kBwdBM * HD * 2;  // one buffer of Q or dO: [HD / 64][64][64]
   static constexpr int kdSBytes = BN * 128;        // one buffer of dS^T: [BN keys][64 q] bf16
+  // A warpgroup's item dQ [64 q][64 d] fp32 on its way to the bulk reduce (two warpgroups; the
+  // one-warpgroup kernel adds dQ by atomics, kernels/PERF.md), in
+  // the accumulator's own order: float4 chunk c of thread w (of 128) at (128 c + w) * 16 bytes,
+  // which is also its order in the tiled dQ accumulator (DqTileOffset).
+  static constexpr bool kBulkDq = kPipelined;
+  static constexpr int kdQBytes = kBulkDq ? kBwdBM * 64 * 4 : 0;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;                  // kStages buffers
   static constexpr int kdO = kQ + kStages * kQBytes;        // kStages buffers
   static constexpr int kdS = kdO + kStages * kQBytes;       // kdSBuffers buffers
-  static constexpr int kL = kdS + kdSBuffers * kdSBytes;    // [kStages][64] fp32
+  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;   // NWG staging buffers (kBulkDq)
+  static constexpr int kL = kdQ + NWG * kdQBytes;           // [kStages][64] fp32
   static constexpr int kD = kL + kStages * kBwdBM * 4;      // [kStages][64] fp32
   static constexpr int kUnion = kD + kStages * kBwdBM * 4;  // uint32 union, int32 count
-  static constexpr int kMask = kUnion + 16;  // [sel_tiles] uint32, then [n_q_tiles] int32
-  static int Bytes(int sel_tiles, int q_tiles) {
-    return kMask + 4 * sel_tiles + 4 * q_tiles + 1024;
+  static constexpr int kMask = kUnion + 8;  // [sel_tiles] uint32, then [n_q_tiles] uint16
+  // What the kernel uses from a 1024-byte aligned base. The launch asks for 1024 bytes more when
+  // they fit, in case the dynamic shared memory does not start aligned (on sm_90 it does: after
+  // the 1 KB the system reserves; an access past the block's shared memory faults).
+  __host__ __device__ static int Bytes(int sel_tiles, int q_tiles) {
+    return kMask + 4 * sel_tiles + 2 * q_tiles;
   }
 };
 
@@ -749,7 +845,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
   int* s_count = reinterpret_cast<int*>(smem + L::kUnion + 4);
-  int* s_tiles = reinterpret_cast<int*>(smem + L::kMask) + prm.sel_tiles;
+  uint16_t* s_tiles = reinterpret_cast<uint16_t*>(s_mask + prm.sel_tiles);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -789,10 +885,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
                                      kv_row, sK, sV,
                                      [](int row, int c) { return Sw128<BN>(row, c); });
 
-  // Items: every query head of the group, and per head the block's query tiles in ascending order
-  // (descending makes blocks running side by side add into the same dQ rows at the same moment:
-  // slower, kernels/PERF.md). Item (hl, i) is tile tile_at(i) of head hl.
-  auto tile_at = [&](int i) { return sparse ? s_tiles[i] : qt_begin + i; };
+  // Items: every query head of the group times the block's query tiles (ascending: all from
+  // qt_begin, or the selected ones). Item (hl, i) is head hkv * group + hl, tile tile_at(i). The
+  // two-warpgroup kernel takes them in ItemOrder; the one-warpgroup kernel heads outer, tiles
+  // ascending (its items are a quarter the size: with ItemOrder's cursor it ran 4% slower,
+  // kernels/PERF.md).
+  auto tile_at = [&](int i) { return sparse ? static_cast<int>(s_tiles[i]) : qt_begin + i; };
   auto advance = [&](int& hl, int& i) {
     if (++i >= n_tiles) {
       i = 0;
@@ -821,8 +919,21 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
 
   if constexpr (L::kPipelined) {
+    // dQ's bulk reduce: one thread of each warpgroup issues it, from the warpgroup's staging
+    // buffer (this thread's float4 chunks at dq_stage_mine + 2048 c).
+    const bool dq_issuer = (tid & 127) == 0;
+    const uint32_t dq_stage_mine = base + L::kdQ + wg * L::kdQBytes + (tid & 127) * 16;
+    const ItemOrder order(n_tiles, prm.group, kb0, prm.n_q_tiles, tile_at);
+    const int n_items = n_tiles * prm.group;
+    auto item_at = [&](const ItemCursor& c, int& h, int& q0) {
+      h = hkv * prm.group + c.hl;
+      q0 = tile_at(c.i) * BM;
+    };
+    auto next_item = [&](ItemCursor& c) { order.Next(c); };
+    auto load_cursor = [&](const ItemCursor& c, int buf) { load_item(c.hl, tile_at(c.i), buf); };
+
     // Item n: dQ of item n - 1 and this item's S^T and dP^T issued together, so the tensor cores
-    // run S^T and dP^T while dQ's atomics go out; then the softmax's backward and one block
+    // run S^T and dP^T while dQ is added; then the softmax's backward and one block
     // barrier (both warpgroups' dS^T, the next item's operands). Every wgmma is waited within its
     // iteration: one in flight across the loop's back edge makes the compiler serialise them all.
     // Operands load two items ahead into a ring of three buffers: at item n's barrier every
@@ -961,38 +1072,42 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       }
       WgmmaCommit();
     };
-    // dQ by fp32 atomics, not a shared-memory stage and TMA bulk reduce: the stage adds a barrier
-    // per item to a loop the atomics never stall (kernels/PERF.md).
+    // dQ into the tiled fp32 accumulator by one bulk reduce a warpgroup (16 KB, added in the L2
+    // line by line), from a staging buffer in the accumulator's own order: the per-thread fp32
+    // atomics (16 a thread an item) held each warp until the memory system took their operands,
+    // a fifth of the kernel's stall samples under ncu (kernels/PERF.md). The staging buffer is
+    // free again once the bulk copy has read it: its issuing thread waits for that before the
+    // item's block barrier, which every thread passes before it writes the next item's dQ.
     auto add_dq = [&](int h, int q0) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int qi = q0 + wwarp * 16 + g + hf * 8;
-        if (qi < t) {
-          float* dst =
-              prm.dq_acc + (static_cast<int64_t>(qi) * prm.hq + h) * HD + half * 64 + 2 * tq;
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            atomicAdd(reinterpret_cast<float2*>(dst + i * 8),
-                      make_float2(dq[4 * i + 2 * hf], dq[4 * i + 2 * hf + 1]));
-        }
+      for (int c = 0; c < 8; ++c)
+        StShared4(dq_stage_mine + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2],
+                  dq[4 * c + 3]);
+      FenceProxyAsync();
+      NamedBarrierSync(1 + wg, 128);
+      if (dq_issuer) {
+        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, half),
+                         dq_stage_mine, L::kdQBytes);
+        BulkCommit();
       }
     };
 
-    int hl = 0, item = 0;
-    int hl1 = 0, item1 = 0;  // item n + 1
-    advance(hl1, item1);
-    load_item(hl, tile_at(item), 0);
+    ItemCursor cur = order.first, ahead = order.first;  // items n and n + 2
+    if (n_items > 0) load_cursor(ahead, 0);
     CpAsyncCommit();
-    if (hl1 < prm.group) load_item(hl1, tile_at(item1), 1);
+    next_item(ahead);
+    if (n_items > 1) load_cursor(ahead, 1);
     CpAsyncCommit();
+    next_item(ahead);
     CpAsyncWait<1>();
     FenceProxyAsync();
     __syncthreads();
     int prev_h = 0, prev_q0 = 0;
-    for (int n = 0; hl < prm.group; ++n) {
+    for (int n = 0; n < n_items; ++n) {
       const int buf = n % L::kStages;
-      const int h = hkv * prm.group + hl;
-      const int q0 = tile_at(item) * BM;
+      int h, q0;
+      item_at(cur, h, q0);
+      next_item(cur);
       const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
       // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing, issued
       // all the same so that no branch splits the wgmma sequence.
@@ -1006,26 +1121,23 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       softmax_backward(q0, buf, ds);
       CpAsyncWait<0>();  // item n + 1's operands
       FenceProxyAsync();
+      if (dq_issuer) BulkWaitRead<0>();  // item n - 1's dQ staging read
       __syncthreads();  // both warpgroups' dS^T; item n + 1's operands; item n - 1 done
-      int hl2 = hl1, item2 = item1;
-      advance(hl2, item2);
-      if (hl2 < prm.group) load_item(hl2, tile_at(item2), (n + 2) % L::kStages);
+      if (n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
       CpAsyncCommit();
+      next_item(ahead);
       WgmmaWait<0>();  // dV and dK
       FenceAcc(dv);
       FenceAcc(dk);
       prev_h = h;
       prev_q0 = q0;
-      hl = hl1;
-      item = item1;
-      hl1 = hl2;
-      item1 = item2;
     }
     // The last item's dQ, its dS^T behind the last barrier.
-    issue_dq(sdS + ((n_tiles * prm.group - 1) & 1) * L::kdSBytes);
+    issue_dq(sdS + ((n_items - 1) & 1) * L::kdSBytes);
     WgmmaWait<0>();
     FenceAcc(dq);
-    if (n_tiles > 0) add_dq(prev_h, prev_q0);
+    if (n_items > 0) add_dq(prev_h, prev_q0);
+    if (dq_issuer) BulkWait<0>();  // the reduces done before the block's shared memory goes
   } else {
     // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
     // item's wgmmas waited within it. Written out apart from the pipelined loop's pieces: built
@@ -1288,14 +1400,19 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
     return std::pair{q, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv))};
   };
-  auto launch = [&](auto kernel, dim3 grid, int threads, int smem, const BwdParams& q) {
-    Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
+  // `used` bytes of shared memory; `aligned`: used from a 1024-byte aligned base (WbSmem).
+  auto launch = [&](auto kernel, dim3 grid, int threads, int used, const BwdParams& q,
+                    bool aligned) {
+    constexpr int kMaxSmem = 227 * 1024;
+    Require(used <= kMaxSmem, "too many selection tiles for the backward's shared memory");
+    const int smem = aligned ? std::min(used + 1024, kMaxSmem) : used;
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, threads, smem, stream>>>(q);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
+  bool dq_tiled = false;  // the kernel adds dQ into the tiled accumulator (DqTileOffset)
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     // 64-key blocks, two a multiprocessor: for head_dim 64 always (1.1x the 128-key blocks'
@@ -1308,35 +1425,44 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages)) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
+      dq_tiled = WbSmem<HD, 1>::kBulkDq;
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q, true);
       } else {
-        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q, true);
       }
     } else {
       const auto [q, grid] = with_blocks(128, 128);
       const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
+      dq_tiled = WbSmem<HD, 2>::kBulkDq;
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q, true);
       } else {
-        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
+        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q, true);
       }
     }
   } else {
     const auto [q, grid] = with_blocks(kBwdBN, kBwdBN);
     const int smem = BwdSmem<HD>::Bytes(sel_tiles, q_tiles);
     if (q.union_pages != nullptr) {
-      launch(AttnBwdKernel<HD, true>, grid, kBwdThreads, smem, q);
+      launch(AttnBwdKernel<HD, true>, grid, kBwdThreads, smem, q, false);
     } else {
-      launch(AttnBwdKernel<HD, false>, grid, kBwdThreads, smem, q);
+      launch(AttnBwdKernel<HD, false>, grid, kBwdThreads, smem, q, false);
     }
   }
   {
-    const int64_t n4 = static_cast<int64_t>(prm.t) * prm.hq * HD / 4;
     const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
-    AttnBwdPostKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(dq_acc, n4, prm.scale,
-                                                                             dq);
+    if (dq_tiled) {
+      const int64_t n4 = static_cast<int64_t>(prm.t_pad) * prm.hq * HD / 4;
+      const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
+      AttnBwdPostTiledKernel<HD><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+          dq_acc, prm.t, prm.hq, prm.n_q_tiles, prm.scale, dq);
+    } else {
+      const int64_t n4 = static_cast<int64_t>(prm.t) * prm.hq * HD / 4;
+      const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
+      AttnBwdPostKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(dq_acc, n4,
+                                                                               prm.scale, dq);
+    }
     CTXPLAN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -1365,9 +1491,9 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   const int64_t t_pad = PadTokens(t);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   float* dq_acc = reinterpret_cast<float*>(ws);
-  float* delta = reinterpret_cast<float*>(ws + Align256(t * hq * hd * 4));
+  float* delta = reinterpret_cast<float*>(ws + Align256(t_pad * hq * hd * 4));
   float* lse2 = delta + Align256(hq * t_pad * 4) / 4;
-  CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, t * hq * hd * 4, stream));
+  CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, t_pad * hq * hd * 4, stream));
 
   BwdParams prm{};
   prm.q = q;
@@ -1431,7 +1557,7 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
 size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) {
   const int64_t t = std::max<int64_t>(shape.tokens, 0);
   const int64_t t_pad = PadTokens(t);
-  return Align256(static_cast<size_t>(t * shape.num_heads * shape.head_dim * 4)) +
+  return Align256(static_cast<size_t>(t_pad * shape.num_heads * shape.head_dim * 4)) +
          2 * Align256(static_cast<size_t>(shape.num_heads * t_pad * 4));
 }
 

@@ -349,10 +349,11 @@ int64_t PlanGeometry::workspace_bytes() const {
   // gradient, and the fp32 dX accumulator of its tokens (kernels/src/cuda/linear_cross_entropy.cu).
   const int64_t vocab_tile = std::min(kLossVocabTile, m.vocab_size);
   const int64_t loss = c * vocab_tile * (kFp32Bytes + kBf16Bytes) + c * m.hidden_size * kFp32Bytes;
-  // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE
-  // (per head, tokens padded to the 128-query tile) (kernels/cuda/attention.h).
-  const int64_t padded = CeilDiv(c, 128) * 128;
-  const int64_t attention = c * m.num_attention_heads * m.head_dim * kFp32Bytes +
+  // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE,
+  // tokens padded to the 64-query tile (kernels/src/cuda/attention_bwd.cu,
+  // AttentionBackwardWorkspaceBytes).
+  const int64_t padded = CeilDiv(c, 64) * 64;
+  const int64_t attention = padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
                             2 * m.num_attention_heads * padded * kFp32Bytes;
   // The RMSNorm backward's d_weight partial rows: the layers' norms', and unless the norms are
   // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend_layers.cpp,

@@ -78,8 +78,9 @@ size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 // Determinism: dK/dV (own and pages) of a key are computed by one thread block (128 keys, or 64
 // for page-sparse selection over pages < 128 tokens) and KV head that loops over every query of
 // the GQA group: plain read-add-write into the pool, deterministic, no atomics, race-free since
-// no two pages share a slot. dQ is summed over key blocks with fp32 atomics into the workspace
-// (summation order not deterministic: run-to-run differences at fp32 rounding level).
+// no two pages share a slot. dQ is summed over key blocks in fp32 in the workspace, by atomics or
+// bulk reduces in the L2 (summation order not deterministic: run-to-run differences at fp32
+// rounding level).
 void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
                        const bf16* v_own, const PagedKv<const bf16>& earlier,
                        const PageSelection& selection, const bf16* out, const float* lse,
