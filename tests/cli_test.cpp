@@ -588,6 +588,39 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   }
 }
 
+// A trace recorded with kernels its GPU's profile does not describe: replay says which change lies
+// between the run's date and the calibration's, in text and JSON. The recorded H200 trace
+// (2026-11-22) against the committed profile (2026-11-26T23:20Z): none at pages of 128, head dim
+// 128; against the same profile dated 2026-11-28: the backward's bulk reduces of 2026-11-27.
+TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
+  ScratchDir dir;
+  std::string yaml = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const size_t at = yaml.find("\n  date: \"");
+  ASSERT_NE(at, std::string::npos);
+  yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"2026-11-28\"");
+  const std::string later = dir.Write("h200-later.yaml", yaml);
+  const auto [same_text, same_json] = [&] {
+    const std::vector<std::string> args = {"replay", kRecordedTrace};
+    return RunTextAndJson(args, dir.path());
+  }();
+  ASSERT_EQ(same_text.exit_code, 0) << same_text.err;
+  EXPECT_EQ(same_text.out.find("note: this run was recorded on"), std::string::npos);
+  EXPECT_NE(same_json.out.find("\"kernel_changes_between_run_and_profile\":[]"), std::string::npos)
+      << same_json.out;
+  const std::vector<std::string> args = {"replay", kRecordedTrace, "--gpu",
+                                         later,    "--host-ram",   "125GiB"};
+  const auto [text, json] = RunTextAndJson(args, dir.path());
+  ASSERT_EQ(text.exit_code, 0) << Describe(args, text);
+  EXPECT_NE(text.out.find("note: this run was recorded on 2026-11-22"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("calibrated on 2026-11-28; between the two, on 2026-11-27T06:15Z"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(json.out.find("\"kernel_changes_between_run_and_profile\":[\"2026-11-27T06:15Z\"]"),
+            std::string::npos)
+      << json.out;
+}
+
 // Head dim 64 runs attention slower per FLOP than 128 (issue 14: where a shape cannot be made
 // fast, the planner knows its rate and says so): Llama-3.2-1B gets the note, Qwen2.5-7B not.
 TEST(CliTest, PlanSaysTheHeadDimRate) {

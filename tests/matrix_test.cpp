@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +34,8 @@
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/traces/op_trace.h"
 #include "support/csv.h"
+#include "support/process.h"
+#include "support/profile_history.h"
 
 namespace ctxplan {
 namespace {
@@ -169,6 +172,24 @@ MachineSpec MachineOf(const MatrixRun& r, const char* gpu = nullptr) {
   return machine;
 }
 
+// MachineOf with the GPU profile that describes the kernels the run ran: the committed one, or an
+// earlier calibration of it (tests/support/profile_history.h); nullopt, the run named, when none
+// does (sim/kernel_changes.h): a run of a kernel its profile does not describe judges nothing.
+std::optional<MachineSpec> JudgingMachine(const MatrixRun& r, const char* gpu = nullptr) {
+  MachineSpec machine = MachineOf(r, gpu);
+  const std::optional<GpuSpec> profile =
+      test::ProfileOfRun(machine.gpu, r.date, r.options.page_tokens, LoadModel(r.model).head_dim);
+  if (!profile) {
+    std::printf("  left out (no profile times its kernels): %s\n", r.line.c_str());
+    return std::nullopt;
+  }
+  if (profile->kernels.date != machine.gpu.kernels.date)
+    std::printf("  judged by the calibration of %s: %s\n", profile->kernels.date.c_str(),
+                r.line.c_str());
+  machine.gpu = *profile;
+  return machine;
+}
+
 double MedianOf(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty()      ? 0
@@ -183,14 +204,9 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   std::map<std::string, int> machines;
   for (const MatrixRun& r : runs) {
     const ModelSpec model = LoadModel(r.model);
-    const MachineSpec machine = MachineOf(r);
-    // A run of a kernel its GPU's profile does not describe judges nothing (sim/kernel_changes.h):
-    // left out, named, until the run or the calibration is redone.
-    if (sim::RunAndProfileKernelsDiffer(sim::EffectiveKernelProfile(machine.gpu), r.date,
-                                        r.options.page_tokens, model.head_dim)) {
-      std::printf("  left out (its profile times another kernel): %s\n", r.line.c_str());
-      continue;
-    }
+    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    if (!judging) continue;
+    const MachineSpec& machine = *judging;
     ++machines[r.machine];
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
@@ -314,7 +330,9 @@ TEST(Matrix, BeyondTheMatrix) {
   ASSERT_GE(runs.size(), 3u);
   for (const MatrixRun& r : runs) {
     const ModelSpec model = LoadModel(r.model);
-    const MachineSpec machine = MachineOf(r);
+    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    if (!judging) continue;
+    const MachineSpec& machine = *judging;
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
     const sim::KernelTimeModel time_model(machine);
@@ -341,7 +359,9 @@ TEST(Matrix, StartUpBeforeTheFirstStep) {
   std::vector<double> errors;
   for (const MatrixRun& r : ReadMatrix()) {
     const ModelSpec model = LoadModel(r.model);
-    const MachineSpec machine = LoadMachine(r.machine);
+    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    if (!judging) continue;
+    const MachineSpec& machine = *judging;
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
     const sim::KernelTimeModel time_model(machine);
@@ -381,20 +401,18 @@ TEST(Matrix, StartUpBeforeTheFirstStep) {
 // and named, until one of the two is redone.
 TEST(Matrix, H100FromTheH200ProfileScaled) {
   Errors calibrated, estimated;
-  const KernelProfile h200 = LoadGpu("h200").kernels;
   for (const MatrixRun& r : ReadMatrix()) {
     if (r.machine != "h100-125g") continue;
-    if (sim::RunAndProfileKernelsDiffer(h200, r.date, r.options.page_tokens,
-                                        LoadModel(r.model).head_dim)) {
-      std::printf("  left out (the H200 profile times another kernel): %s\n", r.line.c_str());
-      continue;
-    }
+    // Both profiles must time the run's kernels: the H100's, and the H200's it is scaled from.
+    const std::optional<MachineSpec> own = JudgingMachine(r);
+    const std::optional<MachineSpec> scaled = JudgingMachine(r, "h100-sxm-estimate");
+    if (!own || !scaled) continue;
     const ModelSpec model = LoadModel(r.model);
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
     double error[2] = {0, 0};  // calibrated, scaled
     for (const bool estimate : {false, true}) {
-      const MachineSpec machine = MachineOf(r, estimate ? "h100-sxm-estimate" : nullptr);
+      const MachineSpec& machine = estimate ? *scaled : *own;
       const sim::KernelTimeModel time_model(machine);
       const sim::PlanReport report =
           sim::MakeReport(geometry, machine, sim::AnalyticModel(time_model).Predict(geometry));
@@ -441,18 +459,57 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
   EXPECT_LE(*std::max_element(estimated.time.begin(), estimated.time.end()), 0.105);
 }
 
+// A run recorded with kernels the committed profile no longer describes is judged by the earlier
+// calibration kept in the history folder that does; a scaled estimate by its sibling's. The
+// committed H200 profile (2026-11-26T23:20Z) postdates the forward's page cursor (2026-11-26) and
+// groups of 16 rows (T18:30Z) at pages of 96, and predates the backward's bulk reduces
+// (2026-11-27T06:15Z) at head dim 128.
+TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
+  test::ScratchDir dir;
+  std::string yaml = test::ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const size_t at = yaml.find("\n  date: \"");
+  ASSERT_NE(at, std::string::npos);
+  yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"2026-11-25T10:00Z\"");
+  dir.Write("h200-2026-11-25.yaml", yaml);
+  dir.Write("other.yaml", test::ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/l40s.yaml"));
+  ASSERT_EQ(test::GpuHistory(dir.path(), "h200").size(), 1u);
+  ASSERT_TRUE(test::GpuHistory(dir.path() / "none", "h200").empty());
+
+  const GpuSpec h200 = LoadGpu("h200"), estimate = LoadGpu("h100-sxm-estimate");
+  for (const GpuSpec& gpu : {h200, estimate}) {
+    // Before the page cursor, at pages of 96: the earlier calibration (scaled, for the estimate).
+    const auto early = test::ProfileOfRun(gpu, "2026-11-24", 96, 128, dir.path());
+    ASSERT_TRUE(early.has_value()) << gpu.name;
+    EXPECT_EQ(early->kernels.date, "2026-11-25T10:00Z") << gpu.name;
+    EXPECT_EQ(early->name, gpu.name);
+    EXPECT_EQ(early->kernels.provenance, gpu.kernels.provenance) << gpu.name;
+    // After both page changes: the committed profile.
+    const auto late = test::ProfileOfRun(gpu, "2026-11-26T19:00Z", 96, 128, dir.path());
+    ASSERT_TRUE(late.has_value()) << gpu.name;
+    EXPECT_EQ(late->kernels.date, gpu.kernels.date) << gpu.name;
+    // After the backward's bulk reduces at head dim 128: neither (left out); at 64 the committed.
+    EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T12:00Z", 128, 128, dir.path()).has_value());
+    EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-27T12:00Z", 128, 64, dir.path()).has_value());
+    // No history: only the committed profile can judge.
+    EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-24", 96, 128, dir.path() / "none").has_value());
+  }
+  // The estimate scaled from the earlier H200 calibration is not the earlier H200 calibration.
+  const auto scaled = test::ProfileOfRun(estimate, "2026-11-24", 96, 128, dir.path());
+  const auto own = test::ProfileOfRun(h200, "2026-11-24", 96, 128, dir.path());
+  ASSERT_TRUE(scaled && own);
+  EXPECT_NE(scaled->kernels.gemm_accumulate_wave_us_per_byte,
+            own->kernels.gemm_accumulate_wave_us_per_byte);
+}
+
 TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
   int replayed = 0, gaps = 0;
   for (const MatrixRun& r : ReadMatrix()) {
     if (r.trace.empty()) continue;
     const ModelSpec model = LoadModel(r.model);
-    const MachineSpec machine = LoadMachine(r.machine);
-    // A trace of a kernel its GPU's profile does not describe judges nothing, as in the matrix.
-    if (sim::RunAndProfileKernelsDiffer(sim::EffectiveKernelProfile(machine.gpu), r.date,
-                                        r.options.page_tokens, model.head_dim)) {
-      std::printf("  %s left out (its profile times another kernel)\n", r.trace.c_str());
-      continue;
-    }
+    // A trace of a kernel no profile describes judges nothing, as in the matrix.
+    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    if (!judging) continue;
+    const MachineSpec& machine = *judging;
     const OpTrace trace = ReadOpTrace(kDir + "matrix/" + r.trace);
     RunOptions options = RunOptionsFromMetadata(trace.metadata, r.trace);
     options.selection = r.options.selection;  // the model's measured selection, as the matrix

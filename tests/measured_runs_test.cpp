@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ctxplan/models/catalog.h"
@@ -17,6 +19,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/plan_report.h"
 #include "support/csv.h"
+#include "support/profile_history.h"
 
 namespace ctxplan {
 namespace {
@@ -59,9 +62,24 @@ std::vector<MeasuredRun> ReadRuns() {
   return runs;
 }
 
+// The GPU profile that times a recorded run's kernels (tests/support/profile_history.h): the
+// committed one, or an earlier calibration kept beside it. Every run must have one: a GPU
+// calibrated again after a kernel change keeps its earlier calibration in models/gpu/history/.
+MachineSpec JudgingMachine(const std::string& preset, std::string_view date, int64_t page_tokens,
+                           int64_t head_dim) {
+  MachineSpec machine = LoadMachine(preset);
+  const std::optional<GpuSpec> gpu = test::ProfileOfRun(machine.gpu, date, page_tokens, head_dim);
+  EXPECT_TRUE(gpu.has_value()) << preset << " " << date << ": no profile times its kernels";
+  if (gpu) machine.gpu = *gpu;
+  return machine;
+}
+
+// traces/recorded/h200-7b-runs.csv holds no date: its rows were recorded 2026-11-23 and -25.
+constexpr std::string_view kH200RunsRecorded = "2026-11-25";
+
 TEST(MeasuredRuns, PlannerPredictsTheH200Runs) {
   const ModelSpec model = LoadModel("qwen2.5-7b");
-  const MachineSpec machine = LoadMachine("h200-125g");
+  const MachineSpec machine = JudgingMachine("h200-125g", kH200RunsRecorded, 128, model.head_dim);
   const sim::KernelTimeModel time_model(machine);
   const sim::AnalyticModel analytic(time_model);
   const std::vector<MeasuredRun> runs = ReadRuns();
@@ -120,12 +138,12 @@ TEST(MeasuredRuns, PlannerPredictsThePipelinedRuns) {
   int rows = 0;
   double worst_time = 0;
   for (const std::vector<std::string>& f : test::ReadCsvRows(path)) {
-    ASSERT_EQ(f.size(), 18u) << test::CsvLine(f);
+    ASSERT_EQ(f.size(), 19u) << test::CsvLine(f);
     ++rows;
-    const MachineSpec machine = LoadMachine(f[0]);
+    const ModelSpec model = LoadModel(f[1]);
+    const MachineSpec machine = JudgingMachine(f[0], f[18], std::stoll(f[4]), model.head_dim);
     const sim::KernelTimeModel time_model(machine);
     const sim::AnalyticModel analytic(time_model);
-    const ModelSpec model = LoadModel(f[1]);
     RunOptions o;
     o.context_tokens = std::stoll(f[2]);
     o.chunk_tokens = std::stoll(f[3]);

@@ -634,6 +634,15 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
   EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 128));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 64));
+  // A trace's date has seconds: within the change's minute, after it.
+  ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128).size(), 1u);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128)[0].date, bulk.date);
+  EXPECT_TRUE(ChangesBetween(new_profile, "2026-11-27T06:14:59Z", 128, 128).empty());
+  // Either way round: a profile calibrated after the change, a run before it.
+  KernelProfile later;
+  later.date = "2026-11-28";
+  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 1u);
+  EXPECT_TRUE(ChangesBetween(later, "", 96, 128).empty());
 }
 
 }  // namespace

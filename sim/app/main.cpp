@@ -31,6 +31,7 @@
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
+#include "ctxplan/sim/kernel_changes.h"
 #include "ctxplan/sim/recommend.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/timeline_writer.h"
@@ -506,10 +507,20 @@ int RunReplay(ReplayFlags f) {
       f.by_chunk.empty() ? std::vector<sim::ChunkComparison>{} : ChunksOf(r, f.by_chunk);
   auto source = trace.metadata.find("source");
   const std::string from = source == trace.metadata.end() ? "unknown" : source->second;
+  // Kernels changed between the run and the profile's calibration (sim/kernel_changes.h): the
+  // replay then sets one kernel's times against another's.
+  const auto recorded = trace.metadata.find("date");
+  const std::string run_date = recorded == trace.metadata.end() ? "" : recorded->second;
+  const KernelProfile profile = sim::EffectiveKernelProfile(machine.gpu);
+  const std::vector<sim::KernelChange> changes =
+      sim::ChangesBetween(profile, run_date, options.page_tokens, model.head_dim);
   if (f.out.json) {
     JsonOut j;
     j.BeginObject().Field("trace", f.trace).Field("source", from).Field("model", model.name);
     j.Field("machine", machine.name).Field("machine_from", machine_from);
+    j.BeginArray("kernel_changes_between_run_and_profile");
+    for (const sim::KernelChange& c : changes) j.Field("", std::string(c.date));  // elements
+    j.EndArray();
     j.Field("measured_step_seconds", r.measured_step_seconds);
     j.Field("predicted_step_seconds", r.predicted_step_seconds);
     j.Field("plan_ops", static_cast<int64_t>(r.plan_ops));
@@ -577,6 +588,12 @@ int RunReplay(ReplayFlags f) {
   char line[256];
   std::string s = "ctxplan replay: " + f.trace + " (" + from + ", " + model.name + ") against " +
                   machine.name + " (" + machine_from + ")\n";
+  for (const sim::KernelChange& c : changes)
+    s += "note: this run was recorded on " + run_date +
+         " and the GPU's kernel times calibrated on " + profile.date + "; between the two, on " +
+         std::string(c.date) + ", " + std::string(c.what) + ": at pages of " +
+         std::to_string(options.page_tokens) + ", head dim " + std::to_string(model.head_dim) +
+         " the replay sets one kernel's times against another's\n";
   if (plan.geometry().stages() > 1 && r.rank >= 0)
     s += "GPU " + std::to_string(r.rank) + " of " + std::to_string(plan.geometry().stages()) +
          " (pipeline stage of layers " + std::to_string(plan.geometry().stage_first_layer(r.rank)) +

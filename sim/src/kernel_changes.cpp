@@ -58,15 +58,25 @@ std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int6
   return out;
 }
 
-bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
-                                int64_t page_tokens, int64_t head_dim) {
-  if (profile.date.empty() || run_date.empty()) return false;
+std::vector<KernelChange> ChangesBetween(const KernelProfile& profile, std::string_view run_date,
+                                         int64_t page_tokens, int64_t head_dim) {
+  std::vector<KernelChange> out;
+  if (profile.date.empty() || run_date.empty()) return out;
+  // A trace's time has seconds (2026-11-27T06:15:30Z); the changes' have minutes.
+  const std::string run = run_date.size() > 17 && run_date[16] == ':'
+                              ? std::string(run_date.substr(0, 16)) + "Z"
+                              : std::string(run_date);
   const std::string_view profile_date = profile.date;
-  const auto [early, late] = std::minmax(profile_date, run_date);
+  const auto [early, late] = std::minmax(profile_date, std::string_view(run));
   for (const KernelChange& change : KernelChanges())
     if (Touches(change, page_tokens, head_dim) && change.date > early && change.date <= late)
-      return true;
-  return false;
+      out.push_back(change);
+  return out;
+}
+
+bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
+                                int64_t page_tokens, int64_t head_dim) {
+  return !ChangesBetween(profile, run_date, page_tokens, head_dim).empty();
 }
 
 }  // namespace ctxplan::sim

@@ -33,8 +33,14 @@ const std::vector<KernelChange>& KernelChanges();
 std::vector<KernelChange> ChangesAfterProfile(const KernelProfile& profile, int64_t page_tokens,
                                               int64_t head_dim);
 
+// The changes between a run recorded on `run_date` (a day, a minute or a second in UTC, as
+// ctxtrain's traces carry it) and `profile`'s calibration, either way round, that touch attention
+// over pages of `page_tokens` at `head_dim`: where the run's kernels are not the profile's.
+std::vector<KernelChange> ChangesBetween(const KernelProfile& profile, std::string_view run_date,
+                                         int64_t page_tokens, int64_t head_dim);
+
 // Whether a run recorded on `run_date` with pages of `page_tokens` at `head_dim` ran a kernel that
-// `profile` does not describe (a change between the two dates, either way round).
+// `profile` does not describe (ChangesBetween is not empty).
 bool RunAndProfileKernelsDiffer(const KernelProfile& profile, std::string_view run_date,
                                 int64_t page_tokens, int64_t head_dim);
 
