@@ -10,22 +10,43 @@
 
 namespace ctxplan {
 
+namespace {
+
+// The one order of the tensors; `bias(layer)` and `head` say whether the optional ones are there.
+template <typename HasBias, typename Visit>
+void VisitTensors(ModelWeights& w, HasBias bias, bool head, Visit&& visit) {
+  visit("model.embed_tokens.weight", w.embedding);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& t = w.layers[l];
+    visit(p + "input_layernorm.weight", t.attn_norm);
+    visit(p + "self_attn.qkv_proj.weight", t.qkv);
+    if (bias(t)) visit(p + "self_attn.qkv_proj.bias", t.qkv_bias);
+    visit(p + "self_attn.o_proj.weight", t.o);
+    visit(p + "post_attention_layernorm.weight", t.mlp_norm);
+    visit(p + "mlp.gate_up_proj.weight", t.gate_up);
+    visit(p + "mlp.down_proj.weight", t.down);
+  }
+  visit("model.norm.weight", w.final_norm);
+  if (head) visit("lm_head.weight", w.lm_head);
+}
+
+}  // namespace
+
 void ModelWeights::ForEach(
     const std::function<void(const std::string&, std::vector<float>&)>& visit) {
-  visit("model.embed_tokens.weight", embedding);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights& w = layers[l];
-    visit(p + "input_layernorm.weight", w.attn_norm);
-    visit(p + "self_attn.qkv_proj.weight", w.qkv);
-    if (!w.qkv_bias.empty()) visit(p + "self_attn.qkv_proj.bias", w.qkv_bias);
-    visit(p + "self_attn.o_proj.weight", w.o);
-    visit(p + "post_attention_layernorm.weight", w.mlp_norm);
-    visit(p + "mlp.gate_up_proj.weight", w.gate_up);
-    visit(p + "mlp.down_proj.weight", w.down);
-  }
-  visit("model.norm.weight", final_norm);
-  if (!lm_head.empty()) visit("lm_head.weight", lm_head);
+  VisitTensors(
+      *this, [](const LayerWeights& t) { return !t.qkv_bias.empty(); }, !lm_head.empty(), visit);
+}
+
+void ModelWeights::ForEachOfModel(
+    const ModelSpec& model,
+    const std::function<void(const std::string&, std::vector<float>&)>& visit) {
+  CTXPLAN_CHECK(static_cast<int64_t>(layers.size()) == model.num_hidden_layers,
+                "weights of another model's depth");
+  VisitTensors(
+      *this, [&](const LayerWeights&) { return model.attention_bias; }, !model.tie_word_embeddings,
+      visit);
 }
 
 int64_t ModelWeights::ParameterCount() const {
@@ -117,31 +138,19 @@ ModelWeights RandomWeights(const ModelSpec& m, uint64_t seed, int32_t stage, int
     uint64_t seed;
   };
   std::vector<Job> jobs;
-  // Tensors in ForEach's order over the whole model, each seeded by its index there: a stage's
-  // tensors (the others empty here) get the values the whole model's have.
+  // Each tensor seeded by its index over the whole model's tensors: a stage's (the others empty
+  // here) get the values the whole model's have.
   uint64_t tensor = 0;
-  auto add = [&](std::vector<float>& t, bool norm) {
+  w.ForEachOfModel(m, [&](const std::string& name, std::vector<float>& t) {
     ++tensor;
-    if (norm) {
+    if (name.ends_with("norm.weight")) {  // the RMSNorm weights
       std::fill(t.begin(), t.end(), 1.0f);
       return;
     }
     for (size_t begin = 0; begin < t.size(); begin += kBlock)
       jobs.push_back({t.data() + begin, std::min(kBlock, t.size() - begin),
                       seed * 0x100000001B3ull + tensor * 0x9E3779B97F4A7C15ull + begin});
-  };
-  add(w.embedding, false);
-  for (LayerWeights& l : w.layers) {
-    add(l.attn_norm, true);
-    add(l.qkv, false);
-    if (m.attention_bias) add(l.qkv_bias, false);
-    add(l.o, false);
-    add(l.mlp_norm, true);
-    add(l.gate_up, false);
-    add(l.down, false);
-  }
-  add(w.final_norm, true);
-  if (!m.tie_word_embeddings) add(w.lm_head, false);
+  });
   const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;

@@ -32,6 +32,11 @@ struct ModelWeights {
   // names ("model.layers.3.self_attn.q_proj.weight" for the Q rows of qkv, etc. — fused tensors
   // are visited whole under their own name: "model.layers.3.self_attn.qkv_proj.weight").
   void ForEach(const std::function<void(const std::string&, std::vector<float>&)>& visit);
+  // ForEach's order over every tensor `model` has, those held empty here too (another pipeline
+  // stage's): a tensor's index in it is the same for the whole model and for any stage. ForEach
+  // skips an empty bias or LM head, which shifts the indices of a stage-shaped object.
+  void ForEachOfModel(const ModelSpec& model,
+                      const std::function<void(const std::string&, std::vector<float>&)>& visit);
   int64_t ParameterCount() const;
 };
 
