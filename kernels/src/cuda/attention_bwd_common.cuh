@@ -1,0 +1,306 @@
+// Paged attention backward: what its kernels share (attention_bwd.cu, the wgmma kernel and the
+// launch; attention_bwd_mma.cu, the mma.sync kernel kept for comparison): the launch parameters,
+// which keys a block owns, the copies into shared memory, the page-sparse selection's scan, and
+// the dK/dV epilogue's row adders. The method is told at the top of attention_bwd.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention_common.cuh"
+#include "ctxplan/kernels/cuda/attention.h"
+
+namespace ctxplan::kernels::cuda::bwd {
+
+using namespace detail;
+
+constexpr int kBwdBN = 128;  // keys per block
+constexpr int kBwdBM = 64;   // queries per inner tile
+constexpr int kBwdThreads = 256;
+
+inline int64_t PadTokens(int64_t t) {
+  return (t + kBwdBM - 1) / kBwdBM * kBwdBM;
+}
+inline size_t Align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
+
+struct BwdParams {
+  const bf16* q;
+  const bf16* k_own;
+  const bf16* v_own;
+  const bf16* pool;
+  const int32_t* page_slot;
+  const int32_t* sel;  // [sel_tiles][sel_stride] or nullptr
+  const bf16* d_out;
+  const float* lse2;   // [hq][t_pad], lse * log2(e)
+  const float* delta;  // [hq][t_pad]
+  float* dq_acc;       // [t_pad][hq][HD], or tiled (DqTileOffset) in the pipelined kernel
+  bf16* dk_own;
+  bf16* dv_own;
+  void* dkv_pool;
+  const int32_t* dkv_slot;
+  int64_t page_elems;
+  int64_t sel_stride;
+  int dkv_f32;
+  int t, t_pad, hq, hkv, group;
+  int p, num_pages, query_tile, sel_tiles;
+  int n_earlier_blocks, n_q_tiles;
+  float scale, scale_log2;
+  const int32_t* union_pages;  // [n_union] or nullptr: earlier key blocks cover these pages only
+  int n_union;
+  // Optional: the dKV that later chunks left in the own positions' pages (fp32 or bf16 as
+  // dkv_f32), added into dk_own / dv_own as they are written (DkvAccumulate, fused).
+  const void* own_dkv_pool;
+  const int32_t* own_dkv_slot;  // [own pages]
+  int own_p;
+  int64_t own_page_elems;
+};
+
+// The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
+// key blocks first (own block 0 sees every query: the heaviest), then the earlier ones, over
+// every earlier position or over the union's pages only. Over the union a block never holds two
+// pages: a page is ceil(p / BN) blocks, the last one cut at the page's end (pages of 96 keys are
+// one 128-key block three quarters full), because tiles select pages independently: a block
+// across two pages computes every item of either page, half of it masked. KV heads outermost keep
+// the blocks resident at one time on one head's queries (Q, dO and the dQ accumulator of one
+// head group: 29 MB at t = 4096, within the L2). Other orders (KV head fastest, heaviest blocks
+// first) measured no better (kernels/PERF.md).
+struct KeyBlock {
+  int hkv;
+  bool earlier;
+  int kb0;  // first key: an own position, or an index into the earlier positions
+  int end;  // keys from `end` on are not this block's (past the chunk, the pages or its page)
+};
+// Over the union (kOverUnion) is a template parameter: reading the union's page list at the
+// block's start, even behind a branch never taken, made the dense backward's main loop compile
+// slower (kernels/PERF.md).
+template <int BN, bool kOverUnion>
+__device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
+  const int hkv = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.x);
+  const int own_blocks = (prm.t + BN - 1) / BN;
+  if (b < own_blocks) return {hkv, false, b * BN, prm.t};
+  const int eb = b - own_blocks;
+  if constexpr (!kOverUnion) {
+    return {hkv, true, eb * BN, prm.num_pages * prm.p};
+  } else {
+    const int per_page = (prm.p + BN - 1) / BN;
+    const int page_start = __ldg(prm.union_pages + eb / per_page) * prm.p;
+    return {hkv, true, page_start + (eb % per_page) * BN, page_start + prm.p};
+  }
+}
+
+// K and V rows of a key block into shared memory (cp.async, once per block): the own positions
+// from k_own / v_own, earlier ones through the page table; rows past the region or on pages no
+// tile of the block selected are zero-filled. offset(row, c): the byte offset of 16-byte chunk c
+// of row `row` in the kernel's tile layout.
+template <int HD, int BN, int kThreads, typename Offset>
+__device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bool earlier,
+                                               int region_end, uint32_t union_mask, int first_page,
+                                               int hkv, int64_t kv_row, uint32_t sK, uint32_t sV,
+                                               Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll 4
+  for (int i = 0; i < BN / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int kidx = kb0 + row;
+    bool valid = kidx < region_end;
+    const bf16* ksrc = prm.k_own;
+    const bf16* vsrc = prm.v_own;
+    if (earlier) {
+      const int pg = kidx / prm.p;
+      valid = valid && ((union_mask >> (pg - first_page)) & 1u);
+      if (valid) {
+        const int off = kidx - pg * prm.p;
+        const int slot = __ldg(prm.page_slot + pg);
+        ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
+               c * 8;
+        vsrc = ksrc + prm.p * kv_row;
+      }
+    } else if (valid) {
+      ksrc = prm.k_own + kidx * kv_row + hkv * HD + c * 8;
+      vsrc = prm.v_own + kidx * kv_row + hkv * HD + c * 8;
+    }
+    CpAsync16(sK + offset(row, c), ksrc, valid);
+    CpAsync16(sV + offset(row, c), vsrc, valid);
+  }
+}
+
+// One item's operands into buffer `buf`: the Q and dO rows of the 64 queries from q0 of query head
+// h (rows past t zero-filled; at sQ / sdO + buf * kBufBytes), and their LSE2 and D (16 chunks
+// each, at sL / sD + buf * BM * 4). offset(row, c) as in LoadKeyBlockKv.
+template <int HD, int BM, int kThreads, int kBufBytes, typename Offset>
+__device__ __forceinline__ void LoadItemOperands(const BwdParams& prm, int h, int q0, uint32_t sQ,
+                                                 uint32_t sdO, uint32_t sL, uint32_t sD, int buf,
+                                                 Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < BM / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int qi = q0 + row;
+    const bool valid = qi < prm.t;
+    const int64_t off = valid ? (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : 0;
+    CpAsync16(sQ + buf * kBufBytes + offset(row, c), prm.q + off, valid);
+    CpAsync16(sdO + buf * kBufBytes + offset(row, c), prm.d_out + off, valid);
+  }
+  if (tid < 2 * (BM / 4)) {  // 16 chunks of LSE, 16 of D
+    const int which = tid / (BM / 4), c4 = tid % (BM / 4);
+    const float* src =
+        (which ? prm.delta : prm.lse2) + static_cast<int64_t>(h) * prm.t_pad + q0 + c4 * 4;
+    CpAsync16((which ? sD : sL) + buf * BM * 4 + c4 * 16, src, true);
+  }
+}
+
+__device__ __forceinline__ bool ListContains(const int32_t* list, int n, int page) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const int v = __ldg(list + mid);
+    if (v < page) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && __ldg(list + lo) == page;
+}
+
+// Page-sparse key block: which of its pages each selection tile selected (s_mask[tile], bit i =
+// page first_page + i) and their union, which it returns (0: no tile attends these keys).
+template <int kThreads, int BN>
+__device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0, int end,
+                                                   int first_page, uint32_t* s_mask,
+                                                   uint32_t* s_union) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) *s_union = 0u;
+  __syncthreads();
+  const int last_page = (min(kb0 + BN, end) - 1) / prm.p;
+  uint32_t local_union = 0u;
+  for (int st = tid; st < prm.sel_tiles; st += kThreads) {
+    const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
+    uint32_t m = 0u;
+    for (int pg = first_page; pg <= last_page; ++pg)
+      if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
+    s_mask[st] = m;
+    local_union |= m;
+  }
+  if (local_union) atomicOr(s_union, local_union);
+  __syncthreads();
+  return *s_union;
+}
+
+// The 64-query tiles a page-sparse key block serves, ascending: those whose selection tile
+// picked one of its pages (s_mask[selection tile] != 0). Warp 0 compacts them into s_tiles with
+// ballots; every thread gets the count after the barrier. The block then steps through the list
+// in O(1) per item: scanning the tiles one by one (with an integer division each) for the next
+// selected one cost ~45 instructions per skipped tile, twice per item; at a 64K context's last
+// chunk, 64 pages per tile out of 480, that was a third of the sparse backward's instructions.
+template <typename TileIndex>
+__device__ int CollectSelectedTiles(const uint32_t* s_mask, int n_q_tiles, int tiles_per_sel,
+                                    TileIndex* s_tiles, int* s_count) {
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    int count = 0;
+    for (int base = 0; base < n_q_tiles; base += 32) {
+      const int qt = base + lane;
+      const bool take = qt < n_q_tiles && s_mask[qt / tiles_per_sel] != 0u;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, take);
+      if (take) s_tiles[count + __popc(ballot & ((1u << lane) - 1u))] = static_cast<TileIndex>(qt);
+      count += __popc(ballot);
+    }
+    if (lane == 0) *s_count = count;
+  }
+  __syncthreads();
+  return *s_count;
+}
+
+// One key row's dK (already scaled) and dV, kPairs pairs each (pair i at element 8 i), added to
+// the values at ksrc / vsrc and stored at kdst / vdst (fp32 or bf16 each; the same place for the
+// dKV pool's read-add-write). The old values of a pass are all loaded before any is stored: the
+// compiler may not move a load above a store that may alias it (V's offset is a runtime page
+// stride), so pair by pair each load waited a full memory round trip, 32 in a row per key row.
+__device__ __forceinline__ float2 LoadPair(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 LoadPair(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ void StorePair(float* p, float2 v) {
+  *reinterpret_cast<float2*>(p) = v;
+}
+__device__ __forceinline__ void StorePair(bf16* p, float2 v) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+template <int kPairs, typename Src, typename Dst, typename KPair, typename VPair>
+__device__ __forceinline__ void AddRow(const Src* ksrc, const Src* vsrc, Dst* kdst, Dst* vdst,
+                                       KPair dk, VPair dv) {
+  constexpr int kPass = 8;
+  static_assert(kPairs % kPass == 0);
+#pragma unroll
+  for (int i0 = 0; i0 < kPairs; i0 += kPass) {
+    float2 ko[kPass], vo[kPass];
+#pragma unroll
+    for (int j = 0; j < kPass; ++j) {
+      ko[j] = LoadPair(ksrc + (i0 + j) * 8);
+      vo[j] = LoadPair(vsrc + (i0 + j) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kPass; ++j) {
+      const float2 k = dk(i0 + j), v = dv(i0 + j);
+      StorePair(kdst + (i0 + j) * 8, make_float2(ko[j].x + k.x, ko[j].y + k.y));
+      StorePair(vdst + (i0 + j) * 8, make_float2(vo[j].x + v.x, vo[j].y + v.y));
+    }
+  }
+}
+template <int kPairs, typename T, typename KPair, typename VPair>
+__device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
+                                               VPair dv) {
+  AddRow<kPairs>(pool + kofs, pool + vofs, pool + kofs, pool + vofs, dk, dv);
+}
+
+// Writes one own key row's dK (already scaled) and dV, kPairs bf16 pairs each, adding the dKV
+// that later chunks left in the row's own page when prm.own_dkv_pool is set: the fused
+// DkvAccumulate, rounded once to bf16 instead of twice.
+template <int kPairs, typename KPair, typename VPair>
+__device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int64_t col, KPair dk,
+                                            VPair dv) {
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * (kPairs * 8);
+  bf16* dkr = prm.dk_own + kidx * kv_row + col;
+  bf16* dvr = prm.dv_own + kidx * kv_row + col;
+  if (prm.own_dkv_pool == nullptr) {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      StorePair(dkr + i * 8, dk(i));
+      StorePair(dvr + i * 8, dv(i));
+    }
+    return;
+  }
+  const int pg = kidx / prm.own_p, off = kidx - pg * prm.own_p;
+  const int64_t kofs =
+      static_cast<int64_t>(__ldg(prm.own_dkv_slot + pg)) * prm.own_page_elems + off * kv_row + col;
+  const int64_t vofs = kofs + static_cast<int64_t>(prm.own_p) * kv_row;
+  if (prm.dkv_f32) {
+    const float* pool = static_cast<const float*>(prm.own_dkv_pool);
+    AddRow<kPairs>(pool + kofs, pool + vofs, dkr, dvr, dk, dv);
+  } else {
+    const bf16* pool = static_cast<const bf16*>(prm.own_dkv_pool);
+    AddRow<kPairs>(pool + kofs, pool + vofs, dkr, dvr, dk, dv);
+  }
+}
+
+// The mma.sync kernel (attention_bwd_mma.cu) over `grid`'s key blocks, with the shared memory of
+// `sel_tiles` selection tiles and `q_tiles` query tiles (0 and 0 when dense).
+template <int HD>
+void LaunchMmaKernel(const BwdParams& prm, dim3 grid, int sel_tiles, int q_tiles,
+                     cudaStream_t stream);
+
+}  // namespace ctxplan::kernels::cuda::bwd
