@@ -222,12 +222,15 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kL = kdQ + NWG * kdQBytes;           // [kStages][64] fp32
   static constexpr int kD = kL + kStages * kBwdBM * 4;      // [kStages][64] fp32
   static constexpr int kUnion = kD + kStages * kBwdBM * 4;  // uint32 union, int32 count
-  static constexpr int kMask = kUnion + 8;  // [sel_tiles] uint32, then [n_q_tiles] uint16
+  // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
+  // (a chunk of 16384 tokens page-sparse), 32-bit in the one-warpgroup kernel as it was measured.
+  using TileIndex = std::conditional_t<kPipelined, uint16_t, int32_t>;
+  static constexpr int kMask = kUnion + (kPipelined ? 8 : 16);
   // What the kernel uses from a 1024-byte aligned base. The launch asks for 1024 bytes more when
   // they fit, in case the dynamic shared memory does not start aligned (on sm_90 it does: after
   // the 1 KB the system reserves; an access past the block's shared memory faults).
   __host__ __device__ static int Bytes(int sel_tiles, int q_tiles) {
-    return kMask + 4 * sel_tiles + 2 * q_tiles;
+    return kMask + 4 * sel_tiles + static_cast<int>(sizeof(TileIndex)) * q_tiles;
   }
 };
 
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
   int* s_count = reinterpret_cast<int*>(smem + L::kUnion + 4);
-  uint16_t* s_tiles = reinterpret_cast<uint16_t*>(s_mask + prm.sel_tiles);
+  typename L::TileIndex* s_tiles = reinterpret_cast<typename L::TileIndex*>(s_mask + prm.sel_tiles);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -292,8 +295,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   // Items: every query head of the group times the block's query tiles (ascending: all from
   // qt_begin, or the selected ones). Item (hl, i) is head hkv * group + hl, tile tile_at(i). The
   // two-warpgroup kernel takes them in ItemOrder; the one-warpgroup kernel heads outer, tiles
-  // ascending (its items are a quarter the size: with ItemOrder's cursor it ran 4% slower,
-  // kernels/PERF.md).
+  // ascending, as it was measured (with ItemOrder's cursor and a 16-bit tile list it ran 4%
+  // slower, kernels/PERF.md).
   auto tile_at = [&](int i) { return sparse ? static_cast<int>(s_tiles[i]) : qt_begin + i; };
   auto advance = [&](int& hl, int& i) {
     if (++i >= n_tiles) {
