@@ -167,6 +167,42 @@ TEST_F(GuiReplayTest, RecordedTraceMatchesTheReplayCommand) {
   EXPECT_EQ(lines.size(), 37 + 2);
 }
 
+// A run dated after a kernel change its profile predates: the summary says so, as `ctxplan
+// replay` does. The recorded H200 trace (2026-11-22, pages of 128, head dim 128) against the
+// committed H200 profile (2026-11-26T23:20Z) has none; the same records dated 2026-11-28 fall
+// after the backward's bulk reduces (2026-11-27T06:15Z).
+TEST_F(GuiReplayTest, SummaryNamesAKernelChangeBetweenTheRunAndTheProfile) {
+  ReplayModel model;
+  const ReplayData& d = model.LoadNow(kRecorded);
+  ASSERT_TRUE(d.ok()) << d.error;
+  EXPECT_TRUE(d.kernel_changes.empty());
+  EXPECT_EQ(d.Summary().find("note:"), std::string::npos) << d.Summary();
+  const double measured = d.result.measured_step_seconds;  // d is the model's: reloaded below
+
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const std::string later = dir.filePath("later.ctxtrace").toStdString();
+  {
+    OpTrace trace = ReadOpTrace(kRecorded.toStdString());
+    trace.metadata["date"] = "2026-11-28T00:00:00Z";
+    OpTraceWriter writer(later, trace.metadata);
+    for (const OpRecord& op : trace.ops) writer.Op(op);
+    for (const MemoryRecord& m : trace.memory) writer.Memory(m);
+    for (const UnionRecord& u : trace.unions) writer.Union(u);
+    writer.Finish();
+  }
+  const ReplayData& moved = model.LoadNow(QString::fromStdString(later));
+  ASSERT_TRUE(moved.ok()) << moved.error;
+  ASSERT_EQ(moved.kernel_changes.size(), 1u);
+  EXPECT_EQ(moved.kernel_changes[0].date, "2026-11-27T06:15Z");
+  EXPECT_NE(moved.Summary().find("note: the run's kernels are not the profile's: on "
+                                 "2026-11-27T06:15Z, the attention backward came to add dQ"),
+            std::string::npos)
+      << moved.Summary();
+  // The same measurements either way: only the note differs.
+  EXPECT_EQ(moved.result.measured_step_seconds, measured);
+}
+
 TEST_F(GuiReplayTest, BrokenFilesGiveAnErrorNotACrash) {
   QTemporaryDir dir;
   ASSERT_TRUE(dir.isValid());

@@ -72,9 +72,14 @@ std::string ReplayData::Summary() const {
       line, sizeof line, "step: measured %.3f s, predicted %.3f s (measured/predicted %.3f)",
       r.measured_step_seconds, r.predicted_step_seconds,
       r.predicted_step_seconds > 0 ? r.measured_step_seconds / r.predicted_step_seconds : 0.0);
-  return std::string(line) + "; " + FormatCount(static_cast<int64_t>(r.traced_ops)) + " of " +
-         FormatCount(static_cast<int64_t>(r.plan_ops)) + " kernels and copies traced; " +
-         model_name + " (" + source + ") against " + machine_name + " (" + machine_origin + ")";
+  std::string s = std::string(line) + "; " + FormatCount(static_cast<int64_t>(r.traced_ops)) +
+                  " of " + FormatCount(static_cast<int64_t>(r.plan_ops)) +
+                  " kernels and copies traced; " + model_name + " (" + source + ") against " +
+                  machine_name + " (" + machine_origin + ")";
+  for (const sim::KernelChange& c : kernel_changes)
+    s += "; note: the run's kernels are not the profile's: on " + std::string(c.date) + ", " +
+         std::string(c.what);
+  return s;
 }
 
 std::vector<ChunkRow> ReplayData::ByChunk(const std::string& kind) const {
@@ -133,6 +138,11 @@ ReplayData ReplayModel::Load(const std::string& path, uint64_t generation,
     const StepPlan plan(model, options);
     const sim::KernelTimeModel time_model(planned.machine);
     data.result = sim::Replay(trace, plan, time_model, path);
+    const auto recorded = trace.metadata.find("date");
+    if (recorded != trace.metadata.end())
+      data.kernel_changes =
+          sim::ChangesBetween(sim::EffectiveKernelProfile(planned.machine.gpu), recorded->second,
+                              options.page_tokens, model.head_dim);
     check();
     // sim::Replay keeps only its comparisons: the predicted spans take a second simulation of the
     // same plan (a tenth of a second for a 1M-token step), the measured ones the trace's records.

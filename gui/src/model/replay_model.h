@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ctxplan/sim/kernel_changes.h"
 #include "ctxplan/sim/replay.h"
 #include "model/timeline_model.h"
 
@@ -53,6 +54,9 @@ struct ReplayData {
   std::string model_name;
   std::string machine_name;
   std::string machine_origin;  // "from the trace", or "default h200-125g: <why>"
+  // Kernel changes between the run and the calibration of the profile it is replayed against
+  // (sim/kernel_changes.h): where not empty, the replay sets one kernel's times against another's.
+  std::vector<sim::KernelChange> kernel_changes;
   sim::ReplayResult result;
   std::vector<KindRow> by_kind;  // as result.by_kind: largest measured time first
   // The trace's op records (each on its plan op's rank) with its memory records, and the same
@@ -61,7 +65,8 @@ struct ReplayData {
   std::shared_ptr<const Timeline> predicted = std::make_shared<const Timeline>();
 
   bool ok() const { return generation != 0 && error.empty(); }
-  // "step: measured 5.280 s, predicted 4.996 s (measured/predicted 1.057); ..."
+  // "step: measured 5.280 s, predicted 4.996 s (measured/predicted 1.057); ...", and a note for
+  // each kernel change between the run and the profile.
   std::string Summary() const;
   // The ops of `kind` ("attention_bwd", or "attention_bwd.paged") chunk by chunk, ordered by
   // kind, part and chunk, as `ctxplan replay --by-chunk`; empty when the trace has none.
