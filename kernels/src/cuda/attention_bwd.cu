@@ -829,7 +829,11 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
     const bool keys_128 = keys != nullptr && std::strcmp(keys, "128") == 0;
     const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
-    if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages)) {
+    // The 128-key blocks' dQ staging leaves room for the selection lists of page-sparse chunks up
+    // to ~24K tokens; longer ones take the 64-key blocks (at ~0.65 of the rate, kernels/PERF.md;
+    // the planner times them as 128-key blocks).
+    const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= 227 * 1024;
+    if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
       dq_tiled = WbSmem<HD, 1>::kBulkDq;
