@@ -42,9 +42,9 @@ inline std::vector<GpuSpec> GpuHistory(const std::filesystem::path& folder,
 }
 
 // `gpu` if its profile describes the kernels of a run recorded on `run_date` with pages of
-// `page_tokens` at `head_dim`; else `gpu` with the newest calibration in `folder` that does (for a
-// profile scaled from a calibrated sibling, the sibling's earlier calibration, scaled the same
-// way); nullopt if none does.
+// `page_tokens` at `head_dim`; else the newest calibration in `folder` that does, whole (its
+// measured host rates too); for a profile scaled from a calibrated sibling, `gpu` with the
+// sibling's earlier calibration scaled the same way. nullopt if none does.
 inline std::optional<GpuSpec> ProfileOfRun(
     const GpuSpec& gpu, std::string_view run_date, int64_t page_tokens, int64_t head_dim,
     const std::filesystem::path& folder = GpuHistoryFolder()) {
@@ -54,8 +54,8 @@ inline std::optional<GpuSpec> ProfileOfRun(
   const bool scaled = gpu.kernels.provenance == Provenance::kEstimate &&
                       !gpu.kernels.derived_from.empty() && !gpu.kernels.empty();
   for (const GpuSpec& earlier : GpuHistory(folder, scaled ? gpu.kernels.derived_from : gpu.name)) {
-    GpuSpec candidate = gpu;
-    candidate.kernels = scaled ? ScaleKernelProfile(earlier, gpu) : earlier.kernels;
+    GpuSpec candidate = scaled ? gpu : earlier;
+    if (scaled) candidate.kernels = ScaleKernelProfile(earlier, gpu);
     if (!sim::RunAndProfileKernelsDiffer(candidate.kernels, run_date, page_tokens, head_dim))
       return candidate;
   }
