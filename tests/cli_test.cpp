@@ -419,6 +419,54 @@ TEST(CliTest, CalibrateOnLinksAlonePrintsTheMachineKeys) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// calibrate --history keeps the calibrated profile --output replaces, as NAME-DATE.yaml, so that
+// the runs of its kernels stay judged by it (models/gpu/history/). Refused in one line, before
+// any fit and with nothing written: an output that is no calibration, or another file of that
+// name already kept.
+TEST(CliTest, CalibrateKeepsTheProfileItReplaces) {
+  ScratchDir dir;
+  const std::string committed = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const std::string out = dir.Write("h200.yaml", committed);
+  const fs::path history = dir.path() / "history";
+  const fs::path kept = history / "h200-2026-11-26T2320Z.yaml";
+  const std::string samples =
+      std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/calibration/h200-samples.csv";
+  auto calibrate = [&](const std::string& output) {
+    const std::vector<std::string> args = {"calibrate", "--samples", samples,
+                                           "--gpu",     "h200",      "-o",
+                                           output,      "--history", history.string()};
+    return std::pair{args, RunCtxplan(args, dir.path())};
+  };
+  // Another file of the kept name: refused.
+  fs::create_directories(history);
+  std::ofstream(kept) << "another profile\n";
+  {
+    const auto [args, r] = calibrate(out);
+    EXPECT_EQ(r.exit_code, 2) << Describe(args, r);
+    EXPECT_NE(r.err.find("exists and differs"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(ReadAll(out), committed);
+  }
+  fs::remove(kept);
+  {
+    const auto [args, r] = calibrate(out);
+    ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+    EXPECT_NE(r.out.find("kept the replaced profile (calibrated 2026-11-26T23:20Z)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(ReadAll(kept), committed);
+  }
+  // A profile scaled from the H200's holds no calibration of its own to keep.
+  const std::string spec =
+      dir.Write("l40s.yaml", ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/l40s.yaml"));
+  {
+    const auto [args, r] = calibrate(spec);
+    EXPECT_EQ(r.exit_code, 2) << Describe(args, r);
+    EXPECT_NE(r.err.find("holds no calibration of its own"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 // A failed run never touches an existing output file: the reader keeps the previous result.
 TEST(CliTest, BadInputKeepsExistingOutputFile) {
   ScratchDir dir;

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
@@ -56,6 +58,46 @@ std::string Percent(double fraction) {
   return text;
 }
 
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The calibrated profile at `output`, about to be replaced, copied into `folder` as
+// NAME-DATE.yaml (the date without its colon), unless the same file is already there. Nothing to
+// keep when `output` does not exist yet; an InputError when it holds no calibration of its own or
+// another file has its name there. `check_only`: those checks alone, before measuring.
+void KeepReplacedProfile(const std::string& output, const std::string& folder,
+                         bool check_only = false) {
+  std::error_code ec;
+  if (!std::filesystem::exists(output, ec)) return;
+  const GpuSpec old = LoadGpu(output);
+  if (old.kernels.provenance != Provenance::kMeasured || old.kernels.date.empty())
+    throw InputError("calibrate --history: " + output +
+                     " holds no calibration of its own (datasheet values or an estimate); "
+                     "accepted: a profile ctxplan calibrate wrote");
+  std::string date = old.kernels.date;
+  date.erase(std::remove(date.begin(), date.end(), ':'), date.end());
+  const std::filesystem::path kept =
+      std::filesystem::path(folder) / (old.name + "-" + date + ".yaml");
+  const std::string text = ReadWhole(output);
+  if (std::filesystem::exists(kept, ec)) {
+    if (ReadWhole(kept.string()) == text) return;
+    throw InputError("calibrate --history: " + kept.string() + " exists and differs from " +
+                     output + "; accepted: a folder without another profile of that name and date");
+  }
+  if (check_only) return;
+  std::filesystem::create_directories(folder, ec);
+  AtomicFileWriter copy{kept};
+  copy.stream() << text;
+  copy.Commit();
+  std::cout << "kept the replaced profile (calibrated " << old.kernels.date << ") as "
+            << kept.string() << "\n";
+}
+
 }  // namespace
 
 CLI::App* AddCalibrateCommand(CLI::App& app, CalibrateFlags& f) {
@@ -69,11 +111,16 @@ CLI::App* AddCalibrateCommand(CLI::App& app, CalibrateFlags& f) {
   cmd->add_option("--gpu", f.gpu,
                   "the catalogue entry (or .yaml) with this GPU's datasheet values "
                   "(default: matched by the name CUDA reports)");
+  cmd->add_option("--history", f.history,
+                  "keep the calibrated profile --output replaces in this folder, as "
+                  "NAME-DATE.yaml (models/gpu/history/: the recorded runs of its kernels stay "
+                  "judged by it)");
   cmd->add_flag("--quick", f.quick, "a smaller grid (under a minute; a rougher profile)");
   return cmd;
 }
 
 int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
+  if (!f.history.empty()) KeepReplacedProfile(f.output, f.history, /*check_only=*/true);
   std::filesystem::path samples_path = f.samples;
   if (samples_path.empty()) {
     samples_path = f.keep_samples.empty()
@@ -109,6 +156,7 @@ int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
   const sim::CalibrationFit fit =
       sim::FitCalibration(samples, base, samples_path.filename().string());
 
+  if (!f.history.empty()) KeepReplacedProfile(f.output, f.history);
   AtomicFileWriter out{std::filesystem::path(f.output)};
   out.stream() << sim::GpuProfileYaml(fit.gpu);
   out.Commit();

@@ -13,6 +13,7 @@ struct CalibrateFlags {
   std::string keep_samples;  // where to keep the samples measured
   std::string gpu;           // the catalogue entry of this GPU (datasheet values); default: by name
   std::string output;        // the GPU profile YAML
+  std::string history;       // where the profile `output` replaces goes (models/gpu/history/)
   bool quick = false;
 };
 
