@@ -211,14 +211,13 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   // one-warpgroup kernel adds dQ by atomics, kernels/PERF.md), in
   // the accumulator's own order: float4 chunk c of thread w (of 128) at (128 c + w) * 16 bytes,
   // which is also its order in the tiled dQ accumulator (DqTileOffset).
-  static constexpr bool kBulkDq = kPipelined;
-  static constexpr int kdQBytes = kBulkDq ? kBwdBM * 64 * 4 : 0;
+  static constexpr int kdQBytes = kPipelined ? kBwdBM * 64 * 4 : 0;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;                  // kStages buffers
   static constexpr int kdO = kQ + kStages * kQBytes;        // kStages buffers
   static constexpr int kdS = kdO + kStages * kQBytes;       // kdSBuffers buffers
-  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;   // NWG staging buffers (kBulkDq)
+  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;   // NWG staging buffers (pipelined)
   static constexpr int kL = kdQ + NWG * kdQBytes;           // [kStages][64] fp32
   static constexpr int kD = kL + kStages * kBwdBM * 4;      // [kStages][64] fp32
   static constexpr int kUnion = kD + kStages * kBwdBM * 4;  // uint32 union, int32 count
@@ -807,19 +806,17 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
     return std::pair{q, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv))};
   };
-  // `used` bytes of shared memory; `aligned`: used from a 1024-byte aligned base (WbSmem).
-  auto launch = [&](auto kernel, dim3 grid, int threads, int used, const BwdParams& q,
-                    bool aligned) {
-    constexpr int kMaxSmem = 227 * 1024;
-    Require(used <= kMaxSmem, "too many selection tiles for the backward's shared memory");
-    const int smem = aligned ? std::min(used + 1024, kMaxSmem) : used;
+  // `used` bytes of shared memory from a 1024-byte aligned base (WbSmem::Bytes).
+  auto launch = [&](auto kernel, dim3 grid, int threads, int used, const BwdParams& q) {
+    Require(used <= kMaxBwdSmem, "too many selection tiles for the backward's shared memory");
+    const int smem = std::min(used + 1024, kMaxBwdSmem);
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, threads, smem, stream>>>(q);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
-  bool dq_tiled = false;  // the kernel adds dQ into the tiled accumulator (DqTileOffset)
+  bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     // 64-key blocks, two a multiprocessor: for head_dim 64 always (1.1x the 128-key blocks'
@@ -832,24 +829,23 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     // The 128-key blocks' dQ staging leaves room for the selection lists of page-sparse chunks up
     // to ~24K tokens; longer ones take the 64-key blocks (at ~0.65 of the rate, kernels/PERF.md;
     // the planner times them as 128-key blocks).
-    const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= 227 * 1024;
+    const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
     if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
-      dq_tiled = WbSmem<HD, 1>::kBulkDq;
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q, true);
+        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q);
       } else {
-        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q, true);
+        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
       }
     } else {
       const auto [q, grid] = with_blocks(128, 128);
       const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
-      dq_tiled = WbSmem<HD, 2>::kBulkDq;
+      dq_tiled = true;
       if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q, true);
+        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
       } else {
-        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q, true);
+        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
       }
     }
   } else {

@@ -19,6 +19,7 @@ using namespace detail;
 constexpr int kBwdBN = 128;  // keys per block
 constexpr int kBwdBM = 64;   // queries per inner tile
 constexpr int kBwdThreads = 256;
+constexpr int kMaxBwdSmem = 227 * 1024;  // a block's dynamic shared memory on sm_90
 
 inline int64_t PadTokens(int64_t t) {
   return (t + kBwdBM - 1) / kBwdBM * kBwdBM;

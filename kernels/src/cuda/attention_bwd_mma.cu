@@ -329,7 +329,7 @@ template <int HD>
 void LaunchMmaKernel(const BwdParams& prm, dim3 grid, int sel_tiles, int q_tiles,
                      cudaStream_t stream) {
   const int smem = BwdSmem<HD>::Bytes(sel_tiles, q_tiles);
-  Require(smem <= 227 * 1024, "too many selection tiles for the backward's shared memory");
+  Require(smem <= kMaxBwdSmem, "too many selection tiles for the backward's shared memory");
   auto launch = [&](auto kernel) {
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
