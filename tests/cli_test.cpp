@@ -589,14 +589,8 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   ScratchDir dir;
   const fs::path old_h200 = dir.path() / "h200-2026-11-24.yaml";
   {
-    std::ifstream in(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string yaml = text.str();
-    const size_t at = yaml.find("\n  date: \"");
-    ASSERT_NE(at, std::string::npos);
-    const size_t end = yaml.find('\n', at + 1);
-    yaml.replace(at, end - at, "\n  date: \"2026-11-24\"");
+    const std::string yaml = test::ProfileRedated("h200", "2026-11-24");
+    ASSERT_FALSE(yaml.empty());
     std::ofstream(old_h200) << yaml;
   }
   auto plan = [&](const std::vector<std::string>& machine, const std::string& page) {
@@ -642,10 +636,8 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
 // 128; against the same profile dated 2026-11-28: the backward's bulk reduces of 2026-11-27.
 TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
   ScratchDir dir;
-  std::string yaml = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
-  const size_t at = yaml.find("\n  date: \"");
-  ASSERT_NE(at, std::string::npos);
-  yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"2026-11-28\"");
+  const std::string yaml = test::ProfileRedated("h200", "2026-11-28");
+  ASSERT_FALSE(yaml.empty());
   const std::string later = dir.Write("h200-later.yaml", yaml);
   const auto [same_text, same_json] = [&] {
     const std::vector<std::string> args = {"replay", kRecordedTrace};

@@ -175,10 +175,11 @@ MachineSpec MachineOf(const MatrixRun& r, const char* gpu = nullptr) {
 // MachineOf with the GPU profile that describes the kernels the run ran: the committed one, or an
 // earlier calibration of it (tests/support/profile_history.h); nullopt, the run named, when none
 // does (sim/kernel_changes.h): a run of a kernel its profile does not describe judges nothing.
-std::optional<MachineSpec> JudgingMachine(const MatrixRun& r, const char* gpu = nullptr) {
+std::optional<MachineSpec> JudgingMachine(const MatrixRun& r, const ModelSpec& model,
+                                          const char* gpu = nullptr) {
   MachineSpec machine = MachineOf(r, gpu);
   const std::optional<GpuSpec> profile =
-      test::ProfileOfRun(machine.gpu, r.date, r.options.page_tokens, LoadModel(r.model).head_dim);
+      test::ProfileOfRun(machine.gpu, r.date, r.options.page_tokens, model.head_dim);
   if (!profile) {
     std::printf("  left out (no profile times its kernels): %s\n", r.line.c_str());
     return std::nullopt;
@@ -204,7 +205,7 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   std::map<std::string, int> machines;
   for (const MatrixRun& r : runs) {
     const ModelSpec model = LoadModel(r.model);
-    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    const std::optional<MachineSpec> judging = JudgingMachine(r, model);
     if (!judging) continue;
     const MachineSpec& machine = *judging;
     ++machines[r.machine];
@@ -330,7 +331,7 @@ TEST(Matrix, BeyondTheMatrix) {
   ASSERT_GE(runs.size(), 3u);
   for (const MatrixRun& r : runs) {
     const ModelSpec model = LoadModel(r.model);
-    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    const std::optional<MachineSpec> judging = JudgingMachine(r, model);
     if (!judging) continue;
     const MachineSpec& machine = *judging;
     r.options.Validate(model);
@@ -359,7 +360,7 @@ TEST(Matrix, StartUpBeforeTheFirstStep) {
   std::vector<double> errors;
   for (const MatrixRun& r : ReadMatrix()) {
     const ModelSpec model = LoadModel(r.model);
-    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    const std::optional<MachineSpec> judging = JudgingMachine(r, model);
     if (!judging) continue;
     const MachineSpec& machine = *judging;
     r.options.Validate(model);
@@ -404,10 +405,10 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
   for (const MatrixRun& r : ReadMatrix()) {
     if (r.machine != "h100-125g") continue;
     // Both profiles must time the run's kernels: the H100's, and the H200's it is scaled from.
-    const std::optional<MachineSpec> own = JudgingMachine(r);
-    const std::optional<MachineSpec> scaled = JudgingMachine(r, "h100-sxm-estimate");
-    if (!own || !scaled) continue;
     const ModelSpec model = LoadModel(r.model);
+    const std::optional<MachineSpec> own = JudgingMachine(r, model);
+    const std::optional<MachineSpec> scaled = JudgingMachine(r, model, "h100-sxm-estimate");
+    if (!own || !scaled) continue;
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
     double error[2] = {0, 0};  // calibrated, scaled
@@ -466,10 +467,8 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
 // (2026-11-27T06:15Z) at head dim 128.
 TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
   test::ScratchDir dir;
-  std::string yaml = test::ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
-  const size_t at = yaml.find("\n  date: \"");
-  ASSERT_NE(at, std::string::npos);
-  yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"2026-11-25T10:00Z\"");
+  const std::string yaml = test::ProfileRedated("h200", "2026-11-25T10:00Z");
+  ASSERT_FALSE(yaml.empty());
   dir.Write("h200-2026-11-25.yaml", yaml);
   dir.Write("other.yaml", test::ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/l40s.yaml"));
   ASSERT_EQ(test::GpuHistory(dir.path(), "h200").size(), 1u);
@@ -507,7 +506,7 @@ TEST(Matrix, EveryOpKindOfTheRecordedTracesWithin15Percent) {
     if (r.trace.empty()) continue;
     const ModelSpec model = LoadModel(r.model);
     // A trace of a kernel no profile describes judges nothing, as in the matrix.
-    const std::optional<MachineSpec> judging = JudgingMachine(r);
+    const std::optional<MachineSpec> judging = JudgingMachine(r, model);
     if (!judging) continue;
     const MachineSpec& machine = *judging;
     const OpTrace trace = ReadOpTrace(kDir + "matrix/" + r.trace);

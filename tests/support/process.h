@@ -38,6 +38,16 @@ inline std::string ReadAll(const fs::path& path) {
   return text.str();
 }
 
+// The committed GPU profile models/gpu/`name`.yaml with its calibration dated `date` instead, to
+// stand for a calibration before or after a kernel change; empty if it holds no date line.
+inline std::string ProfileRedated(const std::string& name, const std::string& date) {
+  std::string yaml = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/" + name + ".yaml");
+  const size_t at = yaml.find("\n  date: \"");
+  if (at == std::string::npos) return "";
+  yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"" + date + "\"");
+  return yaml;
+}
+
 // A fresh directory per test (tests run in parallel under ctest), removed afterwards.
 class ScratchDir {
  public:
