@@ -478,20 +478,25 @@ TEST(GpuAttention, MmaSyncFallbackKernels) {
 }
 
 // --- real top-k selection (sinks + top pages per 128-query tile) ---
+// pr.sel: each tile's `sinks` first pages and its `budget` best of uniform random scores
+// (rng_seed).
+void SelectTopK(Problem& pr, int64_t budget, int64_t sinks, uint32_t rng_seed) {
+  const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
+  std::vector<float> scores(tiles * pr.pages);
+  std::mt19937 rng(rng_seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (auto& s : scores) s = u(rng);
+  pr.per_tile = std::min(pr.pages, sinks + budget);
+  pr.sel.assign(tiles * pr.per_tile, -1);
+  cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
+}
+
 TEST(GpuAttention, SparseTopK) {
   SKIP_WITHOUT_GPU();
   for (int variant = 0; variant < 2; ++variant) {
     Problem pr = variant == 0 ? Make(300, 14, 2, 128, 64, 12) : Make(256, 4, 4, 64, 16, 20);
     pr.Generate(11 + variant);
-    const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
-    std::vector<float> scores(tiles * pr.pages);
-    std::mt19937 rng(99 + variant);
-    std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    for (auto& s : scores) s = u(rng);
-    const int64_t budget = variant == 0 ? 3 : 6, sinks = 1;
-    pr.per_tile = std::min(pr.pages, sinks + budget);
-    pr.sel.assign(tiles * pr.per_tile, -1);
-    cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
+    SelectTopK(pr, variant == 0 ? 3 : 6, 1, 99 + variant);
     // CheckProblem regenerates the same inputs from the seed; keep the selection.
     CheckProblem(pr, 11 + variant);
   }
@@ -508,6 +513,7 @@ TEST(GpuAttention, SparseTopK) {
 // by the block's first key), so the selected pages' dKV agree to fp32 (or bf16) rounding.
 TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
   SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_BWD_SPARSE", "union", 1);  // key blocks, never gathered
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages;
   };
@@ -518,15 +524,7 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
         Shape{256, 8, 4, 64, 64, 30}, Shape{256, 8, 2, 64, 32, 40}}) {
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(31);
-    const int64_t tiles = (pr.t + pr.query_tile - 1) / pr.query_tile;
-    std::vector<float> scores(tiles * pr.pages);
-    std::mt19937 rng(77);
-    std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    for (auto& s : scores) s = u(rng);
-    const int64_t budget = 3, sinks = 1;
-    pr.per_tile = std::min(pr.pages, sinks + budget);
-    pr.sel.assign(tiles * pr.per_tile, -1);
-    cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
+    SelectTopK(pr, 3, 1, 77);
     std::vector<int32_t> union_pages(pr.sel.begin(), pr.sel.end());
     std::sort(union_pages.begin(), union_pages.end());
     union_pages.erase(std::unique(union_pages.begin(), union_pages.end()), union_pages.end());
@@ -569,6 +567,26 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
       EXPECT_LE(RelErr(over_union.dq, all.dq), 1e-4) << where;
     }
   }
+  unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
+}
+
+// Gathered key blocks (a selection tile's selected positions, 128 at a time, dK/dV added into the
+// dKV pages by atomics) against the CPU reference at every page size the sweep times, power of
+// two or not, both head dims, fp32 and bf16 dKV pools, a real top-k selection of 4 pages a tile
+// (the last group of a tile part full where 4 p is not a multiple of 128).
+TEST(GpuAttention, GatheredSparseBackwardAtEveryPageSize) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_BWD_SPARSE", "gather", 1);
+  uint32_t seed = 60;
+  for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
+    for (const int64_t p : {32, 48, 64, 96, 128, 192, 256}) {
+      Problem pr =
+          hd == 128 ? Make(300, 14, 2, 128, p, 2048 / p + 3) : Make(256, 8, 4, 64, p, 2048 / p + 3);
+      SelectTopK(pr, 3, 1, seed);
+      CheckProblem(pr, seed++, true, /*bf16_pool=*/p == 96 || p == 32);
+    }
+  }
+  unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
 }
 
 // DkvAccumulate fused into the backward (own_dkv): dK/dV of the own positions are this

@@ -591,15 +591,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   old_profile.date = "2026-11-24";
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
   new_profile.date = "2026-11-26T19:30Z";
-  // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 3u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 3u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 1u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 2u);
+  // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size; the
+  // flushed exponentials of 2026-11-27T08:40Z everywhere; the gathered sparse backward of T08:41Z
+  // at pages that are not whole 128-key blocks)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 5u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 5u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 2u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 4u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 2u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 1u);
-  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 64).empty());
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 4u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 1u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -617,23 +620,32 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 1u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 2u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 3u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 4u);
-  EXPECT_TRUE(ChangesAfterProfile(new_profile, 96, 64).empty());
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 2u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 1u);
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 2u);  // and the exponentials
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 3u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
   EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 128));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T08:00Z", 128, 64));
+  // The flushed exponentials (every head dim and page) and the gathered sparse backward (pages
+  // that are not whole 128-key blocks) of that morning.
+  const KernelChange& ftz = KernelChanges()[5];
+  const KernelChange& gathered = KernelChanges()[6];
+  EXPECT_TRUE(ftz.pages.empty() && ftz.head_dims.empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 64));
+  ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 96, 64).size(), 2u);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 96, 64)[1].date, gathered.date);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 256, 64).size(), 1u);
   // A trace's date has seconds: within the change's minute, after it.
   ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128).size(), 1u);
   EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128)[0].date, bulk.date);
@@ -641,7 +653,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // Either way round: a profile calibrated after the change, a run before it.
   KernelProfile later;
   later.date = "2026-11-28";
-  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 1u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 3u);
   EXPECT_TRUE(ChangesBetween(later, "", 96, 128).empty());
 }
 

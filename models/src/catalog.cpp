@@ -519,6 +519,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_bwd_page_efficiency",
                    "sparse_fwd_page_efficiency_d64",
                    "sparse_bwd_page_efficiency_d64",
+                   "sparse_bwd_gathered",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
                    "memory_kernel_efficiency",
@@ -595,6 +596,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
     k.sparse_fwd_page_efficiency_d64 = ReadPageTable(f, "sparse_fwd_page_efficiency_d64");
   if (f.Has("sparse_bwd_page_efficiency_d64"))
     k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
+  k.sparse_bwd_gathered = f.OptionalBool("sparse_bwd_gathered").value_or(false);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
   if (f.Has("memory_kernel_fixed_us"))
     k.memory_kernel_fixed_us =

@@ -41,6 +41,8 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <fstream>
@@ -107,6 +109,15 @@ std::string UtcDate() {
   return text;
 }
 
+// The page-sparse backward's blocks these samples time where pages are not whole 128-key blocks
+// (kernels/src/cuda/attention_bwd.cu): gathered, unless CTXPLAN_ATTN_BWD_SPARSE keeps key blocks.
+std::string SparseBackwardBlocks() {
+  const char* mode = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
+  const bool keys =
+      mode != nullptr && (std::strcmp(mode, "union") == 0 || std::strcmp(mode, "positions") == 0);
+  return keys ? "key blocks" : "gathered";
+}
+
 void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSampler& clocks) {
   cudaDeviceProp prop{};
   CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -136,7 +147,8 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# gpu_uuid: " << ctxplan::gpu::GpuUuid(device) << "\n"
       << "# quick: " << (quick ? 1 : 0) << "\n"
       << "# max_sm_clock_mhz: " << clocks.max_sm_clock_mhz() << "\n"
-      << "# power_limit_w: " << clocks.power_limit_watts() << "\n";
+      << "# power_limit_w: " << clocks.power_limit_watts() << "\n"
+      << "# sparse_bwd: " << SparseBackwardBlocks() << "\n";
 }
 
 void WriteSamples(std::ostream& out, const std::vector<Sample>& samples) {

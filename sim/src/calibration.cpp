@@ -594,6 +594,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.date = header("date");
   k.commit = header("commit");
   k.samples = samples_name;
+  k.sparse_bwd_gathered = header("sparse_bwd") == "gathered";
   const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
                             ", ctxplan-measure at " + k.commit;
   auto measured = [&](SpecValue& v, double value, const std::string& what) {
@@ -1017,6 +1018,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  page_bwd_efficiency_d64: " << table(k.page_bwd_efficiency_d64) << "\n";
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
+  if (k.sparse_bwd_gathered) o << "  sparse_bwd_gathered: true\n";
   if (!k.sparse_fwd_page_efficiency.empty())
     o << "  sparse_fwd_page_efficiency: " << table(k.sparse_fwd_page_efficiency) << "\n";
   if (!k.sparse_bwd_page_efficiency.empty())

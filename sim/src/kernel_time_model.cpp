@@ -13,6 +13,9 @@ namespace {
 
 // The attention kernels' blocks (kernels/src/cuda/attention_*.cu): 128 queries by 128 keys.
 constexpr double kAttentionBlock = 128.0;
+// Gathered backward blocks (attention_bwd.cu) take pages that are not whole blocks of this many
+// keys.
+constexpr int32_t kGatherBlockKeys = 128;
 // Spec-value defaults for a GPU without a kernel profile: the flat rates the planner used before
 // profiles (the H200's measured fractions), so that such a GPU predicts as it always did.
 constexpr double kSpecLaunchUs = 2.5;
@@ -233,6 +236,16 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     const double work = own_work + heads * q_blocks * tile_blocks * paged_block;
     const double longest = item + q_blocks * block + tile_blocks * paged_block;
     return LaunchSeconds(work, longest, sms, own_items);
+  }
+  if (sparse && k.sparse_bwd_gathered && s.page_tokens % kGatherBlockKeys != 0) {
+    // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
+    // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
+    const double items = kv_heads * q_blocks * std::ceil(tile_blocks);
+    const double work =
+        own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
+    const double longest = std::max(item + group * q_blocks * block,
+                                    item + group * std::min(1.0, tile_blocks) * paged_block);
+    return LaunchSeconds(work, longest, sms, own_items + items);
   }
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
   const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;

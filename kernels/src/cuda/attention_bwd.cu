@@ -15,14 +15,18 @@
 //     Computing the transposed products keeps P^T and dS^T in the registers of the threads that
 //     own the keys, so dV and dK take them as A operands directly; only dS goes through shared
 //     memory (for dQ, whose rows are queries).
+//     Page-sparse over pages that are not whole 128-key blocks, the earlier keys are gathered
+//     instead: a block takes 128 of one selection tile's selected positions (its pages in
+//     selection order) and loops over that tile's queries only, so no item is masked at any page
+//     size; the tiles that selected a page add into its dKV from different blocks, by atomics.
 //     Two implementations: wgmma (two warpgroups of 64 keys, AttnBwdWgmmaKernel), and under
 //     CTXPLAN_ATTN_BWD=mma mma.sync m16n8k16 (8 warps x 16 keys, attention_bwd_mma.cu,
 //     FlashAttention-2 style, kept for comparison). dK and dV of a key are complete in one
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
-//     two pages share a slot). Only dQ is summed over key blocks, into an fp32 workspace: by one
-//     16 KB bulk reduce a warpgroup an item in the two-warpgroup kernel (a tiled accumulator,
-//     DqTileOffset), by fp32 atomics in the others.
+//     two pages share a slot); gathered blocks excepted. dQ is summed over key blocks, into an fp32
+//     workspace: by one 16 KB bulk reduce a warpgroup an item in the two-warpgroup kernel (a tiled
+//     accumulator, DqTileOffset), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
@@ -233,9 +237,14 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   }
 };
 
-template <int HD, int NWG, bool kOverUnion>
+// kGather (two warpgroups only): the earlier keys of a page-sparse chunk in gathered blocks, one
+// selection tile's selected positions 128 at a time, for pages a key block cannot hold whole
+// (kernels/PERF.md): the block's items are that tile's queries only, none masked, and its dK/dV
+// are added into the dKV pages by atomics.
+template <int HD, int NWG, bool kOverUnion, bool kGather = false>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm) {
+  static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
   using L = WbSmem<HD, NWG>;
   constexpr int kWbThreads = 128 * NWG;
@@ -256,25 +265,29 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wwarp = warp & 3;
-  const KeyBlock block = LocateKeyBlock<BN, kOverUnion>(prm);
+  const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather>(prm);
   const int hkv = block.hkv;
   const bool earlier = block.earlier;
   const int kb0 = block.kb0;
   const int t = prm.t;
   const int region_end = block.end;
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
-  const bool sparse = earlier && prm.sel != nullptr;
-  const int first_page = earlier ? kb0 / prm.p : 0;
+  const bool gathered = kGather && earlier;
+  // Selection masks (bit i: the block's page first_page + i) for key blocks over positions.
+  const bool sparse = !kGather && earlier && prm.sel != nullptr;
+  const int first_page = earlier && !kGather ? kb0 / prm.p : 0;
 
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
     union_mask = ScanSelections<kWbThreads, BN>(prm, kb0, region_end, first_page, s_mask, s_union);
     if (union_mask == 0u) return;
   }
-  const int qt_begin = earlier ? 0 : kb0 / BM;
+  const int tiles_per_sel = prm.query_tile / BM;
+  const int qt_begin = gathered ? block.sel_tile * tiles_per_sel : earlier ? 0 : kb0 / BM;
   const int n_tiles =
-      sparse ? CollectSelectedTiles(s_mask, prm.n_q_tiles, prm.query_tile / BM, s_tiles, s_count)
-             : prm.n_q_tiles - qt_begin;
+      sparse     ? CollectSelectedTiles(s_mask, prm.n_q_tiles, tiles_per_sel, s_tiles, s_count)
+      : gathered ? min(tiles_per_sel, prm.n_q_tiles - qt_begin)
+                 : prm.n_q_tiles - qt_begin;
 
   // Key rows of this thread (accumulator rows): 64 wg + 16 wwarp + g (+ 8).
   const int kr0 = wg * 64 + wwarp * 16 + g;
@@ -283,13 +296,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int kidx = kb0 + kr0 + hf * 8;
-    key_bit[hf] = earlier ? kidx / prm.p - first_page : 0;
+    key_bit[hf] = earlier && !kGather ? kidx / prm.p - first_page : 0;
     key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
   }
 
-  LoadKeyBlockKv<HD, BN, kWbThreads>(prm, kb0, earlier, region_end, union_mask, first_page, hkv,
-                                     kv_row, sK, sV,
-                                     [](int row, int c) { return Sw128<BN>(row, c); });
+  LoadKeyBlockKv<HD, BN, kWbThreads>(
+      prm, kb0, earlier, region_end, union_mask, first_page, hkv, kv_row, sK, sV,
+      [](int row, int c) { return Sw128<BN>(row, c); }, block.gathered);
 
   // Items: every query head of the group times the block's query tiles (ascending: all from
   // qt_begin, or the selected ones). Item (hl, i) is head hkv * group + hl, tile tile_at(i). The
@@ -329,7 +342,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // buffer (this thread's float4 chunks at dq_stage_mine + 2048 c).
     const bool dq_issuer = (tid & 127) == 0;
     const uint32_t dq_stage_mine = base + L::kdQ + wg * L::kdQBytes + (tid & 127) * 16;
-    const ItemOrder order(n_tiles, prm.group, kb0, prm.n_q_tiles, tile_at);
+    ItemOrder order(n_tiles, prm.group, kb0, prm.n_q_tiles, tile_at);
+    // A tile's gathered blocks run side by side: each starts at its own head and query tile.
+    if (gathered) order.first.i = (kb0 / BN / prm.group) % n_tiles;
     const int n_items = n_tiles * prm.group;
     auto item_at = [&](const ItemCursor& c, int& h, int& q0) {
       h = hkv * prm.group + c.hl;
@@ -757,7 +772,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
           },
           [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); });
     } else {
-      const int pgi = kidx / prm.p, off = kidx - pgi * prm.p;
+      const int pgi = EarlierPage(prm, block.gathered, kidx), off = kidx % prm.p;
       const int64_t slot = __ldg(prm.dkv_slot + pgi);
       const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
@@ -765,7 +780,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
       };
       auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
-      if (prm.dkv_f32) {
+      if (gathered) {
+        if (prm.dkv_f32) {
+          AtomicAddRowIntoPool<HD / 8>(static_cast<float*>(prm.dkv_pool), kofs, vofs, dk_pair,
+                                       dv_pair);
+        } else {
+          AtomicAddRowIntoPool<HD / 8>(static_cast<bf16*>(prm.dkv_pool), kofs, vofs, dk_pair,
+                                       dv_pair);
+        }
+      } else if (prm.dkv_f32) {
         AddRowIntoPool<HD / 8>(static_cast<float*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
       } else {
         AddRowIntoPool<HD / 8>(static_cast<bf16*>(prm.dkv_pool), kofs, vofs, dk_pair, dv_pair);
@@ -792,7 +815,10 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // CTXPLAN_ATTN_BWD_SPARSE=positions keeps the blocks of before 2026-11-26, to compare: over
   // the union only where pages are whole blocks, 64-key blocks for every page under 128.
   const char* sparse_blocks = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
-  const bool positions = sparse_blocks != nullptr && std::strcmp(sparse_blocks, "positions") == 0;
+  auto sparse_mode = [&](const char* mode) {
+    return sparse_blocks != nullptr && std::strcmp(sparse_blocks, mode) == 0;
+  };
+  const bool positions = sparse_mode("positions");
   auto with_blocks = [&](int bn, int own_bn) {
     BwdParams q = prm;
     const int per_page = (prm.p + bn - 1) / bn;
@@ -830,7 +856,25 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     // to ~24K tokens; longer ones take the 64-key blocks (at ~0.65 of the rate, kernels/PERF.md;
     // the planner times them as 128-key blocks).
     const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
-    if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
+    // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for page-sparse
+    // chunks whose pages are not whole 128-key blocks: no item masked, whatever the page size
+    // (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=gather takes them for every page size, =union
+    // (or =positions) never.
+    const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union") &&
+                        (sparse_mode("gather") || prm.p % kBwdBN != 0);
+    if (gather) {
+      BwdParams q = prm;
+      q.union_pages = nullptr;
+      q.gather_groups = static_cast<int>((prm.sel_stride * prm.p + kBwdBN - 1) / kBwdBN);
+      const int64_t earlier_blocks = static_cast<int64_t>(prm.sel_tiles) * q.gather_groups;
+      const int64_t blocks = earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+      Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+      q.n_earlier_blocks = static_cast<int>(earlier_blocks);
+      dq_tiled = true;
+      launch(AttnBwdWgmmaKernel<HD, 2, false, true>,
+             dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv)), 256,
+             WbSmem<HD, 2>::Bytes(0, 0), q);
+    } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {

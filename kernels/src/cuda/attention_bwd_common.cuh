@@ -52,6 +52,9 @@ struct BwdParams {
   float scale, scale_log2;
   const int32_t* union_pages;  // [n_union] or nullptr: earlier key blocks cover these pages only
   int n_union;
+  // Page-sparse earlier keys gathered by selection tile (AttnBwdWgmmaKernel's kGather): the
+  // 128-key groups of one tile's selected positions (sel_stride * p keys) a tile has.
+  int gather_groups;
   // Optional: the dKV that later chunks left in the own positions' pages (fp32 or bf16 as
   // dkv_f32), added into dk_own / dv_own as they are written (DkvAccumulate, fused).
   const void* own_dkv_pool;
@@ -74,18 +77,32 @@ struct KeyBlock {
   bool earlier;
   int kb0;  // first key: an own position, or an index into the earlier positions
   int end;  // keys from `end` on are not this block's (past the chunk, the pages or its page)
+  // A gathered block: the selection tile's page list [sel_stride]; kb0 and end then index the
+  // tile's selected positions (page gathered[i / p], row i % p). nullptr otherwise.
+  const int32_t* gathered = nullptr;
+  int sel_tile = 0;
 };
 // Over the union (kOverUnion) is a template parameter: reading the union's page list at the
 // block's start, even behind a branch never taken, made the dense backward's main loop compile
 // slower (kernels/PERF.md).
-template <int BN, bool kOverUnion>
+// Gathered (kGather): the earlier blocks are the selection tiles' 128-key groups, a tile's
+// groups side by side (they read the same Q and dO and add into the same dQ in the L2).
+template <int BN, bool kOverUnion, bool kGather = false>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int hkv = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.x);
   const int own_blocks = (prm.t + BN - 1) / BN;
   if (b < own_blocks) return {hkv, false, b * BN, prm.t};
   const int eb = b - own_blocks;
-  if constexpr (!kOverUnion) {
+  if constexpr (kGather) {
+    const int st = eb / prm.gather_groups;
+    return {hkv,
+            true,
+            (eb - st * prm.gather_groups) * BN,
+            static_cast<int>(prm.sel_stride) * prm.p,
+            prm.sel + static_cast<int64_t>(st) * prm.sel_stride,
+            st};
+  } else if constexpr (!kOverUnion) {
     return {hkv, true, eb * BN, prm.num_pages * prm.p};
   } else {
     const int per_page = (prm.p + BN - 1) / BN;
@@ -94,15 +111,22 @@ __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   }
 }
 
+// The earlier page of a block's key kidx: of the position, or of a gathered block's kidx-th
+// selected position (its row is kidx % p either way).
+__device__ __forceinline__ int EarlierPage(const BwdParams& prm, const int32_t* gathered,
+                                           int kidx) {
+  return gathered != nullptr ? __ldg(gathered + kidx / prm.p) : kidx / prm.p;
+}
+
 // K and V rows of a key block into shared memory (cp.async, once per block): the own positions
-// from k_own / v_own, earlier ones through the page table; rows past the region or on pages no
-// tile of the block selected are zero-filled. offset(row, c): the byte offset of 16-byte chunk c
-// of row `row` in the kernel's tile layout.
+// from k_own / v_own, earlier ones through the page table (gathered: the tile's selected
+// positions); rows past the region or on pages no tile of the block selected are zero-filled.
+// offset(row, c): the byte offset of 16-byte chunk c of row `row` in the kernel's tile layout.
 template <int HD, int BN, int kThreads, typename Offset>
 __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bool earlier,
                                                int region_end, uint32_t union_mask, int first_page,
                                                int hkv, int64_t kv_row, uint32_t sK, uint32_t sV,
-                                               Offset offset) {
+                                               Offset offset, const int32_t* gathered = nullptr) {
   constexpr int kChunks = HD / 8;
   constexpr int kRowsPerPass = kThreads / kChunks;
   const int tid = threadIdx.x;
@@ -115,10 +139,10 @@ __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bo
     const bf16* ksrc = prm.k_own;
     const bf16* vsrc = prm.v_own;
     if (earlier) {
-      const int pg = kidx / prm.p;
-      valid = valid && ((union_mask >> (pg - first_page)) & 1u);
+      const int pg = valid ? EarlierPage(prm, gathered, kidx) : 0;
+      valid = valid && (gathered != nullptr || ((union_mask >> (pg - first_page)) & 1u));
       if (valid) {
-        const int off = kidx - pg * prm.p;
+        const int off = kidx % prm.p;
         const int slot = __ldg(prm.page_slot + pg);
         ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
                c * 8;
@@ -266,6 +290,23 @@ template <int kPairs, typename T, typename KPair, typename VPair>
 __device__ __forceinline__ void AddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
                                                VPair dv) {
   AddRow<kPairs>(pool + kofs, pool + vofs, pool + kofs, pool + vofs, dk, dv);
+}
+// The same by atomic adds, for gathered blocks: the tiles that selected a page add into its dKV
+// from different blocks (in an order that varies from run to run; a bf16 pool rounds each add).
+__device__ __forceinline__ void AtomicAddPair(float* p, float2 v) {
+  atomicAdd(reinterpret_cast<float2*>(p), v);
+}
+__device__ __forceinline__ void AtomicAddPair(bf16* p, float2 v) {
+  atomicAdd(reinterpret_cast<__nv_bfloat162*>(p), __floats2bfloat162_rn(v.x, v.y));
+}
+template <int kPairs, typename T, typename KPair, typename VPair>
+__device__ __forceinline__ void AtomicAddRowIntoPool(T* pool, int64_t kofs, int64_t vofs, KPair dk,
+                                                     VPair dv) {
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    AtomicAddPair(pool + kofs + i * 8, dk(i));
+    AtomicAddPair(pool + vofs + i * 8, dv(i));
+  }
 }
 
 // Writes one own key row's dK (already scaled) and dV, kPairs bf16 pairs each, adding the dKV

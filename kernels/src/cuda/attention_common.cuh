@@ -73,8 +73,14 @@ __device__ __forceinline__ uint32_t SwzOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
+// 2^x on the MUFU unit with results under 2^-126 flushed to zero: exp2f, compiled without -ftz,
+// wraps each ex2 in a compare and two multiplies to keep subnormal results (3 of the forward
+// softmax's ~12 instructions a score, kernels/PERF.md); a probability under 2^-126 beside the
+// row's largest (1) adds nothing. ex2(-inf) = +0, as the masks need.
 __device__ __forceinline__ float Exp2(float x) {
-  return exp2f(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;

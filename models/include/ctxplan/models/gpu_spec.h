@@ -69,6 +69,10 @@ struct KernelProfile {
   // backward runs 64-key blocks at every page size, so its page sizes fall otherwise than 128's
   // (pages of 64 run at page 128's rate there, at ~0.6 of it at head dim 128).
   std::map<int64_t, double> sparse_fwd_page_efficiency_d64, sparse_bwd_page_efficiency_d64;
+  // The page-sparse backward the profile timed gathers each query tile's selected positions into
+  // 128-key blocks where pages are not whole 128-key blocks (ctxtrain from 2026-11-27 on); false:
+  // it ran key blocks (64 keys under page 128, over the union's pages else), half masked.
+  bool sparse_bwd_gathered = false;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
   // The memory-bound kernels measured apart (cost.h MemoryKernelName -> value): each one's fixed
