@@ -6,7 +6,7 @@ The lent machines of one GPU kind differ by machine alone (GEMM rate, power, PCI
 re-calibrating everything after each kernel change would move every prediction with no kernel
 change behind it. This replaces the base's rows of the named ops whose shape the change touched
 (a head dim, or a page size) by the new file's rows of the same shape, keeps every other row,
-takes the new file's date and commit (the kernels the profile now describes) and adds a comment
+takes the new file's date, commit and sparse_bwd (the kernels the profile now describes) and adds a comment
 line saying which rows came from where. Touched rows of shapes the base lacks (a grid grown since)
 are added at the end. Refit with `ctxplan calibrate --samples`.
 
@@ -22,6 +22,8 @@ import os
 import sys
 import tempfile
 
+# Header lines that describe the kernels measured: the new file's replace the base's.
+KERNEL_HEADERS = ("date", "commit", "sparse_bwd")
 KEY_COLUMNS = ("op", "m", "n", "k", "heads", "kv_heads", "head_dim", "page_tokens", "pages",
                "pages_per_tile")
 
@@ -78,12 +80,16 @@ def main():
             replacements.setdefault(key(fields, new_at), []).append(line)
     header = {l.split(":", 1)[0][1:].strip(): l for l in new if l.startswith("#") and ":" in l}
     out, replaced, used = [], 0, set()
+    seen = set()
     for line in base:
-        if line.startswith("# date:") or line.startswith("# commit:"):
-            name = line.split(":", 1)[0][1:].strip()
+        name = line.split(":", 1)[0][1:].strip() if line.startswith("#") and ":" in line else ""
+        if name in KERNEL_HEADERS:
             out.append(header.get(name, line))
+            seen.add(name)
             continue
         if line.startswith("op,"):
+            # What describes the new file's kernels that the base did not say (sparse_bwd).
+            out.extend(header[n] for n in KERNEL_HEADERS if n in header and n not in seen)
             out.append(f"# {a.note}")
             out.append(line)
             continue

@@ -607,7 +607,8 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   const auto [old_json, old_text] = plan(old, "96");
   EXPECT_NE(
       old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
-                    "\"2026-11-27T06:15Z\",\"2026-11-27T08:40Z\",\"2026-11-27T08:41Z\"]"),
+                    "\"2026-11-27T06:15Z\",\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\","
+                    "\"2026-11-27T08:52Z\"]"),
       std::string::npos)
       << old_json;
   EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
@@ -617,13 +618,13 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(old_text.find("re-run `ctxplan calibrate`"), std::string::npos);
   const auto [old_128, old_128_text] = plan(old, "128");
   EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
-                         "\"2026-11-27T08:40Z\"]"),
+                         "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\"]"),
             std::string::npos)
       << old_128;
   for (const std::string machine : {"h100-125g", "h200-125g"}) {
     const auto [json, text] = plan({"--machine", machine}, "96");
     EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
-                        "\"2026-11-27T08:40Z\",\"2026-11-27T08:41Z\"]"),
+                        "\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\",\"2026-11-27T08:52Z\"]"),
               std::string::npos)
         << machine;
     EXPECT_NE(text.find("note: this GPU's kernel times were calibrated on 2026-11-26"),
@@ -659,7 +660,7 @@ TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
             std::string::npos)
       << text.out;
   EXPECT_NE(json.out.find("\"kernel_changes_between_run_and_profile\":[\"2026-11-27T06:15Z\","
-                          "\"2026-11-27T08:40Z\"]"),
+                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\"]"),
             std::string::npos)
       << json.out;
 }

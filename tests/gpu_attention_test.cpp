@@ -689,15 +689,16 @@ TEST(GpuAttention, PagedEqualsContiguousAndSparseAllEqualsDense) {
   const BwdResult b1 = GpuBackward(shuffled, d1, out_b, f0.lse, zeros, false);
   const BwdResult b2 = GpuBackward(all, d2, out_b, f0.lse, zeros, false);
   // dK/dV are deterministic (no atomics); dQ sums key blocks in fp32 in any order. The sparse
-  // backward over pages of 64 runs 64-key blocks where the dense one runs 128-key blocks, whose
-  // items come in another order for the second 64 keys (ItemOrder): dK/dV to bf16 rounding.
+  // backward over pages of 64 gathers each tile's selected positions into blocks of its own,
+  // whose items come in another order and whose dK/dV the tiles add into the dKV pages by fp32
+  // atomics: dK/dV to bf16 rounding, the dKV pool to fp32 rounding (1.04e-6 on an H200).
   EXPECT_EQ(RelErr(b1.dk, b0.dk), 0.0);
   EXPECT_EQ(RelErr(b1.dv, b0.dv), 0.0);
   EXPECT_LE(RelErr(b1.dq, b0.dq), 1e-2);
   EXPECT_LE(RelErr(b2.dk, b0.dk), 1e-4);
   EXPECT_LE(RelErr(b2.dv, b0.dv), 1e-4);
   EXPECT_LE(RelErr(b2.dq, b0.dq), 1e-2);
-  EXPECT_LE(RelErr(b2.dkv, b0.dkv), 1e-6);  // fp32 pool, the same rounding argument
+  EXPECT_LE(RelErr(b2.dkv, b0.dkv), 1e-5);  // fp32 pool
   // Logical page pg of the shuffled run lives in dkv slot shuffled.dkv_slots[pg].
   std::vector<float> b1_logical(b0.dkv.size()), b0_logical(b0.dkv.size());
   for (int64_t pg = 0; pg < base.pages; ++pg) {

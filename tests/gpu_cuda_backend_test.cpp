@@ -106,12 +106,32 @@ TEST(CudaBackend, GpuTierOffPartialFullAgree) {
   std::vector<int32_t> tokens = RandomTokens(model.vocab_size, 600, 19);
   std::vector<int32_t> labels(tokens.begin() + 1, tokens.end());
   labels.push_back(-1);
+  // The worst relative error over the gradient tensors of two runs.
+  auto worst_between = [](ModelWeights a, ModelWeights b) {
+    std::vector<std::vector<float>*> x, y;
+    a.ForEach([&](const std::string&, std::vector<float>& t) { x.push_back(&t); });
+    b.ForEach([&](const std::string&, std::vector<float>& t) { y.push_back(&t); });
+    EXPECT_EQ(x.size(), y.size());
+    double worst = 0;
+    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+      worst = std::max(worst, RelativeError(*x[i], *y[i]));
+    return worst;
+  };
   for (const int64_t budget : {RunOptions::kAllPages, int64_t{2}}) {
     const StepPlan plain(model, Options(budget, true, false));
     CudaBackend untiered(plain, weights);
     const StepOutputs want = RunStep(plain, {tokens, labels}, untiered);
-    ModelWeights want_grads = untiered.DownloadGrads();
+    const ModelWeights want_grads = untiered.DownloadGrads();
     const int64_t pinned = untiered.Memory().pinned_pages_peak_bytes;
+    // The same step run again without a tier: dQ's fp32 atomics add in whatever order the blocks
+    // reach them, and where a sum rounds to another bf16 the difference carries through every
+    // earlier layer's gradients. The tier may differ from no tier by that much, and no more.
+    double noise = 0;
+    for (int again = 0; again < 2; ++again) {
+      CudaBackend repeat(plain, weights);
+      RunStep(plain, {tokens, labels}, repeat);
+      noise = std::max(noise, worst_between(repeat.DownloadGrads(), want_grads));
+    }
     for (const int64_t tier : {int64_t{3}, int64_t{5}, int64_t{10}, int64_t{20}}) {
       RunOptions o = Options(budget, true, false);
       o.gpu_tier_pages = tier;
@@ -122,16 +142,10 @@ TEST(CudaBackend, GpuTierOffPartialFullAgree) {
           "budget " + std::to_string(budget) + " tier " + std::to_string(tier);
       EXPECT_NEAR(got.loss_sum / want.loss_sum, 1.0, 1e-5) << where;
       EXPECT_LT(gpu.Memory().pinned_pages_peak_bytes, pinned) << where;
-      ModelWeights grads = gpu.DownloadGrads();
-      std::vector<std::vector<float>*> a, b;
-      grads.ForEach([&](const std::string&, std::vector<float>& t) { a.push_back(&t); });
-      want_grads.ForEach([&](const std::string&, std::vector<float>& t) { b.push_back(&t); });
-      ASSERT_EQ(a.size(), b.size());
-      double worst = 0;
-      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, RelativeError(*a[i], *b[i]));
-      // The same kernels in the same order; only dQ's fp32 atomics may add in another order.
-      EXPECT_LE(worst, 1e-5) << where;
-      std::printf("  GPU tier %-24s gradients within %.2e of no tier\n", where.c_str(), worst);
+      const double worst = worst_between(gpu.DownloadGrads(), want_grads);
+      EXPECT_LE(worst, std::max(1e-5, 3 * noise)) << where << ", no tier run twice: " << noise;
+      std::printf("  GPU tier %-24s gradients within %.2e of no tier (no tier again: %.2e)\n",
+                  where.c_str(), worst, noise);
     }
   }
 }

@@ -193,7 +193,7 @@ TEST_F(GuiReplayTest, SummaryNamesAKernelChangeBetweenTheRunAndTheProfile) {
   }
   const ReplayData& moved = model.LoadNow(QString::fromStdString(later));
   ASSERT_TRUE(moved.ok()) << moved.error;
-  ASSERT_EQ(moved.kernel_changes.size(), 2u);  // the bulk reduces, the flushed exponentials
+  ASSERT_EQ(moved.kernel_changes.size(), 3u);  // bulk reduces, exponentials, own blocks first
   EXPECT_EQ(moved.kernel_changes[0].date, "2026-11-27T06:15Z");
   EXPECT_NE(moved.Summary().find("note: the run's kernels are not the profile's: on "
                                  "2026-11-27T06:15Z, the attention backward came to add dQ"),

@@ -487,7 +487,7 @@ TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
     ASSERT_TRUE(late.has_value()) << gpu.name;
     EXPECT_EQ(late->kernels.date, gpu.kernels.date) << gpu.name;
     // After the backward's bulk reduces at head dim 128: neither (left out); at 64 the committed,
-    // until the exponentials changed at every head dim (2026-11-27T08:40Z).
+    // until the exponentials changed at every head dim (2026-11-27T08:36Z).
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T07:00Z", 128, 128, dir.path()).has_value());
     EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-27T07:00Z", 128, 64, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T12:00Z", 128, 64, dir.path()).has_value());

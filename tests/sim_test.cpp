@@ -579,6 +579,35 @@ TEST(KernelTimeModel, RooflineFromTheGpuSpec) {
   EXPECT_NEAR(paged_seconds(own, Phase::kFill), 0.0, 1e-12);
 }
 
+// A profile that timed gathered sparse backward blocks (kernels since 2026-11-27T08:37Z): over
+// pages that are not whole 128-key blocks a block is 128 of a tile's selected positions serving
+// that tile alone, so with the same page fractions the same pairs take about page 128's time (more
+// blocks, each paying its fixed cost); at page 128 the key blocks stay, whatever the profile.
+TEST(KernelTimeModel, GatheredSparseBackwardBlocks) {
+  MachineSpec gathered = H200(), keys = H200();
+  for (MachineSpec* m : {&gathered, &keys}) {
+    KernelProfile& k = m->gpu.kernels;
+    k.page_bwd_efficiency = {{48, 1.0}, {96, 1.0}, {128, 1.0}};
+    k.sparse_bwd_page_efficiency = {{48, 0.9}, {96, 0.9}, {128, 0.9}};
+  }
+  gathered.gpu.kernels.sparse_bwd_gathered = true;
+  keys.gpu.kernels.sparse_bwd_gathered = false;
+  // The last 4096-token chunk of 64K, each 128-query tile attending 6144 earlier tokens.
+  auto seconds = [](const MachineSpec& m, int64_t p) {
+    const int64_t earlier = 61440, attended = 6144;
+    const OpCost cost = AttentionBackwardCost(4096.0 * attended + 4096.0 * 4097 / 2, 4096, earlier,
+                                              28, 512, 128, 2, true, p, attended / p, earlier / p);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kBackward));
+  };
+  const double p128 = seconds(gathered, 128);
+  EXPECT_EQ(p128, seconds(keys, 128));
+  for (const int64_t p : {48, 96}) {
+    EXPECT_NEAR(seconds(gathered, p) / p128, 1.0, 0.12) << p;  // 1.09: the blocks' fixed costs
+    EXPECT_GT(seconds(gathered, p), p128) << p;  // 48 or 64 blocks a tile and KV head, not 480
+    EXPECT_NE(seconds(gathered, p), seconds(keys, p)) << p;
+  }
+}
+
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
 // the page sizes and head dims a change touched (sim/kernel_changes.h).
 TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
@@ -592,17 +621,17 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
   new_profile.date = "2026-11-26T19:30Z";
   // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size; the
-  // flushed exponentials of 2026-11-27T08:40Z everywhere; the gathered sparse backward of T08:41Z
-  // at pages that are not whole 128-key blocks)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 5u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 5u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 2u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 4u);
+  // flushed exponentials of 2026-11-27T08:36Z and the own blocks first of T08:52Z everywhere; the
+  // gathered sparse backward of T08:37Z at pages that are not whole 128-key blocks)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 3u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 5u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 4u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 3u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 2u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 5u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 4u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 2u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -620,18 +649,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 2u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 3u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 4u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 6u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 7u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 3u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 2u);  // and the exponentials
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 3u);  // and the gathered blocks
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 3u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 4u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
@@ -643,9 +672,10 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   const KernelChange& gathered = KernelChanges()[6];
   EXPECT_TRUE(ftz.pages.empty() && ftz.head_dims.empty());
   EXPECT_TRUE(RunAndProfileKernelsDiffer(new_profile, "2026-11-27T12:00Z", 128, 64));
-  ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 96, 64).size(), 2u);
-  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 96, 64)[1].date, gathered.date);
-  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 256, 64).size(), 1u);
+  ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T08:40Z", 96, 64).size(), 2u);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T08:40Z", 96, 64)[1].date, gathered.date);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T08:40Z", 256, 64).size(), 1u);
+  EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T12:00Z", 256, 64).size(), 2u);
   // A trace's date has seconds: within the change's minute, after it.
   ASSERT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128).size(), 1u);
   EXPECT_EQ(ChangesBetween(new_profile, "2026-11-27T06:15:30Z", 128, 128)[0].date, bulk.date);
@@ -653,7 +683,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // Either way round: a profile calibrated after the change, a run before it.
   KernelProfile later;
   later.date = "2026-11-28";
-  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 3u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 4u);
   EXPECT_TRUE(ChangesBetween(later, "", 96, 128).empty());
 }
 

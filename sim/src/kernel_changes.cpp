@@ -45,17 +45,23 @@ const std::vector<KernelChange>& KernelChanges() {
        "and an H100)",
        {},
        {128}},
-      {"2026-11-27T08:40Z",
+      {"2026-11-27T08:36Z",
        "the attention kernels' exponentials came to flush results under 2^-126 to zero (one "
        "instruction where there were four; 64K causal on an H200: forward 1.05x, backward "
        "1.03-1.05x)",
        {},
        {}},
-      {"2026-11-27T08:41Z",
+      {"2026-11-27T08:37Z",
        "the page-sparse attention backward over pages that are not whole 128-key blocks came to "
        "gather each query tile's selected positions into blocks (pages of 32 to 96 and 192 at "
        "0.96-1.09 of page 128's rate on an H200, 1.3-2.2x the key blocks before)",
        {16, 32, 48, 64, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240},
+       {}},
+      {"2026-11-27T08:52Z",
+       "the attention backward came to start every KV head's blocks over the chunk's own "
+       "positions before any block over earlier pages (the heaviest own blocks of the last KV "
+       "heads had started last)",
+       {},
        {}},
   };
   return changes;

@@ -243,8 +243,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     const double items = kv_heads * q_blocks * std::ceil(tile_blocks);
     const double work =
         own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
-    const double longest = std::max(item + group * q_blocks * block,
-                                    item + group * std::min(1.0, tile_blocks) * paged_block);
+    const double longest = item + group * std::min(1.0, tile_blocks) * paged_block;
     return LaunchSeconds(work, longest, sms, own_items + items);
   }
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).

@@ -829,8 +829,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     q.n_earlier_blocks =
         over_union ? prm.n_union * per_page : static_cast<int>((n_e + bn - 1) / bn);
     const int64_t blocks = q.n_earlier_blocks + (static_cast<int64_t>(prm.t) + own_bn - 1) / own_bn;
-    Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
-    return std::pair{q, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv))};
+    Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
+    return std::pair{q, dim3(static_cast<unsigned>(blocks * prm.hkv))};
   };
   // `used` bytes of shared memory from a 1024-byte aligned base (WbSmem::Bytes).
   auto launch = [&](auto kernel, dim3 grid, int threads, int used, const BwdParams& q) {
@@ -868,12 +868,11 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       q.gather_groups = static_cast<int>((prm.sel_stride * prm.p + kBwdBN - 1) / kBwdBN);
       const int64_t earlier_blocks = static_cast<int64_t>(prm.sel_tiles) * q.gather_groups;
       const int64_t blocks = earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
-      Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+      Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
       dq_tiled = true;
-      launch(AttnBwdWgmmaKernel<HD, 2, false, true>,
-             dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(prm.hkv)), 256,
-             WbSmem<HD, 2>::Bytes(0, 0), q);
+      launch(AttnBwdWgmmaKernel<HD, 2, false, true>, dim3(static_cast<unsigned>(blocks * prm.hkv)),
+             256, WbSmem<HD, 2>::Bytes(0, 0), q);
     } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
@@ -974,6 +973,10 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   prm.n_q_tiles = static_cast<int>(t_pad / kBwdBM);
   prm.scale = shape.scale;
   prm.scale_log2 = shape.scale * kLog2e;
+  {
+    const char* order = std::getenv("CTXPLAN_ATTN_BWD_ORDER");
+    prm.own_first = order != nullptr && std::strcmp(order, "heads") == 0 ? 0 : 1;
+  }
   if (prm.sel != nullptr && selection.union_pages != nullptr) {
     Require(selection.num_union_pages >= 0 && selection.num_union_pages <= earlier.num_pages,
             "union page count out of range");

@@ -61,6 +61,7 @@ struct BwdParams {
   const int32_t* own_dkv_slot;  // [own pages]
   int own_p;
   int64_t own_page_elems;
+  int own_first;  // every KV head's own blocks before any earlier block (A/B)
 };
 
 // The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
@@ -89,10 +90,22 @@ struct KeyBlock {
 // groups side by side (they read the same Q and dO and add into the same dQ in the L2).
 template <int BN, bool kOverUnion, bool kGather = false>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
-  const int hkv = static_cast<int>(blockIdx.y);
-  const int b = static_cast<int>(blockIdx.x);
   const int own_blocks = (prm.t + BN - 1) / BN;
-  if (b < own_blocks) return {hkv, false, b * BN, prm.t};
+  int b = static_cast<int>(blockIdx.x), hkv = 0;
+  if (prm.own_first) {
+    const int own_all = own_blocks * prm.hkv;
+    if (b < own_all) {
+      hkv = b / own_blocks;
+      return {hkv, false, (b - hkv * own_blocks) * BN, prm.t};
+    }
+    hkv = (b - own_all) / prm.n_earlier_blocks;
+    b = b - own_all - hkv * prm.n_earlier_blocks + own_blocks;
+  } else {
+    const int per_head = own_blocks + prm.n_earlier_blocks;
+    hkv = b / per_head;
+    b -= hkv * per_head;
+    if (b < own_blocks) return {hkv, false, b * BN, prm.t};
+  }
   const int eb = b - own_blocks;
   if constexpr (kGather) {
     const int st = eb / prm.gather_groups;
