@@ -428,7 +428,13 @@ TEST(CliTest, CalibrateKeepsTheProfileItReplaces) {
   const std::string committed = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
   const std::string out = dir.Write("h200.yaml", committed);
   const fs::path history = dir.path() / "history";
-  const fs::path kept = history / "h200-2026-11-26T2320Z.yaml";
+  // Kept under the committed calibration's date, its colon dropped: h200-2026-11-27T0840Z.yaml.
+  const size_t at = committed.find("  date: \"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string date = committed.substr(at + 9, committed.find('"', at + 9) - (at + 9));
+  std::string stamp = date;
+  stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
+  const fs::path kept = history / ("h200-" + stamp + ".yaml");
   const std::string samples =
       std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/calibration/h200-samples.csv";
   auto calibrate = [&](const std::string& output) {
@@ -451,8 +457,7 @@ TEST(CliTest, CalibrateKeepsTheProfileItReplaces) {
   {
     const auto [args, r] = calibrate(out);
     ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
-    EXPECT_NE(r.out.find("kept the replaced profile (calibrated 2026-11-26T23:20Z)"),
-              std::string::npos)
+    EXPECT_NE(r.out.find("kept the replaced profile (calibrated " + date + ")"), std::string::npos)
         << r.out;
     EXPECT_EQ(ReadAll(kept), committed);
   }
@@ -581,10 +586,11 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
 }
 
 // A GPU profile calibrated before a kernel changed for the options planned: plan says so, in
-// text and JSON (sim/kernel_changes.h). The committed profiles (both 2026-11-26) predate the
-// backward's bulk reduces of 2026-11-27T06:15Z at head dim 128 only; the H200's with its
-// calibration dated 2026-11-24 predates the page cursor of 2026-11-26 and the groups of 16 rows of
-// 2026-11-26T18:30Z at pages of 96 as well, and at 128 only the bulk reduces.
+// text and JSON (sim/kernel_changes.h). The H200's profile dated 2026-11-24 predates every change
+// at pages of 96 (the page cursor of 2026-11-26 and the groups of 16 rows of T18:30Z, the
+// backward's bulk reduces of 2026-11-27T06:15Z, the morning's flushed exponentials, gathered
+// blocks and own blocks first); at 128 the gathered blocks and the page changes do not apply.
+// Dated between the gathered blocks and the own blocks first, it predates only the later ones.
 TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   ScratchDir dir;
   const fs::path old_h200 = dir.path() / "h200-2026-11-24.yaml";
@@ -608,7 +614,7 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(
       old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
                     "\"2026-11-27T06:15Z\",\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\","
-                    "\"2026-11-27T08:52Z\"]"),
+                    "\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\"]"),
       std::string::npos)
       << old_json;
   EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
@@ -618,32 +624,37 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(old_text.find("re-run `ctxplan calibrate`"), std::string::npos);
   const auto [old_128, old_128_text] = plan(old, "128");
   EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
-                         "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\"]"),
+                         "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\"]"),
             std::string::npos)
       << old_128;
-  for (const std::string machine : {"h100-125g", "h200-125g"}) {
-    const auto [json, text] = plan({"--machine", machine}, "96");
-    EXPECT_NE(json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
-                        "\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\",\"2026-11-27T08:52Z\"]"),
-              std::string::npos)
-        << machine;
-    EXPECT_NE(text.find("note: this GPU's kernel times were calibrated on 2026-11-26"),
-              std::string::npos)
-        << machine;
-  }
+  // A calibration between two changes predates only the later one.
+  const fs::path mid_h200 = dir.path() / "h200-2026-11-27T0840Z.yaml";
+  std::ofstream(mid_h200) << test::ProfileRedated("h200", "2026-11-27T08:40Z");
+  const auto [mid_json, mid_text] =
+      plan({"--gpu", mid_h200.string(), "--host-ram", "125GiB"}, "96");
+  EXPECT_NE(mid_json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T08:52Z\","
+                          "\"2026-11-27T09:12Z\"]"),
+            std::string::npos)
+      << mid_json;
+  EXPECT_NE(mid_text.find("note: this GPU's kernel times were calibrated on 2026-11-27T08:40Z"),
+            std::string::npos)
+      << mid_text;
 }
 
 // A trace recorded with kernels its GPU's profile does not describe: replay says which change lies
 // between the run's date and the calibration's, in text and JSON. The recorded H200 trace
-// (2026-11-22) against the committed profile (2026-11-26T23:20Z): none at pages of 128, head dim
-// 128; against the same profile dated 2026-11-28: the backward's bulk reduces of 2026-11-27.
+// (2026-11-22) against the H200's profile dated 2026-11-23: none; dated 2026-11-28: at pages of
+// 128, head dim 128, the backward's bulk reduces, the flushed exponentials, the own blocks first
+// and the gathered blocks at every page of 2026-11-27.
 TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
   ScratchDir dir;
   const std::string yaml = test::ProfileRedated("h200", "2026-11-28");
   ASSERT_FALSE(yaml.empty());
   const std::string later = dir.Write("h200-later.yaml", yaml);
+  const std::string same = dir.Write("h200-same.yaml", test::ProfileRedated("h200", "2026-11-23"));
   const auto [same_text, same_json] = [&] {
-    const std::vector<std::string> args = {"replay", kRecordedTrace};
+    const std::vector<std::string> args = {"replay", kRecordedTrace, "--gpu",
+                                           same,     "--host-ram",   "125GiB"};
     return RunTextAndJson(args, dir.path());
   }();
   ASSERT_EQ(same_text.exit_code, 0) << same_text.err;
@@ -660,7 +671,7 @@ TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
             std::string::npos)
       << text.out;
   EXPECT_NE(json.out.find("\"kernel_changes_between_run_and_profile\":[\"2026-11-27T06:15Z\","
-                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\"]"),
+                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\"]"),
             std::string::npos)
       << json.out;
 }

@@ -576,7 +576,6 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
 // (the last group of a tile part full where 4 p is not a multiple of 128).
 TEST(GpuAttention, GatheredSparseBackwardAtEveryPageSize) {
   SKIP_WITHOUT_GPU();
-  setenv("CTXPLAN_ATTN_BWD_SPARSE", "gather", 1);
   uint32_t seed = 60;
   for (const int64_t hd : {int64_t{128}, int64_t{64}}) {
     for (const int64_t p : {32, 48, 64, 96, 128, 192, 256}) {
@@ -586,12 +585,12 @@ TEST(GpuAttention, GatheredSparseBackwardAtEveryPageSize) {
       CheckProblem(pr, seed++, true, /*bf16_pool=*/p == 96 || p == 32);
     }
   }
-  unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
 }
 
 // DkvAccumulate fused into the backward (own_dkv): dK/dV of the own positions are this
 // backward's plus what later chunks left in their pages, rounded to bf16 once instead of twice;
-// dQ and the earlier pages' dKV are those of the plain backward. Dense and page-sparse, head_dim
+// dQ and the earlier pages' dKV are those of the plain backward (page-sparse, to the order of
+// the gathered blocks' atomics). Dense and page-sparse, head_dim
 // 128 and 64 (both wgmma), a partly filled last own page, own slots out of order.
 TEST(GpuAttention, FusedOwnDkvAccumulate) {
   SKIP_WITHOUT_GPU();
@@ -644,7 +643,12 @@ TEST(GpuAttention, FusedOwnDkvAccumulate) {
       EXPECT_LE(RelErr(fused.dk, dk), kTol) << pool;
       EXPECT_LE(RelErr(fused.dv, dv), kTol) << pool;
       EXPECT_GT(RelErr(plain.dk, dk), 10 * kTol) << pool;  // the added values are not negligible
-      EXPECT_EQ(RelErr(fused.dkv, plain.dkv), 0.0) << pool;
+      // Page-sparse, the earlier pages' dKV is added by atomics (gathered blocks), in either
+      // run's order: to fp32 rounding, or a bf16 ulp where the pool rounds each add.
+      EXPECT_LE(RelErr(fused.dkv, plain.dkv), sh.per_tile == 0 ? 0.0
+                                              : bf16_pool      ? 5e-3
+                                                               : 1e-6)
+          << pool;
       EXPECT_LE(RelErr(fused.dq, plain.dq), 1e-4) << pool;
     }
   }

@@ -13,9 +13,6 @@ namespace {
 
 // The attention kernels' blocks (kernels/src/cuda/attention_*.cu): 128 queries by 128 keys.
 constexpr double kAttentionBlock = 128.0;
-// Gathered backward blocks (attention_bwd.cu) take pages that are not whole blocks of this many
-// keys.
-constexpr int32_t kGatherBlockKeys = 128;
 // Spec-value defaults for a GPU without a kernel profile: the flat rates the planner used before
 // profiles (the H200's measured fractions), so that such a GPU predicts as it always did.
 constexpr double kSpecLaunchUs = 2.5;
@@ -237,7 +234,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     const double longest = item + q_blocks * block + tile_blocks * paged_block;
     return LaunchSeconds(work, longest, sms, own_items);
   }
-  if (sparse && k.sparse_bwd_gathered && s.page_tokens % kGatherBlockKeys != 0) {
+  if (sparse && k.sparse_bwd_gathered) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
     const double items = kv_heads * q_blocks * std::ceil(tile_blocks);

@@ -15,10 +15,10 @@
 //     Computing the transposed products keeps P^T and dS^T in the registers of the threads that
 //     own the keys, so dV and dK take them as A operands directly; only dS goes through shared
 //     memory (for dQ, whose rows are queries).
-//     Page-sparse over pages that are not whole 128-key blocks, the earlier keys are gathered
-//     instead: a block takes 128 of one selection tile's selected positions (its pages in
-//     selection order) and loops over that tile's queries only, so no item is masked at any page
-//     size; the tiles that selected a page add into its dKV from different blocks, by atomics.
+//     Page-sparse, the earlier keys are gathered instead: a block takes 128 of one selection
+//     tile's selected positions (its pages in selection order) and loops over that tile's queries
+//     only, so no item is masked at any page size; the tiles that selected a page add into its
+//     dKV from different blocks, by atomics.
 //     Two implementations: wgmma (two warpgroups of 64 keys, AttnBwdWgmmaKernel), and under
 //     CTXPLAN_ATTN_BWD=mma mma.sync m16n8k16 (8 warps x 16 keys, attention_bwd_mma.cu,
 //     FlashAttention-2 style, kept for comparison). dK and dV of a key are complete in one
@@ -238,9 +238,8 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
 };
 
 // kGather (two warpgroups only): the earlier keys of a page-sparse chunk in gathered blocks, one
-// selection tile's selected positions 128 at a time, for pages a key block cannot hold whole
-// (kernels/PERF.md): the block's items are that tile's queries only, none masked, and its dK/dV
-// are added into the dKV pages by atomics.
+// selection tile's selected positions 128 at a time (kernels/PERF.md): the block's items are that
+// tile's queries only, none masked, and its dK/dV are added into the dKV pages by atomics.
 template <int HD, int NWG, bool kOverUnion, bool kGather = false>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm) {
@@ -825,6 +824,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     const bool over_union = prm.sel != nullptr && prm.union_pages != nullptr &&
                             (prm.p % bn == 0 || (!positions && 4 * prm.p >= 3 * per_page * bn));
     q.union_pages = over_union ? prm.union_pages : nullptr;
+    q.own_first = over_union ? 0 : 1;
     const int64_t n_e = static_cast<int64_t>(prm.num_pages) * prm.p;
     q.n_earlier_blocks =
         over_union ? prm.n_union * per_page : static_cast<int>((n_e + bn - 1) / bn);
@@ -856,12 +856,11 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     // to ~24K tokens; longer ones take the 64-key blocks (at ~0.65 of the rate, kernels/PERF.md;
     // the planner times them as 128-key blocks).
     const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
-    // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for page-sparse
-    // chunks whose pages are not whole 128-key blocks: no item masked, whatever the page size
-    // (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=gather takes them for every page size, =union
-    // (or =positions) never.
-    const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union") &&
-                        (sparse_mode("gather") || prm.p % kBwdBN != 0);
+    // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for every
+    // page-sparse chunk: no item masked at any page size, and at pages of 128 and 256 1.10-1.26x
+    // the key blocks over the union's pages (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=union (or
+    // =positions) keeps key blocks, to compare.
+    const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union");
     if (gather) {
       BwdParams q = prm;
       q.union_pages = nullptr;
@@ -870,6 +869,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       const int64_t blocks = earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
       Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
+      q.own_first = 1;
       dq_tiled = true;
       launch(AttnBwdWgmmaKernel<HD, 2, false, true>, dim3(static_cast<unsigned>(blocks * prm.hkv)),
              256, WbSmem<HD, 2>::Bytes(0, 0), q);
@@ -973,10 +973,6 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   prm.n_q_tiles = static_cast<int>(t_pad / kBwdBM);
   prm.scale = shape.scale;
   prm.scale_log2 = shape.scale * kLog2e;
-  {
-    const char* order = std::getenv("CTXPLAN_ATTN_BWD_ORDER");
-    prm.own_first = order != nullptr && std::strcmp(order, "heads") == 0 ? 0 : 1;
-  }
   if (prm.sel != nullptr && selection.union_pages != nullptr) {
     Require(selection.num_union_pages >= 0 && selection.num_union_pages <= earlier.num_pages,
             "union page count out of range");

@@ -61,18 +61,22 @@ struct BwdParams {
   const int32_t* own_dkv_slot;  // [own pages]
   int own_p;
   int64_t own_page_elems;
-  int own_first;  // every KV head's own blocks before any earlier block (A/B)
+  int own_first;  // every KV head's own blocks before any earlier block (LocateKeyBlock)
 };
 
-// The key block a thread block owns: blockIdx.y is the KV head, blockIdx.x the key block, own
-// key blocks first (own block 0 sees every query: the heaviest), then the earlier ones, over
-// every earlier position or over the union's pages only. Over the union a block never holds two
-// pages: a page is ceil(p / BN) blocks, the last one cut at the page's end (pages of 96 keys are
-// one 128-key block three quarters full), because tiles select pages independently: a block
-// across two pages computes every item of either page, half of it masked. KV heads outermost keep
-// the blocks resident at one time on one head's queries (Q, dO and the dQ accumulator of one
-// head group: 29 MB at t = 4096, within the L2). Other orders (KV head fastest, heaviest blocks
-// first) measured no better (kernels/PERF.md).
+// The key block a thread block owns (a one-dimensional grid): with own_first, every KV head's own
+// key blocks first (own block 0 sees every query: the heaviest), then KV head by KV head the
+// earlier ones; else KV head by KV head, own blocks then earlier ones. Own blocks first
+// measured 1.12-1.23x for gathered blocks at head dim 128 and 1.02-1.04x dense at 64 (each KV
+// head's heaviest own blocks no longer wait for the earlier KV heads' page blocks), but 0.87-0.97x
+// for key blocks over the union's pages, which keep KV head by KV head (kernels/PERF.md). Earlier
+// blocks lie over every earlier position, the union's pages only, or gathered. Over the union a
+// block never holds two pages: a page is ceil(p / BN) blocks, the last one cut at the page's end
+// (pages of 96 keys are one 128-key block three quarters full), because tiles select pages
+// independently: a block across two pages computes every item of either page, half of it masked. KV
+// heads outermost keep the blocks resident at one time on one head's queries (Q, dO and the dQ
+// accumulator of one head group: 29 MB at t = 4096, within the L2). Other orders (KV head fastest,
+// heaviest blocks first) measured no better (kernels/PERF.md).
 struct KeyBlock {
   int hkv;
   bool earlier;

@@ -70,8 +70,8 @@ struct KernelProfile {
   // (pages of 64 run at page 128's rate there, at ~0.6 of it at head dim 128).
   std::map<int64_t, double> sparse_fwd_page_efficiency_d64, sparse_bwd_page_efficiency_d64;
   // The page-sparse backward the profile timed gathers each query tile's selected positions into
-  // 128-key blocks where pages are not whole 128-key blocks (ctxtrain from 2026-11-27 on); false:
-  // it ran key blocks (64 keys under page 128, over the union's pages else), half masked.
+  // 128-key blocks (ctxtrain from 2026-11-27 on); false: it ran key blocks (64 keys under page
+  // 128, over the union's pages else), half masked where tiles select a block's pages apart.
   bool sparse_bwd_gathered = false;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;

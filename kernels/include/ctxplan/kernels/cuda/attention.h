@@ -78,10 +78,10 @@ size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 // Determinism: dK/dV (own and pages) of a key are computed by one thread block (128 keys, or 64
 // for page-sparse selection over pages < 128 tokens) and KV head that loops over every query of
 // the GQA group: plain read-add-write into the pool, deterministic, no atomics, race-free since
-// no two pages share a slot. Except page-sparse over pages that are not whole 128-key blocks
-// (p % 128 != 0): there each selection tile's selected positions are gathered into blocks, and
-// the earlier pages' dK/dV are added by fp32 (or bf16x2) atomics, in an order that varies from run
-// to run (a bf16 pool rounds once per selecting tile rather than once per chunk).
+// no two pages share a slot. Except page-sparse: there each selection tile's selected positions
+// are gathered into blocks, and the earlier pages' dK/dV are added by fp32 (or bf16x2) atomics, in
+// an order that varies from run to run (a bf16 pool rounds once per selecting tile rather than
+// once per chunk).
 // dQ is summed over key blocks in fp32 in the workspace, by atomics or
 // bulk reduces in the L2 (summation order not deterministic: run-to-run differences at fp32
 // rounding level).
