@@ -560,14 +560,18 @@ std::pair<RunResult, RunResult> RunTextAndJson(std::vector<std::string> args,
 }
 
 // A page size off the kernels' fast path: plan says how slow, from the GPU's measured profile
-// (the H100's of 2026-11-26T18:32Z: the page-sparse backward over pages of 96 at ~0.6 of page
-// 128's rate per FLOP; the forward at page 128's rate since its groups of 16 rows, 0.65 with the
-// page cursor, 0.28 before), and names page sizes that run at full rate; at 128 it says nothing.
+// (the H100's of 2026-11-26T23:25Z, kept in models/gpu/history: the page-sparse backward over pages
+// of 96 at ~0.6 of page 128's rate per FLOP, before the gathered blocks; the forward at page 128's
+// rate since its groups of 16 rows), and names page sizes that run at full rate; at 128 it says
+// nothing. With the H100's profile of 2026-11-27 (gathered blocks) page 96 runs at full rate.
 TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   ScratchDir dir;
+  const std::string before_gathered =
+      std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/history/h100-sxm-2026-11-26T2325Z.yaml";
   const std::vector<std::string> slow = {
-      "plan",   "--model", "llama-3.1-8b", "--machine", "h100-125g", "--chunk", "3072",
-      "--page", "96",      "--budget",     "48",        "--context", "32K"};
+      "plan",       "--model",  "llama-3.1-8b", "--gpu",     before_gathered,
+      "--host-ram", "125GiB",   "--chunk",      "3072",      "--page",
+      "96",         "--budget", "48",           "--context", "32K"};
   const auto [r, j] = RunTextAndJson(slow, dir.path());
   ASSERT_EQ(r.exit_code, 0) << Describe(slow, r);
   ASSERT_EQ(j.exit_code, 0) << Describe(slow, j) << " (with --json)";
@@ -579,10 +583,19 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   EXPECT_LT(backward, 0.9);
   EXPECT_GT(backward, 0.1);
   std::vector<std::string> fast = slow;
-  fast[8] = "128";
+  fast[10] = "128";
   const RunResult f = RunCtxplan(fast, dir.path());
   ASSERT_EQ(f.exit_code, 0) << Describe(fast, f);
   EXPECT_EQ(f.out.find("attention over pages of"), std::string::npos) << f.out;
+  const std::vector<std::string> today = {
+      "plan",   "--model", "llama-3.1-8b", "--machine", "h100-125g", "--chunk", "3072",
+      "--page", "96",      "--budget",     "48",        "--context", "32K"};
+  const auto [t, tj] = RunTextAndJson(today, dir.path());
+  ASSERT_EQ(tj.exit_code, 0) << Describe(today, tj);
+  EXPECT_EQ(t.out.find("attention over pages of"), std::string::npos) << t.out;
+  const auto [today_forward, today_backward] = JsonRates(tj.out, "attention_page_rate_vs_128");
+  EXPECT_GT(today_backward, 0.9);
+  EXPECT_GT(today_forward, 0.9);
 }
 
 // A GPU profile calibrated before a kernel changed for the options planned: plan says so, in

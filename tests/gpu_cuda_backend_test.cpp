@@ -125,7 +125,10 @@ TEST(CudaBackend, GpuTierOffPartialFullAgree) {
     const int64_t pinned = untiered.Memory().pinned_pages_peak_bytes;
     // The same step run again without a tier: dQ's fp32 atomics add in whatever order the blocks
     // reach them, and where a sum rounds to another bf16 the difference carries through every
-    // earlier layer's gradients. The tier may differ from no tier by that much, and no more.
+    // earlier layer's gradients. Dense (head dim 64: four-column atomics from every key block)
+    // the runs fall on a few outcomes: on an H100 and an H200, 0, 2.9e-5 and 9.6e-4 from the
+    // first run, with or without a tier; two repeats need not meet the far one. The tier may
+    // differ from no tier by as much as the repeats or that far outcome (2e-3), and no more.
     double noise = 0;
     for (int again = 0; again < 2; ++again) {
       CudaBackend repeat(plain, weights);
@@ -143,7 +146,8 @@ TEST(CudaBackend, GpuTierOffPartialFullAgree) {
       EXPECT_NEAR(got.loss_sum / want.loss_sum, 1.0, 1e-5) << where;
       EXPECT_LT(gpu.Memory().pinned_pages_peak_bytes, pinned) << where;
       const double worst = worst_between(gpu.DownloadGrads(), want_grads);
-      EXPECT_LE(worst, std::max(1e-5, 3 * noise)) << where << ", no tier run twice: " << noise;
+      const double bound = budget == RunOptions::kAllPages ? 2e-3 : std::max(1e-5, 3 * noise);
+      EXPECT_LE(worst, bound) << where << ", no tier run twice: " << noise;
       std::printf("  GPU tier %-24s gradients within %.2e of no tier (no tier again: %.2e)\n",
                   where.c_str(), worst, noise);
     }
