@@ -610,6 +610,16 @@ TEST(KernelTimeModel, GatheredSparseBackwardBlocks) {
     EXPECT_NEAR(seconds(gathered, p) / p128, 1.0, 1e-9) << p;  // 6144 keys: 48 whole groups
     EXPECT_NE(seconds(gathered, p), seconds(keys, p)) << p;
   }
+  // A gathered block's own fixed cost, where the profile fitted one: each of the 4 KV heads x 32
+  // tiles x 48 groups pays it, spread over the multiprocessors.
+  MachineSpec costly = gathered;
+  const KernelProfile& k = gathered.gpu.kernels;
+  costly.gpu.kernels.attention_bwd_gathered_item_us =
+      (k.attention_bwd_gathered_item_us > 0 ? k.attention_bwd_gathered_item_us
+                                            : k.attention_bwd_item_us) +
+      10.0;
+  const double blocks = 4.0 * 32 * 48, sms = gathered.gpu.sm_count;
+  EXPECT_NEAR(seconds(costly, 128) - p128, blocks * 10e-6 / sms, 0.1 * blocks * 10e-6 / sms);
 }
 
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for

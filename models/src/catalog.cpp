@@ -520,6 +520,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_fwd_page_efficiency_d64",
                    "sparse_bwd_page_efficiency_d64",
                    "sparse_bwd_gathered",
+                   "attention_bwd_gathered_item_us",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
                    "memory_kernel_efficiency",
@@ -597,6 +598,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   if (f.Has("sparse_bwd_page_efficiency_d64"))
     k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
   k.sparse_bwd_gathered = f.OptionalBool("sparse_bwd_gathered").value_or(false);
+  k.attention_bwd_gathered_item_us =
+      f.OptionalNumber("attention_bwd_gathered_item_us", kFixedCostLimit).value_or(0.0);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
   if (f.Has("memory_kernel_fixed_us"))
     k.memory_kernel_fixed_us =

@@ -855,16 +855,38 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
     });
     Require(sparse, op + " sparse");
-    (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency) = ImpliedMedian(
-        gpu, k,
-        [backward](KernelProfile& q, double x) {
-          (backward ? q.sparse_bwd_efficiency : q.sparse_fwd_efficiency) = x;
-        },
-        sparse, 0.02, 2.0);
-    // Then per page size, where a size has its own sparse rows; per head dim, head dim 64 having
-    // its own backward blocks (its table only where it has rows).
-    const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
-    for (const bool d64 : {false, true}) fit_page_table(d64, true, sparse, overall);
+    // The sparse fraction overall, then per page size where a size has its own sparse rows; per
+    // head dim, head dim 64 having its own backward blocks (its table only where it has rows).
+    auto fit_sparse = [&] {
+      (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency) = ImpliedMedian(
+          gpu, k,
+          [backward](KernelProfile& q, double x) {
+            (backward ? q.sparse_bwd_efficiency : q.sparse_fwd_efficiency) = x;
+          },
+          sparse, 0.02, 2.0);
+      const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
+      for (const bool d64 : {false, true}) fit_page_table(d64, true, sparse, overall);
+    };
+    // GQA groups among the sparse rows at head dim 128: two tell a block's fixed cost apart from
+    // the per-pair rate (samples before c15c0e7's grid hold one).
+    std::set<int64_t> groups;
+    for (const CalibrationSample* s : sparse)
+      if (s->head_dim == 128 && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
+    if (backward && k.sparse_bwd_gathered && groups.size() >= 2) {
+      // Gathered blocks: their own fixed cost, the grid value whose fractions explain the sparse
+      // rows best.
+      const KernelProfile before = k;
+      Candidate best_gathered;
+      for (const double item : Grid(4 * kAttentionItemUsMax, kAttentionItemUsStep)) {
+        k = before;
+        k.attention_bwd_gathered_item_us = item;
+        fit_sparse();
+        best_gathered.Consider(k, Score(gpu, k, sparse));
+      }
+      k = best_gathered.profile;
+    } else {
+      fit_sparse();
+    }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
            "ctxtrain's attention forward, d_h 128, a full wave of items");
@@ -1019,6 +1041,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
   if (k.sparse_bwd_gathered) o << "  sparse_bwd_gathered: true\n";
+  if (k.attention_bwd_gathered_item_us > 0)
+    o << "  attention_bwd_gathered_item_us: " << k.attention_bwd_gathered_item_us << "\n";
   if (!k.sparse_fwd_page_efficiency.empty())
     o << "  sparse_fwd_page_efficiency: " << table(k.sparse_fwd_page_efficiency) << "\n";
   if (!k.sparse_bwd_page_efficiency.empty())

@@ -237,10 +237,12 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   if (sparse && k.sparse_bwd_gathered) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
+    const double block_item =
+        k.attention_bwd_gathered_item_us > 0 ? k.attention_bwd_gathered_item_us * 1e-6 : item;
     const double items = kv_heads * q_blocks * std::ceil(tile_blocks);
     const double work =
-        own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
-    const double longest = item + group * std::min(1.0, tile_blocks) * paged_block;
+        own_work + items * block_item + kv_heads * group * q_blocks * tile_blocks * paged_block;
+    const double longest = block_item + group * std::min(1.0, tile_blocks) * paged_block;
     return LaunchSeconds(work, longest, sms, own_items + items);
   }
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
