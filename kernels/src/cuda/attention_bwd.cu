@@ -845,16 +845,16 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
-    // 64-key blocks, two a multiprocessor: for head_dim 64 always (1.1x the 128-key blocks'
-    // rate); for 128 page-sparse over pages of 64 or fewer (a 128-key block would be half
-    // masked), though they run at ~0.65 of the 128-key blocks' rate (kernels/PERF.md).
-    // CTXPLAN_ATTN_BWD_KEYS=128 keeps head_dim 64 on 128-key blocks where 128 would, to compare.
+    // 64-key blocks, two a multiprocessor: for head_dim 64 dense (1.1x the 128-key blocks'
+    // rate). Page-sparse launches take gathered blocks; the key blocks below serve them only under
+    // CTXPLAN_ATTN_BWD_SPARSE=union / =positions, to compare (64 keys for pages of 64 or fewer at
+    // head_dim 128, kernels/PERF.md). CTXPLAN_ATTN_BWD_KEYS=128 keeps head_dim 64 on 128-key
+    // blocks where 128 would, to compare.
     const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
     const bool keys_128 = keys != nullptr && std::strcmp(keys, "128") == 0;
     const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
-    // The 128-key blocks' dQ staging leaves room for the selection lists of page-sparse chunks up
-    // to ~24K tokens; longer ones take the 64-key blocks (at ~0.65 of the rate, kernels/PERF.md;
-    // the planner times them as 128-key blocks).
+    // (Key blocks over a selection: the 128-key blocks' dQ staging leaves room for the selection
+    // lists of chunks up to ~24K tokens; longer ones take the 64-key blocks.)
     const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
     // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for every
     // page-sparse chunk: no item masked at any page size, and at pages of 128 and 256 1.10-1.26x
