@@ -425,13 +425,12 @@ TEST(CliTest, CalibrateOnLinksAlonePrintsTheMachineKeys) {
 // name already kept.
 TEST(CliTest, CalibrateKeepsTheProfileItReplaces) {
   ScratchDir dir;
-  const std::string committed = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const std::string committed = test::CommittedProfile("h200");
   const std::string out = dir.Write("h200.yaml", committed);
   const fs::path history = dir.path() / "history";
-  // Kept under the committed calibration's date, its colon dropped: h200-2026-11-27T0840Z.yaml.
-  const size_t at = committed.find("  date: \"");
-  ASSERT_NE(at, std::string::npos);
-  const std::string date = committed.substr(at + 9, committed.find('"', at + 9) - (at + 9));
+  // Kept under the committed calibration's date, its colon dropped: h200-2026-11-27T0945Z.yaml.
+  const std::string date = test::ProfileDate("h200");
+  ASSERT_FALSE(date.empty());
   std::string stamp = date;
   stamp.erase(std::remove(stamp.begin(), stamp.end(), ':'), stamp.end());
   const fs::path kept = history / ("h200-" + stamp + ".yaml");

@@ -74,7 +74,8 @@ void KeepReplacedProfile(const std::string& output, const std::string& folder,
                          bool check_only = false) {
   std::error_code ec;
   if (!std::filesystem::exists(output, ec)) return;
-  const GpuSpec old = LoadGpu(output);
+  const std::string text = ReadWhole(output);
+  const GpuSpec old = ParseGpuYaml(text, output);
   if (old.kernels.provenance != Provenance::kMeasured || old.kernels.date.empty())
     throw InputError("calibrate --history: " + output +
                      " holds no calibration of its own (datasheet values or an estimate); "
@@ -83,7 +84,6 @@ void KeepReplacedProfile(const std::string& output, const std::string& folder,
   date.erase(std::remove(date.begin(), date.end(), ':'), date.end());
   const std::filesystem::path kept =
       std::filesystem::path(folder) / (old.name + "-" + date + ".yaml");
-  const std::string text = ReadWhole(output);
   if (std::filesystem::exists(kept, ec)) {
     if (ReadWhole(kept.string()) == text) return;
     throw InputError("calibrate --history: " + kept.string() + " exists and differs from " +

@@ -109,8 +109,8 @@ std::string UtcDate() {
   return text;
 }
 
-// The page-sparse backward's blocks these samples time where pages are not whole 128-key blocks
-// (kernels/src/cuda/attention_bwd.cu): gathered, unless CTXPLAN_ATTN_BWD_SPARSE keeps key blocks.
+// The page-sparse backward's blocks these samples time (kernels/src/cuda/attention_bwd.cu):
+// gathered, unless CTXPLAN_ATTN_BWD_SPARSE keeps key blocks.
 std::string SparseBackwardBlocks() {
   const char* mode = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
   const bool keys =

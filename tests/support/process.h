@@ -38,11 +38,27 @@ inline std::string ReadAll(const fs::path& path) {
   return text.str();
 }
 
-// The committed GPU profile models/gpu/`name`.yaml with its calibration dated `date` instead, to
-// stand for a calibration before or after a kernel change; empty if it holds no date line.
+// The committed GPU profile models/gpu/`name`.yaml, as text.
+inline std::string CommittedProfile(const std::string& name) {
+  return ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/" + name + ".yaml");
+}
+// Where a profile's calibration date line starts in `yaml` (npos: none).
+inline size_t ProfileDateLine(const std::string& yaml) {
+  return yaml.find("\n  date: \"");
+}
+// The calibration date of the committed profile `name` ("" if it holds none).
+inline std::string ProfileDate(const std::string& name) {
+  const std::string yaml = CommittedProfile(name);
+  const size_t at = ProfileDateLine(yaml);
+  if (at == std::string::npos) return "";
+  const size_t from = at + std::string("\n  date: \"").size();
+  return yaml.substr(from, yaml.find('"', from) - from);
+}
+// The committed GPU profile `name` with its calibration dated `date` instead, to stand for a
+// calibration before or after a kernel change; empty if it holds no date line.
 inline std::string ProfileRedated(const std::string& name, const std::string& date) {
-  std::string yaml = ReadAll(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/" + name + ".yaml");
-  const size_t at = yaml.find("\n  date: \"");
+  std::string yaml = CommittedProfile(name);
+  const size_t at = ProfileDateLine(yaml);
   if (at == std::string::npos) return "";
   yaml.replace(at, yaml.find('\n', at + 1) - at, "\n  date: \"" + date + "\"");
   return yaml;
