@@ -727,22 +727,6 @@ std::string EmbeddedSource(const detail::EmbeddedFile& file) {
   return std::string(kEmbeddedPrefix) + std::string(file.path);
 }
 
-std::string ReadFile(std::string_view path) {
-  const std::filesystem::path p{std::string(path)};
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) {
-    throw InputError(std::string(path) + ": cannot read file (it is a directory)");
-  }
-  std::ifstream in(p, std::ios::binary);
-  if (!in) {
-    throw InputError(std::string(path) + ": cannot read file (" + std::strerror(errno) + ")");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError(std::string(path) + ": cannot read file (read error)");
-  return text.str();
-}
-
 std::string UnknownName(std::string_view kind, std::string_view name,
                         const std::vector<std::string>& names, std::string_view or_path) {
   return "unknown " + std::string(kind) + " " + Quote(name) + "; expected one of the catalogue " +
@@ -758,6 +742,22 @@ Spec CheckEmbeddedName(Spec spec, std::string_view name) {
 }
 
 }  // namespace
+
+std::string ReadTextFile(std::string_view path) {
+  const std::filesystem::path p{std::string(path)};
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) {
+    throw InputError(std::string(path) + ": cannot read file (it is a directory)");
+  }
+  std::ifstream in(p, std::ios::binary);
+  if (!in) {
+    throw InputError(std::string(path) + ": cannot read file (" + std::strerror(errno) + ")");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(std::string(path) + ": cannot read file (read error)");
+  return text.str();
+}
 
 bool NamesAFile(std::string_view name_or_path) {
   return name_or_path.find('/') != std::string_view::npos ||
@@ -902,7 +902,7 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
 
 ModelSpec LoadModel(std::string_view name_or_path) {
   if (NamesAFile(name_or_path)) {
-    const std::string text = ReadFile(name_or_path);
+    const std::string text = ReadTextFile(name_or_path);
     if (EndsWithIgnoreCase(name_or_path, ".json")) return ParseHfConfigJson(text, name_or_path);
     return ParseModelYaml(text, name_or_path);
   }
@@ -915,7 +915,7 @@ ModelSpec LoadModel(std::string_view name_or_path) {
 }
 
 GpuSpec LoadGpu(std::string_view name_or_path) {
-  if (NamesAFile(name_or_path)) return ParseGpuYaml(ReadFile(name_or_path), name_or_path);
+  if (NamesAFile(name_or_path)) return ParseGpuYaml(ReadTextFile(name_or_path), name_or_path);
   const detail::EmbeddedFile* file = FindEmbedded("gpu", name_or_path);
   if (file == nullptr) {
     throw InputError(UnknownName("GPU", name_or_path, CatalogGpuNames(), "a path to a GPU .yaml"));
@@ -924,7 +924,7 @@ GpuSpec LoadGpu(std::string_view name_or_path) {
 }
 
 MachineSpec LoadMachine(std::string_view name_or_path) {
-  if (NamesAFile(name_or_path)) return ParseMachineYaml(ReadFile(name_or_path), name_or_path);
+  if (NamesAFile(name_or_path)) return ParseMachineYaml(ReadTextFile(name_or_path), name_or_path);
   const detail::EmbeddedFile* file = FindEmbedded("machine", name_or_path);
   if (file == nullptr) {
     throw InputError(UnknownName("machine", name_or_path, CatalogMachineNames(),

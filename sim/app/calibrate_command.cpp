@@ -58,14 +58,6 @@ std::string Percent(double fraction) {
   return text;
 }
 
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot read file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The calibrated profile at `output`, about to be replaced, copied into `folder` as
 // NAME-DATE.yaml (the date without its colon), unless the same file is already there. Nothing to
 // keep when `output` does not exist yet; an InputError when it holds no calibration of its own or
@@ -74,7 +66,7 @@ void KeepReplacedProfile(const std::string& output, const std::string& folder,
                          bool check_only = false) {
   std::error_code ec;
   if (!std::filesystem::exists(output, ec)) return;
-  const std::string text = ReadWhole(output);
+  const std::string text = ReadTextFile(output);
   const GpuSpec old = ParseGpuYaml(text, output);
   if (old.kernels.provenance != Provenance::kMeasured || old.kernels.date.empty())
     throw InputError("calibrate --history: " + output +
@@ -85,7 +77,7 @@ void KeepReplacedProfile(const std::string& output, const std::string& folder,
   const std::filesystem::path kept =
       std::filesystem::path(folder) / (old.name + "-" + date + ".yaml");
   if (std::filesystem::exists(kept, ec)) {
-    if (ReadWhole(kept.string()) == text) return;
+    if (ReadTextFile(kept.string()) == text) return;
     throw InputError("calibrate --history: " + kept.string() + " exists and differs from " +
                      output + "; accepted: a folder without another profile of that name and date");
   }

@@ -27,6 +27,9 @@ bool NamesAFile(std::string_view name_or_path);
 // A custom machine: a GPU and the host RAM it sits with.
 MachineSpec MakeMachine(const GpuSpec& gpu, int64_t host_ram_bytes);
 
+// The whole file at `path`; an InputError naming it when it cannot be read (or is a folder).
+std::string ReadTextFile(std::string_view path);
+
 // Parse from text; `source` names the file in error messages.
 ModelSpec ParseModelYaml(std::string_view text, std::string_view source);
 ModelSpec ParseHfConfigJson(std::string_view text, std::string_view source);
