@@ -129,6 +129,7 @@ std::vector<MatrixRun> ReadMatrix(const std::string& file = "matrix.csv") {
 struct Errors {
   std::vector<double> time, device, host;
   std::vector<double> clock;              // runs whose SM clock was recorded
+  std::vector<double> h200_clock;         // those on an H200, whose NVML clock tracks speed
   std::vector<double> at_measured_clock;  // their step time at that clock (a diagnostic)
   std::vector<double> default_rule_time;  // step time with every union at the rule's default
   void Print(const char* set) const {
@@ -162,6 +163,10 @@ struct Errors {
         "  %-11s %2zu runs with a recorded SM clock: predicted clock median %4.1f%% max "
         "%4.1f%%; step time at the measured clock median %4.1f%% max %4.1f%%\n",
         set, clock.size(), 100 * cm, 100 * cx, 100 * am, 100 * ax);
+    if (h200_clock.empty()) return;
+    stats(h200_clock, cm, cx);
+    std::printf("  %-11s %2zu of them on an H200: predicted clock median %4.1f%% max %4.1f%%\n",
+                set, h200_clock.size(), 100 * cm, 100 * cx);
   }
 };
 
@@ -266,8 +271,12 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
           "%+6.1f%%\n",
           r.model.c_str(), r.options.selection.draw_scale, 100 * default_rule_time);
     if (r.sm_clock_mhz > 0) {
-      (r.validation ? validation : calibration)
-          .clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
+      Errors& errors = r.validation ? validation : calibration;
+      errors.clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
+      // The planner's clock is the kernels' speed (clock_model.h); NVML's reading matches it on
+      // the H200, not on the H100 (which reports 6-11% less for the same speed).
+      if (r.machine.rfind("h200", 0) == 0)
+        errors.h200_clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
       // A diagnostic, never fitted: the same step at the clock NVML measured, which tells the
       // power model's error from the kernel times'.
       // The kernels' clock: NVML's step mean with the idle tail at the maximum taken out.
@@ -315,16 +324,20 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   // planner holds slower than they ran, by its clock: the faster attention kernels draw the
   // H100's 700 W at 1500-1650 MHz run back to back (attention_bwd_w 647 -> 916 W), and the clock
   // model, averaging the step's power, holds Llama-3.2-1B c3072 at 1674 MHz where it ran 1786
-  // (+12.6%; at NVML's clock the validation max is 8.5%). The guard sits at today's accuracy.
+  // (+12.6%; at NVML's clock the validation max is 8.5%).
+  // 2026-11-27 (noon): the clock read as the kernels' speed, not NVML's reading (FitPower; the
+  // H100 reports 6-11% less clock for the same speed), the exponent re-chosen on the
+  // calibration runs (4.5): validation median 2.8%, max 4.7% (the H100's own profile 3.0% / 4.7%),
+  // calibration 2.6% / 10.8%. Issue 11's acceptance.
   EXPECT_LE(time_median, 0.03);
-  EXPECT_LE(time_max, 0.13);
+  EXPECT_LE(time_max, 0.08);
   EXPECT_LE(device_median, 0.01);
   EXPECT_LE(device_max, 0.02);
-  ASSERT_GE(validation.clock.size(), 10u);
-  // 5.2% since the backward's copies are timed at the expected union (2026-11-26): shorter
-  // offloading steps draw more power on average, so the model holds a lower clock.
-  EXPECT_LE(MedianOf(validation.clock), 0.055);
-  EXPECT_LE(*std::max_element(validation.clock.begin(), validation.clock.end()), 0.115);
+  // The clock against NVML's on the H200 alone, where NVML's reading is the kernels' speed:
+  // validation median 2.7%, max 6.5% (Qwen2.5-7B 128K c6144 p96 k48 offload: 1717 for 1612 MHz).
+  ASSERT_GE(validation.h200_clock.size(), 10u);
+  EXPECT_LE(MedianOf(validation.h200_clock), 0.055);
+  EXPECT_LE(*std::max_element(validation.h200_clock.begin(), validation.h200_clock.end()), 0.08);
   EXPECT_LE(host_max, 0.01);
 }
 
@@ -466,6 +479,8 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
   // 2026-11-27, the H200's profile of the morning's kernels (09:34Z) scaled, against the 18 H100
   // runs of those kernels: median 2.7%, max 5.8%, within the issue's 8% (the H100's own profile:
   // 4.7% / 12.6%, its measured attention watts holding the clock 5-7% low). Issue 11's bound.
+  // 2026-11-27 noon, the clock read as the kernels' speed (clock_model.h), watts refitted on both
+  // GPUs: scaled median 2.1%, max 4.9%; the H100's own profile 3.0% / 4.7%.
   EXPECT_LE(MedianOf(estimated.time), 0.04);
   EXPECT_LE(*std::max_element(estimated.time.begin(), estimated.time.end()), 0.08);
 }

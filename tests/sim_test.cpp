@@ -133,7 +133,10 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
         " tier=" + std::to_string(c.gpu_tier) + " stages=" + std::to_string(c.stages);
     EXPECT_LE(Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes), 0.01) << where;
     EXPECT_LE(Relative(both.analytic.host.peak_bytes, both.event.host.peak_bytes), 0.01) << where;
-    EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks), 0.02) << where;
+    // A step of one token: see busy_tolerance below.
+    EXPECT_LE(Relative(both.analytic.step_ticks, both.event.step_ticks),
+              c.context < 128 ? 0.025 : 0.02)
+        << where;
     worst_memory =
         std::max({worst_memory, Relative(both.analytic.gpu.peak_bytes, both.event.gpu.peak_bytes),
                   Relative(both.analytic.host.peak_bytes + 1, both.event.host.peak_bytes + 1)});
@@ -146,8 +149,9 @@ TEST(EventVersusAnalytic, AgreeOverAGridOfConfigurations) {
     // op bound by memory at the maximum clock may be bound by compute at the lower one).
     // A step of one token is fixed costs: its GEMMs read their weights longer than their tiles
     // take at the maximum clock, but not at the lower one, which the analytic path's slowdown of
-    // clock-bound time misses (1.8% of the compute stream with the 2026-11-26 H200 profile).
-    const double busy_tolerance = c.context < 128 ? 0.02 : 0.01;
+    // clock-bound time misses (1.8% of the compute stream with the 2026-11-26 H200 profile, 2.1%
+    // with the clock read as the kernels' speed, 2026-11-27).
+    const double busy_tolerance = c.context < 128 ? 0.025 : 0.01;
     for (int s = 0; s < kStreamCount; ++s)
       EXPECT_LE(Relative(both.analytic.busy_ticks[s] + 1, both.event.busy_ticks[s] + 1),
                 busy_tolerance)

@@ -522,8 +522,14 @@ double DutyCyclePowerExponent(const CalibrationSamples& samples, double idle, do
 }
 
 // The power group: idle watts, the power limit, and each kind's watts above idle at the maximum
-// clock, from its sustained draw at the clock it held (P - idle) / x^kPowerExponent.
-void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
+// clock, from its sustained draw at the clock it held (P - idle) / x^kPowerExponent. The clock
+// x is the kernel's speed there against the profile's at the maximum clock (`model`, fitted on
+// the timed rows), not the SM clock NVML reports: under the limit an H100 reports 6-11% less
+// clock than an H200 doing the same work a second at the same draw (GEMM 1.43 ms at 1340 MHz
+// against 1.45 ms at 1429; attention forward 4.38 ms at 1512 against 4.39 at 1669), and 1 / its
+// reported clock misses its sustained kernels' times by 10.7% (median; the H200's by 4.4%).
+// The step's clock the planner finds is then the speed its compute-bound kernels keep.
+void FitPower(const CalibrationSamples& samples, const KernelTimeModel& model, KernelProfile& k) {
   const double max_mhz = HeaderNumber(samples, "max_sm_clock_mhz");
   const double limit = HeaderNumber(samples, "power_limit_w");
   double idle = 0;  // the idle row has no time, only watts
@@ -532,15 +538,23 @@ void FitPower(const CalibrationSamples& samples, KernelProfile& k) {
   if (max_mhz <= 0 || limit <= 0 || idle <= 0) return;
   // Watts above idle at the maximum clock, per second of the kind's work at its full rate
   // (`tflops`, the head dim's for attention): what an op draws goes with its FLOPs
-  // (kernel_time_model.cpp). The sustained rows' seconds are already at the maximum clock.
+  // (kernel_time_model.cpp). The sustained compute-bound rows' seconds were scaled to the maximum
+  // clock by NVML's reading (AtMaxClock); undone here to give the time they took.
   auto kind = [&](std::string_view op, std::function<double(const CalibrationSample&)> tflops) {
     std::vector<double> watts;
     for (const CalibrationSample* s : Op(samples, op)) {
-      if (s->watts <= 0 || s->sm_clock_mhz <= 0) continue;
-      const double x = std::min(1.0, s->sm_clock_mhz / max_mhz);
+      if (s->watts <= 0 || s->sm_clock_mhz <= 0 || s->seconds <= 0) continue;
+      CalibrationSample timed = *s;
+      timed.op = std::string(op.substr(6));
+      const double nvml_x = std::min(1.0, s->sm_clock_mhz / max_mhz);
+      // A memory-bound kernel's time tells nothing of the clock: NVML's reading stands.
+      const bool clock_bound = IsClockBound(timed.op);
+      const double at_max = clock_bound ? Predict(model, timed) : s->seconds;
+      const double took = clock_bound ? s->seconds / nvml_x : s->seconds;
+      const double x = clock_bound ? std::clamp(at_max / took, kMinClockFraction, 1.0) : nvml_x;
       const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, kPowerExponent);
-      const double full_seconds = tflops ? s->flops / (tflops(*s) * 1e12) : s->seconds;
-      watts.push_back(drawn * std::min(1.0, s->seconds / full_seconds));
+      const double full_seconds = tflops ? s->flops / (tflops(*s) * 1e12) : at_max;
+      watts.push_back(drawn * std::min(1.0, at_max / full_seconds));
     }
     return watts.empty() ? 0.0 : Median(watts);
   };
@@ -955,7 +969,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     const auto rows = Select(sustained, [](const CalibrationSample& s) { return s.seconds > 0; });
     if (!rows.empty()) fit.residuals.push_back(Residual(model, "sustained", rows));
   }
-  FitPower(samples, k);
+  FitPower(samples, model, k);
   if (k.max_sm_clock_mhz > 0)  // FitPower found the power group
     fit.duty_cycle_power_exponent = DutyCyclePowerExponent(samples, k.idle_w, k.max_sm_clock_mhz);
   return fit;
