@@ -19,9 +19,15 @@ namespace {
 
 struct MemoryState {
   CategoryBytes bytes{};
+  CategoryBytes reserved{};  // floors, as MemoryTracker::Reserve
+  CategoryBytes Counted() const {
+    CategoryBytes counted{};
+    for (size_t c = 0; c < bytes.size(); ++c) counted[c] = std::max(bytes[c], reserved[c]);
+    return counted;
+  }
   int64_t Total() const {
     int64_t total = 0;
-    for (int64_t b : bytes) total += b;
+    for (int64_t b : Counted()) total += b;
     return total;
   }
   int64_t& operator[](MemCategory c) { return bytes[static_cast<size_t>(c)]; }
@@ -31,7 +37,7 @@ void Observe(MemoryPeak& peak, const MemoryState& state) {
   const int64_t total = state.Total();
   if (total > peak.peak_bytes) {
     peak.peak_bytes = total;
-    peak.at_peak = state.bytes;
+    peak.at_peak = state.Counted();
   }
 }
 
@@ -515,6 +521,11 @@ MemoryPrediction StageMemory(const PlanGeometry& g, int32_t stage) {
     host[MemCategory::kGradStaging] = g.grad_bytes(stage);
   }
   MemoryState& kv_space = o.offload ? host : gpu;
+  // The host page stores the runtime pins up front (PlanGeometry::host_store_pages).
+  host.reserved[static_cast<size_t>(MemCategory::kKvPages)] =
+      g.host_store_pages() * layers * g.kv_page_bytes();
+  host.reserved[static_cast<size_t>(MemCategory::kDkvPages)] =
+      g.host_store_pages() * layers * g.dkv_page_bytes();
   // The GPU tier of the page store (offload with one), allocated up front.
   if (const int64_t tier = g.gpu_tier_pages(); tier > 0) {
     gpu[MemCategory::kKvPages] = tier * layers * g.kv_page_bytes();

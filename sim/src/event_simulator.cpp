@@ -54,6 +54,14 @@ class Engine {
         host_memory_(static_cast<size_t>((ranks_ + gpus_per_machine_ - 1) / gpus_per_machine_)),
         done_id_(kCompletionRing, kNoOp),
         done_at_(kCompletionRing, 0) {
+    // The host page stores each rank pins up front (PlanGeometry::host_store_pages).
+    const PlanGeometry& g = plan.geometry();
+    for (int32_t r = 0; r < ranks_; ++r) {
+      MemoryTracker& host = host_memory_[static_cast<size_t>(r / gpus_per_machine_)];
+      const int64_t pages = g.host_store_pages() * g.stage_layers(r);
+      host.Reserve(MemCategory::kKvPages, pages * g.kv_page_bytes());
+      host.Reserve(MemCategory::kDkvPages, pages * g.dkv_page_bytes());
+    }
     for (size_t i = 0; i < streams_.size(); ++i) {
       streams_[i].engine = this;
       streams_[i].rank = static_cast<int>(i / kStreamCount);

@@ -319,8 +319,7 @@ TypedImpl<G>::TypedImpl(const StepPlan& plan, ModelWeights weights, CudaAdamW ad
       // The last chunk writes no pages home (writes_pages): neither its KV nor, being attended
       // by no later chunk, its dKV.
       // Pages of the GPU tier have no host home.
-      const int64_t homed = std::max<int64_t>(
-          total_pages_ - g_.Chunk(g_.num_chunks() - 1).own_pages - tier_pages_, 1);
+      const int64_t homed = g_.host_store_pages();
       kv.capacity_pages = static_cast<uint64_t>(stage_layers_ * homed);
       kv.category = MemCategory::kKvPages;
       if (fault_ == gpu::InjectedFault::kPinnedAlloc) {  // one block of a PiB: cudaHostAlloc fails

@@ -255,6 +255,11 @@ int64_t PlanGeometry::total_pages() const {
   return CeilDiv(options_.context_tokens, options_.page_tokens);
 }
 
+int64_t PlanGeometry::host_home_pages() const {
+  if (!options_.offload) return 0;
+  return std::max<int64_t>(0, total_pages() - Chunk(num_chunks_ - 1).own_pages - gpu_tier_pages());
+}
+
 int64_t PlanGeometry::kv_page_bytes() const {
   return options_.page_tokens * 2 * model_.kv_dim() * kBf16Bytes;
 }

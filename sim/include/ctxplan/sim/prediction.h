@@ -2,6 +2,8 @@
 // path and the analytic path both produce it, so they can be compared field by field.
 #pragma once
 
+#include <algorithm>
+
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -19,14 +21,19 @@ using CategoryBytes = std::array<int64_t, kMemCategoryCount>;
 class MemoryTracker {
  public:
   void Apply(MemCategory category, int64_t delta) {
-    by_category_[static_cast<size_t>(category)] += delta;
-    total_ += delta;
-    CTXPLAN_CHECK(by_category_[static_cast<size_t>(category)] >= 0,
-                  "memory category freed below zero");
-    if (total_ > peak_) {
-      peak_ = total_;
-      at_peak_ = by_category_;
-    }
+    const size_t c = static_cast<size_t>(category);
+    const int64_t before = Counted(c);
+    live_[c] += delta;
+    CTXPLAN_CHECK(live_[c] >= 0, "memory category freed below zero");
+    Count(c, before);
+  }
+  // A floor under a category: memory held whatever its ops allocate (the runtime's host page
+  // stores, pinned up front for every page with a home there). A category counts the larger.
+  void Reserve(MemCategory category, int64_t bytes) {
+    const size_t c = static_cast<size_t>(category);
+    const int64_t before = Counted(c);
+    reserved_[c] += bytes;
+    Count(c, before);
   }
   int64_t total() const { return total_; }
   int64_t peak() const { return peak_; }
@@ -34,9 +41,20 @@ class MemoryTracker {
   const CategoryBytes& at_peak() const { return at_peak_; }
 
  private:
+  int64_t Counted(size_t c) const { return std::max(live_[c], reserved_[c]); }
+  void Count(size_t c, int64_t before) {
+    by_category_[c] = Counted(c);
+    total_ += by_category_[c] - before;
+    if (total_ > peak_) {
+      peak_ = total_;
+      at_peak_ = by_category_;
+    }
+  }
+
   int64_t total_ = 0;
   int64_t peak_ = 0;
-  CategoryBytes by_category_{};
+  CategoryBytes live_{}, reserved_{};
+  CategoryBytes by_category_{};  // counted: live or reserved, whichever is larger
   CategoryBytes at_peak_{};
 };
 

@@ -160,6 +160,15 @@ class PlanGeometry {
   }
   // Pages of one layer the whole context fills.
   int64_t total_pages() const;
+  // Pages of one layer with a home in the host page stores: with offload every page a chunk
+  // writes (all but the last chunk's) past the GPU tier's; 0 without offload. The runtime pins
+  // the KV and dKV stores for all of them up front, whichever pages a sparse step touches.
+  int64_t host_home_pages() const;
+  // Pages of one layer each host page store (KV, dKV) is pinned for: host_home_pages(), and
+  // never less than one with offload (a store holds a page); 0 without offload.
+  int64_t host_store_pages() const {
+    return options_.offload ? std::max<int64_t>(host_home_pages(), 1) : 0;
+  }
   ChunkGeometry Chunk(int32_t index) const;
   // Reverse-pass dKV bookkeeping for chunk i, given T_{i+1} (pages selected by later chunks).
   DkvState Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const;
