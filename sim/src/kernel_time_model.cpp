@@ -408,7 +408,14 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
         flops += backward ? AttentionBackwardCost(own_pairs, t, t, heads, 0, head_dim, 2).flops
                           : AttentionForwardCost(own_pairs, t, t, heads, 0, head_dim).flops;
       }
-      return bounded(launches, AttentionComputeSeconds(cost), flops / (tflops * 1e12),
+      // Page-sparse attention draws its kind's watts for its whole time: its gathered and
+      // selected blocks keep the SMs busy where a dense kernel on a slow path waits
+      // (sim/MODEL-LOG.md).
+      const double compute_at_max = AttentionComputeSeconds(cost);
+      const bool sparse = cost.rate == RateClass::kSparseAttentionForward ||
+                          cost.rate == RateClass::kSparseAttentionBackward;
+      const double full_seconds = sparse ? compute_at_max : flops / (tflops * 1e12);
+      return bounded(launches, compute_at_max, full_seconds,
                      backward ? k.attention_bwd_w : k.attention_fwd_w);
     }
     case RateClass::kMemoryBound: {
