@@ -10,11 +10,11 @@
 //   power(x) = idle_w + (x^g * fixed_joules + x^(g - 1) * clock_joules) / step_seconds(x)
 //   step_seconds(x) = step_seconds(1) + clock_bound_seconds * (1 / x - 1),  g = kPowerExponent
 //
-// where x is the clock as a fraction of the maximum - the clock the compute-bound kernels run
-// at, judged by their speed (below), clock_joules what the compute-bound kernels
-// draw above idle at the maximum clock over a step (each op's FLOPs at its kind's full rate x
-// the kind's watts: a kernel on a slow path waits more and draws less; at clock x an op draws
-// x^g of it for 1/x as long), and fixed_joules the same for the memory-bound kernels, whose time
+// where x is the clock as a fraction of the maximum (judged by the compute-bound kernels' speed,
+// below), clock_joules what the compute-bound kernels draw above idle at the maximum clock over a
+// step (each op's FLOPs at its kind's full rate x the kind's watts: a kernel on a slow path waits
+// more and draws less, page-sparse attention excepted; at clock x an op draws x^g of it for 1/x
+// as long), and fixed_joules the same for the memory-bound kernels, whose time
 // does not move with the clock but whose draw does. The power is averaged over the whole step:
 // a step that waits on PCIe copies between kernels is cooler (measured: offloading 7B steps hold
 // 1790-1910 MHz where dense ones hold 1690-1730). Not so a step's tail of host work (AdamW on the

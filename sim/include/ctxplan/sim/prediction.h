@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <array>
 #include <cstdint>
 #include <vector>
