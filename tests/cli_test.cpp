@@ -797,7 +797,8 @@ TEST(CliTest, PlanNamesTheClockUnderThePowerLimit) {
   const RunResult h = RunCtxplan(heavy, dir.path());
   ASSERT_EQ(h.exit_code, 0) << Describe(heavy, h);
   EXPECT_TRUE(std::regex_search(
-      h.out, std::regex("SM clock [0-9]+% of its maximum \\(1[5-9][0-9][0-9] MHz\\): held at "
+      h.out, std::regex("SM clock [0-9]+% of its maximum \\(1[5-9][0-9][0-9] MHz by the kernels' "
+                        "speed\\): held at "
                         "the 700 W power limit")))
       << h.out;
   // A step that waits on PCIe (chunks of 1024 over offloaded pages) draws under the limit.

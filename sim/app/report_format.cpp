@@ -209,11 +209,13 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
        FormatGiB(static_cast<int64_t>(r.prediction.d2h_bytes)) + "\n";
   const KernelProfile& k = sim::EffectiveKernelProfile(c.machine.gpu);
   if (k.has_power()) {
-    // In MHz where the maximum is known (a measured profile, or a datasheet boost clock).
+    // In MHz where the maximum is known (a measured profile, or a datasheet boost clock). The
+    // clock is the compute-bound kernels' speed (clock_model.h): an H100's NVML reads less.
     const double fraction = r.prediction.sm_clock_fraction;
     const bool known = k.provenance == Provenance::kMeasured || c.machine.gpu.boost_clock_mhz > 0;
     s += "  SM clock " + Printf("%.0f%% of its maximum", 100 * fraction) +
-         (known ? Printf(" (%.0f MHz)", fraction * k.max_sm_clock_mhz) : std::string()) +
+         (known ? Printf(" (%.0f MHz by the kernels' speed)", fraction * k.max_sm_clock_mhz)
+                : std::string()) +
          (fraction < 1.0 ? ": held at the " : ": under the ") +
          Printf("%.0f W power limit\n", k.power_limit_w);
   }
