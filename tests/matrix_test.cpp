@@ -272,11 +272,11 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
           r.model.c_str(), r.options.selection.draw_scale, 100 * default_rule_time);
     if (r.sm_clock_mhz > 0) {
       Errors& errors = r.validation ? validation : calibration;
-      errors.clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
+      const double clock_error = std::abs(clock_mhz / r.sm_clock_mhz - 1.0);
+      errors.clock.push_back(clock_error);
       // The planner's clock is the kernels' speed (clock_model.h); NVML's reading matches it on
       // the H200, not on the H100 (which reports 6-11% less for the same speed).
-      if (r.machine.rfind("h200", 0) == 0)
-        errors.h200_clock.push_back(std::abs(clock_mhz / r.sm_clock_mhz - 1.0));
+      if (r.machine.rfind("h200", 0) == 0) errors.h200_clock.push_back(clock_error);
       // A diagnostic, never fitted: the same step at the clock NVML measured, which tells the
       // power model's error from the kernel times'.
       // The kernels' clock: NVML's step mean with the idle tail at the maximum taken out.

@@ -522,10 +522,8 @@ MemoryPrediction StageMemory(const PlanGeometry& g, int32_t stage) {
   }
   MemoryState& kv_space = o.offload ? host : gpu;
   // The host page stores the runtime pins up front (PlanGeometry::host_store_pages).
-  host.reserved[static_cast<size_t>(MemCategory::kKvPages)] =
-      g.host_store_pages() * layers * g.kv_page_bytes();
-  host.reserved[static_cast<size_t>(MemCategory::kDkvPages)] =
-      g.host_store_pages() * layers * g.dkv_page_bytes();
+  host.reserved[static_cast<size_t>(MemCategory::kKvPages)] = g.kv_host_store_bytes(stage);
+  host.reserved[static_cast<size_t>(MemCategory::kDkvPages)] = g.dkv_host_store_bytes(stage);
   // The GPU tier of the page store (offload with one), allocated up front.
   if (const int64_t tier = g.gpu_tier_pages(); tier > 0) {
     gpu[MemCategory::kKvPages] = tier * layers * g.kv_page_bytes();

@@ -881,12 +881,13 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
       for (const bool d64 : {false, true}) fit_page_table(d64, true, sparse, overall);
     };
-    // GQA groups among the sparse rows at head dim 128: two tell a block's fixed cost apart from
-    // the per-pair rate (samples before c15c0e7's grid hold one).
+    // GQA groups among the backward's sparse rows at head dim 128: two tell a gathered block's
+    // fixed cost apart from the per-pair rate (samples before c15c0e7's grid hold one).
     std::set<int64_t> groups;
-    for (const CalibrationSample* s : sparse)
-      if (s->head_dim == 128 && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
-    if (backward && k.sparse_bwd_gathered && groups.size() >= 2) {
+    if (backward && k.sparse_bwd_gathered)
+      for (const CalibrationSample* s : sparse)
+        if (s->head_dim == 128 && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
+    if (groups.size() >= 2) {
       // Gathered blocks: their own fixed cost, the grid value whose fractions explain the sparse
       // rows best.
       const KernelProfile before = k;

@@ -58,9 +58,8 @@ class Engine {
     const PlanGeometry& g = plan.geometry();
     for (int32_t r = 0; r < ranks_; ++r) {
       MemoryTracker& host = host_memory_[static_cast<size_t>(r / gpus_per_machine_)];
-      const int64_t pages = g.host_store_pages() * g.stage_layers(r);
-      host.Reserve(MemCategory::kKvPages, pages * g.kv_page_bytes());
-      host.Reserve(MemCategory::kDkvPages, pages * g.dkv_page_bytes());
+      host.Reserve(MemCategory::kKvPages, g.kv_host_store_bytes(r));
+      host.Reserve(MemCategory::kDkvPages, g.dkv_host_store_bytes(r));
     }
     for (size_t i = 0; i < streams_.size(); ++i) {
       streams_[i].engine = this;

@@ -169,6 +169,13 @@ class PlanGeometry {
   int64_t host_store_pages() const {
     return options_.offload ? std::max<int64_t>(host_home_pages(), 1) : 0;
   }
+  // Bytes of stage `stage`'s KV and dKV host page stores (host_store_pages of each of its layers).
+  int64_t kv_host_store_bytes(int32_t stage) const {
+    return host_store_pages() * stage_layers(stage) * kv_page_bytes();
+  }
+  int64_t dkv_host_store_bytes(int32_t stage) const {
+    return host_store_pages() * stage_layers(stage) * dkv_page_bytes();
+  }
   ChunkGeometry Chunk(int32_t index) const;
   // Reverse-pass dKV bookkeeping for chunk i, given T_{i+1} (pages selected by later chunks).
   DkvState Dkv(const ChunkGeometry& chunk, int64_t selected_by_later_chunks) const;
