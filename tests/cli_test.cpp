@@ -627,7 +627,7 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(
       old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
                     "\"2026-11-27T06:15Z\",\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\","
-                    "\"2026-11-27T08:52Z\"]"),
+                    "\"2026-11-27T08:52Z\",\"2026-11-27T14:10Z\"]"),
       std::string::npos)
       << old_json;
   EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
@@ -637,15 +637,17 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(old_text.find("re-run `ctxplan calibrate`"), std::string::npos);
   const auto [old_128, old_128_text] = plan(old, "128");
   EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
-                         "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\"]"),
+                         "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\","
+                         "\"2026-11-27T14:10Z\"]"),
             std::string::npos)
       << old_128;
-  // A calibration between two changes predates only the later one.
+  // A calibration between changes predates only the later ones.
   const fs::path mid_h200 = dir.path() / "h200-2026-11-27T0840Z.yaml";
   std::ofstream(mid_h200) << test::ProfileRedated("h200", "2026-11-27T08:40Z");
   const auto [mid_json, mid_text] =
       plan({"--gpu", mid_h200.string(), "--host-ram", "125GiB"}, "96");
-  EXPECT_NE(mid_json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T08:52Z\"]"),
+  EXPECT_NE(mid_json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T08:52Z\","
+                          "\"2026-11-27T14:10Z\"]"),
             std::string::npos)
       << mid_json;
   EXPECT_NE(mid_text.find("note: this GPU's kernel times were calibrated on 2026-11-27T08:40Z"),
@@ -656,8 +658,8 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
 // A trace recorded with kernels its GPU's profile does not describe: replay says which change lies
 // between the run's date and the calibration's, in text and JSON. The recorded H200 trace
 // (2026-11-22) against the H200's profile dated 2026-11-23: none; dated 2026-11-28: at pages of
-// 128, head dim 128, the backward's bulk reduces, the flushed exponentials, the own blocks first
-// and the gathered blocks at every page of 2026-11-27.
+// 128, head dim 128, the backward's bulk reduces, the flushed exponentials, the own blocks first,
+// the gathered blocks at every page and the TMA loads of 2026-11-27.
 TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
   ScratchDir dir;
   const std::string yaml = test::ProfileRedated("h200", "2026-11-28");
@@ -683,7 +685,8 @@ TEST(CliTest, ReplaySaysWhenTheRunAndTheProfileStraddleAKernelChange) {
             std::string::npos)
       << text.out;
   EXPECT_NE(json.out.find("\"kernel_changes_between_run_and_profile\":[\"2026-11-27T06:15Z\","
-                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\"]"),
+                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\","
+                          "\"2026-11-27T14:10Z\"]"),
             std::string::npos)
       << json.out;
 }

@@ -436,8 +436,9 @@ TEST(GpuAttention, PagesOf48And96And192) {
   sparse32.sel = {0, 2, 3, 7, 11, 1, 4, 5, 6, 10};
   CheckProblem(sparse32, 15);
 }
-// The forward's two page loaders: groups of 16 rows (any multiple of 16) and the row cursor (the
-// rest, or any p under CTXPLAN_ATTN_FWD_PAGES=cursor).
+// The forward's page loaders: TMA groups (p a multiple of 32), cp.async groups of 16 rows (of
+// 16; any such p under CTXPLAN_ATTN_FWD_PAGES=groups) and the row cursor (the rest, or any p
+// under =cursor).
 TEST(GpuAttention, EveryForwardPageLoader) {
   SKIP_WITHOUT_GPU();
   CheckProblem(Make(300, 8, 2, 128, 80, 6), 16, /*backward=*/false);  // groups: 80 = 5 x 16
@@ -446,6 +447,19 @@ TEST(GpuAttention, EveryForwardPageLoader) {
   sparse80.per_tile = 3;
   sparse80.sel = {1, 4, 8, 0, 2, 6};  // 2 tiles of 128 queries
   CheckProblem(sparse80, 18, /*backward=*/false);
+  CheckProblem(Make(300, 8, 2, 64, 256, 3), 31, /*backward=*/false);  // TMA: whole pages
+  Problem sparse128 = Make(256, 8, 2, 128, 128, 6);
+  sparse128.per_tile = 2;
+  sparse128.sel = {1, 5, 0, 3};
+  CheckProblem(sparse128, 32, /*backward=*/false);
+  Problem sparse96 = Make(256, 8, 2, 128, 96, 9);  // TMA groups of 32: 288 keys, 2.25 tiles
+  sparse96.per_tile = 3;
+  sparse96.sel = {1, 4, 8, 0, 2, 6};
+  CheckProblem(sparse96, 35, /*backward=*/false);
+  setenv("CTXPLAN_ATTN_FWD_PAGES", "groups", 1);  // cp.async groups at multiples of 32 too
+  CheckProblem(Make(300, 8, 2, 64, 256, 3), 33, /*backward=*/false);
+  CheckProblem(sparse128, 34, /*backward=*/false);
+  CheckProblem(sparse96, 36, /*backward=*/false);
   setenv("CTXPLAN_ATTN_FWD_PAGES", "cursor", 1);
   CheckProblem(Make(300, 14, 2, 128, 96, 5), 22, /*backward=*/false);
   CheckProblem(Make(384, 8, 2, 64, 128, 4), 23, /*backward=*/false);
@@ -454,6 +468,25 @@ TEST(GpuAttention, EveryForwardPageLoader) {
   sparse64.sel = {0, 3, 4, 8, 0, 1, 5, 9};
   CheckProblem(sparse64, 24, /*backward=*/false);
   unsetenv("CTXPLAN_ATTN_FWD_PAGES");
+}
+// The two-warpgroup backward's item operands (Q, dO, LSE, D): by TMA (the default) and by
+// cp.async from every thread (CTXPLAN_ATTN_BWD_LOADS=cp.async), dense and gathered, rows past t.
+TEST(GpuAttention, EveryBackwardOperandLoader) {
+  SKIP_WITHOUT_GPU();
+  for (const char* loads : {"tma", "cp.async"}) {
+    SCOPED_TRACE(loads);
+    setenv("CTXPLAN_ATTN_BWD_LOADS", loads, 1);
+    CheckProblem(Make(300, 14, 2, 128, 128, 3), 25);
+    Problem sparse64 = Make(200, 8, 4, 64, 64, 4);  // head_dim 64: gathered blocks
+    sparse64.per_tile = 2;
+    sparse64.sel = {0, 3, 1, 2};
+    CheckProblem(sparse64, 26);
+    Problem sparse = Make(256, 8, 2, 128, 96, 9);
+    sparse.per_tile = 3;
+    sparse.sel = {1, 4, 8, 0, 2, 6};
+    CheckProblem(sparse, 27);
+  }
+  unsetenv("CTXPLAN_ATTN_BWD_LOADS");
 }
 TEST(GpuAttention, TinyChunk) {
   SKIP_WITHOUT_GPU();

@@ -46,6 +46,7 @@
 #include "attention_bwd_common.cuh"
 #include "attention_wgmma.cuh"
 #include "ctxplan/kernels/cuda/check.h"
+#include "tensor_map.h"
 
 namespace ctxplan::kernels::cuda {
 namespace {
@@ -218,13 +219,15 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kdQBytes = kPipelined ? kBwdBM * 64 * 4 : 0;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
-  static constexpr int kQ = kV + kKvBytes;                  // kStages buffers
-  static constexpr int kdO = kQ + kStages * kQBytes;        // kStages buffers
-  static constexpr int kdS = kdO + kStages * kQBytes;       // kdSBuffers buffers
-  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;   // NWG staging buffers (pipelined)
-  static constexpr int kL = kdQ + NWG * kdQBytes;           // [kStages][64] fp32
-  static constexpr int kD = kL + kStages * kBwdBM * 4;      // [kStages][64] fp32
-  static constexpr int kUnion = kD + kStages * kBwdBM * 4;  // uint32 union, int32 count
+  static constexpr int kQ = kV + kKvBytes;                 // kStages buffers
+  static constexpr int kdO = kQ + kStages * kQBytes;       // kStages buffers
+  static constexpr int kdS = kdO + kStages * kQBytes;      // kdSBuffers buffers
+  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;  // NWG staging buffers (pipelined)
+  static constexpr int kL = kdQ + NWG * kdQBytes;          // [kStages][64] fp32
+  static constexpr int kD = kL + kStages * kBwdBM * 4;     // [kStages][64] fp32
+  static constexpr int kBars = kD + kStages * kBwdBM * 4;  // [kStages] operands-landed mbarriers
+  static constexpr int kUnion =
+      kBars + (kPipelined ? 8 * kStages : 0);  // uint32 union, int32 count
   // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
   // (a chunk of 16384 tokens page-sparse), 32-bit in the one-warpgroup kernel as it was measured.
   using TileIndex = std::conditional_t<kPipelined, uint16_t, int32_t>;
@@ -240,9 +243,16 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
 // kGather (two warpgroups only): the earlier keys of a page-sparse chunk in gathered blocks, one
 // selection tile's selected positions 128 at a time (kernels/PERF.md): the block's items are that
 // tile's queries only, none masked, and its dK/dV are added into the dKV pages by atomics.
+// The pipelined kernel's item operands by TMA: Q and dO [t][H_q][d_h], boxes of 64 columns x 64
+// queries of one head (unused by the one-warpgroup kernel).
+struct BwdTensorMaps {
+  CUtensorMap q;
+  CUtensorMap d_out;
+};
+
 template <int HD, int NWG, bool kOverUnion, bool kGather = false>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
-    AttnBwdWgmmaKernel(const BwdParams prm) {
+    AttnBwdWgmmaKernel(const BwdParams prm, const __grid_constant__ BwdTensorMaps maps) {
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
   using L = WbSmem<HD, NWG>;
@@ -350,7 +360,38 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       q0 = tile_at(c.i) * BM;
     };
     auto next_item = [&](ItemCursor& c) { order.Next(c); };
-    auto load_cursor = [&](const ItemCursor& c, int buf) { load_item(c.hl, tile_at(c.i), buf); };
+    // Item operands by TMA (prm.item_tma; else cp.async by every thread, to compare): thread 0
+    // issues Q, dO, LSE2 and D of an item into buffer buf, landing on that buffer's mbarrier,
+    // which the threads wait on (phase: the buffer's use count) just before the item's S^T.
+    const uint32_t item_bars = base + L::kBars;
+    const bool item_tma = prm.item_tma != 0;
+    if (item_tma && tid == 0) {
+      for (int b = 0; b < L::kStages; ++b) MbarInit(item_bars + 8 * b, 1);
+      FenceMbarInit();
+      TmaPrefetchMap(&maps.q);
+      TmaPrefetchMap(&maps.d_out);
+    }
+    auto load_cursor = [&](const ItemCursor& c, int buf) {
+      if (!item_tma) {
+        load_item(c.hl, tile_at(c.i), buf);
+        return;
+      }
+      if (tid != 0) return;
+      const int h = hkv * prm.group + c.hl, q0 = tile_at(c.i) * BM;
+      const uint32_t bar = item_bars + 8 * buf;
+      MbarArriveExpectTx(bar, 2 * L::kQBytes + 2 * BM * 4);
+#pragma unroll
+      for (int cb = 0; cb < HD / 64; ++cb) {
+        TmaLoad3d(sQ + buf * L::kQBytes + cb * (BM * 128), &maps.q, bar, cb * 64, h, q0);
+        TmaLoad3d(sdO + buf * L::kQBytes + cb * (BM * 128), &maps.d_out, bar, cb * 64, h, q0);
+      }
+      const int64_t lse_at = static_cast<int64_t>(h) * prm.t_pad + q0;
+      BulkLoad(sL + buf * BM * 4, prm.lse2 + lse_at, BM * 4, bar);
+      BulkLoad(sD + buf * BM * 4, prm.delta + lse_at, BM * 4, bar);
+    };
+    auto wait_operands = [&](int n) {
+      if (item_tma) MbarWait(item_bars + 8 * (n % L::kStages), (n / L::kStages) & 1);
+    };
 
     // Item n: dQ of item n - 1 and this item's S^T and dP^T issued together, so the tensor cores
     // run S^T and dP^T while dQ is added; then the softmax's backward and one block
@@ -519,7 +560,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     if (n_items > 1) load_cursor(ahead, 1);
     CpAsyncCommit();
     next_item(ahead);
-    CpAsyncWait<1>();
+    if (item_tma) {
+      CpAsyncWait<0>();  // the key block
+    } else {
+      CpAsyncWait<1>();  // the key block and item 0
+    }
     FenceProxyAsync();
     __syncthreads();
     int prev_h = 0, prev_q0 = 0;
@@ -532,6 +577,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing, issued
       // all the same so that no branch splits the wgmma sequence.
       issue_dq(sdS + ((n + 1) & 1) * L::kdSBytes);
+      wait_operands(n);
       issue_s_dp(buf);
       WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
       FenceAcc(dq);
@@ -539,7 +585,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       WgmmaWait<1>();  // S^T done; dP^T may still run
       FenceAcc(s);
       softmax_backward(q0, buf, ds);
-      CpAsyncWait<0>();  // item n + 1's operands
+      CpAsyncWait<0>();  // item n + 1's operands (cp.async)
       FenceProxyAsync();
       if (dq_issuer) BulkWaitRead<0>();  // item n - 1's dQ staging read
       __syncthreads();  // both warpgroups' dS^T; item n + 1's operands; item n - 1 done
@@ -833,12 +879,25 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     return std::pair{q, dim3(static_cast<unsigned>(blocks * prm.hkv))};
   };
   // `used` bytes of shared memory from a 1024-byte aligned base (WbSmem::Bytes).
-  auto launch = [&](auto kernel, dim3 grid, int threads, int used, const BwdParams& q) {
+  // The two-warpgroup kernel's item operands by TMA; CTXPLAN_ATTN_BWD_LOADS=cp.async by every
+  // thread, to compare.
+  const char* loads = std::getenv("CTXPLAN_ATTN_BWD_LOADS");
+  const bool item_tma = !(loads != nullptr && std::strcmp(loads, "cp.async") == 0);
+  BwdTensorMaps maps{};
+  if (item_tma) {
+    const auto t = static_cast<uint64_t>(prm.t), hq = static_cast<uint64_t>(prm.hq);
+    constexpr uint64_t kRowBytes = HD * 2;
+    maps.q = EncodeBf16TensorMap(prm.q, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kBwdBM});
+    maps.d_out =
+        EncodeBf16TensorMap(prm.d_out, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kBwdBM});
+  }
+  auto launch = [&](auto kernel, dim3 grid, int threads, int used, BwdParams q) {
     Require(used <= kMaxBwdSmem, "too many selection tiles for the backward's shared memory");
     const int smem = std::min(used + 1024, kMaxBwdSmem);
+    q.item_tma = item_tma ? 1 : 0;
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, threads, smem, stream>>>(q);
+    kernel<<<grid, threads, smem, stream>>>(q, maps);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;

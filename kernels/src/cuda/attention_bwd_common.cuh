@@ -62,6 +62,7 @@ struct BwdParams {
   int own_p;
   int64_t own_page_elems;
   int own_first;  // every KV head's own blocks before any earlier block (LocateKeyBlock)
+  int item_tma;   // the two-warpgroup kernel's item operands by TMA (BwdTensorMaps)
 };
 
 // The key block a thread block owns (a one-dimensional grid): with own_first, every KV head's own

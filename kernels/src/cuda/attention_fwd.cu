@@ -3,8 +3,8 @@
 // The keys a block of 128 queries sees form one virtual sequence: its earlier pages (every page, or
 // the tile's selected pages, in list order) followed by the chunk's own positions
 // 0..min(q0 + 128, t) - 1. That sequence is walked in key tiles gathered through the page table
-// with cp.async (16-byte chunks into an XOR-swizzled shared tile, K and V double-buffered, the
-// next tiles' copies in flight while the current one is computed). Masking is applied only on
+// (by TMA or cp.async into an XOR-swizzled shared tile, K and V double-buffered, the next tiles'
+// copies in flight while the current one is computed). Masking is applied only on
 // the tiles that need it (the diagonal, the end of the chunk, a partial page list). Blocks are
 // launched heaviest first (the last query tiles see the most own keys).
 //
@@ -15,9 +15,10 @@
 //  - AttnFwdKernel (CTXPLAN_ATTN_FWD=mma): FlashAttention-2 style, 4 warps x 32 rows, 64-key
 //    tiles, mma.sync m16n8k16 with ldmatrix fragments.
 // A key tile of earlier positions is gathered page by page, rows p-contiguous with stride
-// H_kv * d_h within a page. The wgmma kernel: groups of 16 rows whose pages are read a tile ahead
-// when 16 divides p, a per-thread cursor otherwise. The mma.sync one: when p is a power of two >=
-// its 64-key tile, at most two pages a tile, their slots fetched a tile ahead; other p row by row.
+// H_kv * d_h within a page. The wgmma kernel: TMA boxes of 32-128 rows when 32 divides p, cp.async
+// groups of 16 rows when 16 does (their pages read a tile ahead), a per-thread cursor otherwise.
+// The mma.sync one: when p is a power of two >= its 64-key tile, at most two pages a tile, their
+// slots fetched a tile ahead; other p row by row.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +33,7 @@
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "page_row_cursor.h"
+#include "tensor_map.h"
 
 namespace ctxplan::kernels::cuda {
 namespace {
@@ -379,25 +381,27 @@ __global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams 
 
 // --- warp-specialised wgmma forward (sm_90a, FlashAttention-3 style) -----------------------------
 // One block = 128 queries of one head; keys in tiles of 128. Three warpgroups: warpgroup 0 only
-// loads (Q, then K_j and V_j with cp.async into two buffers each; each tile's `full` mbarrier
-// completes when the copies of its 128 threads have landed: cp.async.mbarrier.arrive), warpgroups
-// 1 and 2 only compute, 64 query rows each, and release a buffer through its `empty` mbarrier as
-// soon as their GEMM on it has completed; no block-wide barrier after the prologue. S = Q K^T and
-// O += P V run on wgmma: Q and K from shared memory (K-major), P from registers (the S
-// accumulators converted in place to the A-operand layout), V from shared memory as a transposed
-// (MN-major) B operand. Tiles are [d_h / 64][rows][64] with the 128-byte swizzle (16-byte chunk c
-// of row r at c ^ (r & 7)), the canonical wgmma layout. Per consumer, iteration j: issue S_j and
-// P_{j-1} V_{j-1}, wait for S_j, softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j;
-// two named barriers make the consumers take turns issuing ("ping-pong"), so one's softmax runs
-// while the other's GEMMs use the tensor cores. The loader gives registers to the consumers
-// (setmaxnreg). Earlier pages, by the loader kind (FwdPageLoader): when 16 divides p a 128-key tile
-// is eight 16-row groups, each within one page, whose row pointers lanes 0-7 of every loader warp
-// compute from page-table reads issued a tile ahead and hand to the warp by shuffle (the same rate
-// at every such p); other p (>= 16) are walked by a cursor per thread (page_row_cursor.h) that
-// reads the page table once a page, a page ahead.
-// The loader's copies must stay cheap (a running pointer or a shuffled one, not the row address
-// recomputed per copy, and no page-table read waited on inside a tile): the four loader warps
-// were the bound otherwise. Numbers in kernels/PERF.md.
+// loads (Q, then K_j and V_j into two buffers each; a tile's `full` mbarrier completes when its
+// TMA bytes and its loader threads' cp.async copies have landed), warpgroups 1 and 2 only compute,
+// 64 query rows each, and release a buffer through its `empty` mbarrier as soon as their GEMM on it
+// has completed; no block-wide barrier after the prologue. S = Q K^T and O += P V run on wgmma: Q
+// and K from shared memory (K-major), P from registers (the S accumulators converted in place to
+// the A-operand layout), V from shared memory as a transposed (MN-major) B operand. Tiles are [d_h
+// / 64][rows][64] with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7)), the
+// canonical wgmma layout. Per consumer, iteration j: issue S_j and P_{j-1} V_{j-1}, wait for S_j,
+// softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j; two named barriers make the
+// consumers take turns issuing ("ping-pong"), so one's softmax runs while the other's GEMMs use the
+// tensor cores. The loader gives registers to the consumers (setmaxnreg). Q and the chunk's own
+// keys come by TMA (one copy a 128-row, 64-column box), issued by loader warp 0. Earlier pages, by
+// the loader kind (FwdPageLoader): when 32 divides p, a TMA box a group of the largest power of two
+// dividing p (up to the tile), lane g of warp 0 reading group g's page a tile ahead; else when 16
+// divides p, eight 16-row groups copied by all four loader warps with cp.async, their row pointers
+// computed by lanes 0-7 from page-table reads issued a tile ahead and handed to the warp by
+// shuffle; other p (>= 16) walked by a cursor per thread (page_row_cursor.h) that reads the page
+// table once a page, a page ahead. The cp.async copies must stay cheap (a running pointer or a
+// shuffled one, not the row address recomputed per copy, and no page-table read waited on inside a
+// tile): the four loader warps were the bound otherwise; and loader warps with nothing to copy
+// leave rather than spin on the barriers. Numbers in kernels/PERF.md.
 constexpr int kWsBM = 128, kWsBN = 128;
 constexpr int kWsThreads = 384;
 constexpr int kWsLoaderThreads = 128;
@@ -421,11 +425,27 @@ struct WsSmem {  // tiles [HD / 64][rows][64] bf16, 128-byte swizzle
   static constexpr int kBytes = kBars + 8 * 8 + 1024;  // + alignment slack
 };
 
-enum class FwdPageLoader { kGroupsOf16, kRowCursor };
-constexpr int kGroupRows = 16;  // FwdPageLoader::kGroupsOf16: rows of a tile that share one page
+enum class FwdPageLoader { kTmaGroups, kGroupsOf16, kRowCursor };
+constexpr int kGroupRows = 16;  // kGroupsOf16: rows of a tile that share one page
+// kTmaGroups: the largest power of two dividing p, up to a tile; 16-row boxes ran at 0.89x of the
+// cp.async groups (kernels/PERF.md), so pages need a multiple of 32.
+constexpr int kTmaMinGroupRows = 32;
+__host__ __device__ constexpr int TmaGroupRows(int p) {
+  return (p & -p) < 128 ? (p & -p) : 128;
+}
+
+// The loader's tensor maps (pool: kTmaGroups only). Boxes of 64 columns (128 bytes, the
+// swizzle's row):
+struct FwdTensorMaps {
+  CUtensorMap q;      // [t][H_q][d_h], box 128 queries of one head
+  CUtensorMap k_own;  // [t][H_kv][d_h], box 128 keys of one KV head
+  CUtensorMap v_own;  // same
+  CUtensorMap pool;   // [slots * 2][p][H_kv][d_h] (K of slot s at 2 s, V at 2 s + 1), box a group
+};
 
 template <int HD, FwdPageLoader kLoader>
-__global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(const FwdParams prm) {
+__global__ void __launch_bounds__(kWsThreads, 1)
+    AttnFwdWarpSpecializedKernel(const FwdParams prm, const __grid_constant__ FwdTensorMaps maps) {
   using L = WsSmem<HD>;
   constexpr int BM = kWsBM, BN = kWsBN;
   constexpr int kChunks = HD / 8;
@@ -469,39 +489,45 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
 
   if (role == 0) {  // --- loader ---
     SetMaxRegistersDec<kWsLoaderRegisters>();
+    constexpr bool kTmaPages = kLoader == FwdPageLoader::kTmaGroups;
     const int pg = prm.p;
+    // Q, the chunk's own K/V tiles and (kTmaGroups) earlier pages come by TMA: loader warp 0
+    // issues the copies (a 64-column half a copy), thread 0 adds their bytes to the tile's `full`
+    // barrier and arrives for all 128 loader threads. Other earlier tiles are copied by cp.async
+    // from all 128 threads, each arriving when its copies land; warps 1-3 leave once those tiles
+    // are issued (spinning on the `empty` barriers, they took issue slots from the consumers).
+    const int cp_tiles = kTmaPages ? 0 : ne_tiles;
+    if (warp != 0 && cp_tiles == 0) return;
     auto slot_of = [&](int li) -> int {
       const int page = sel_list ? __ldg(sel_list + li) : li;
       return __ldg(prm.page_slot + page);
     };
-    // The loader's issue rate bounds the kernel (4 warps issue every copy): a row's address is a
-    // pointer handed over (or the previous one) plus a fixed step, its shared offset a constant.
+    if (tid == 0) {
+      TmaPrefetchMap(&maps.q);
+      TmaPrefetchMap(&maps.k_own);
+      TmaPrefetchMap(&maps.v_own);
+      if (kTmaPages && n_e > 0) TmaPrefetchMap(&maps.pool);
+    }
+    // The loader's issue rate bounds the kernel where the 128 threads copy (4 warps issue every
+    // copy): a row's address is a pointer handed over (or the previous one) plus a fixed step,
+    // its shared offset a constant.
     const int c = tid % kChunks, r0 = tid / kChunks;
     const int64_t step = static_cast<int64_t>(kRowsPerPass) * kv_row;
-    // Rows r0, r0 + kRowsPerPass, ... (kRows of them) from `first` on, into dst from row `row0`;
-    // rows at or past `limit` (relative to row0 + r0) zero-filled.
-    auto copy_rows = [&](auto rows_constant, uint32_t dst, int row0, const bf16* first, int limit) {
-      constexpr int kRows = decltype(rows_constant)::value;
-      const bf16* src = first;
-#pragma unroll
-      for (int i = 0; i < kRows / kRowsPerPass; ++i) {
-        const bool valid = i * kRowsPerPass < limit;
-        CpAsync16(dst + Sw128<BN>(row0 + i * kRowsPerPass + r0, c), valid ? src : prm.pool, valid);
-        src += step;
-      }
-    };
-    // kGroupsOf16 (p a multiple of 16, so no group of 16 rows crosses a page): lane g of every
-    // loader warp (g = lane % 8) holds group g's pointer (K row 0 of the group, head hkv) for the
-    // tile of K being loaded (group_k) and for the tile of V (group_v, the one before); nullptr
-    // past the pages. The page-table reads for the next tile are issued a tile before their use.
-    static_assert(kGroupRows % kRowsPerPass == 0 && BN % kGroupRows == 0, "whole groups");
-    const int group = lane & (BN / kGroupRows - 1);
+    // Groups of a tile's rows that lie in one page: kGroupsOf16 (p a multiple of 16) 16 rows, lane
+    // g of every loader warp (g = lane % 8) holding group g's pointer (K row 0 of the group, head
+    // hkv) for the tile of K being loaded (group_k) and for the tile of V (group_v, the one
+    // before), nullptr past the pages; kTmaGroups (p a multiple of 32) groups of the largest
+    // power of two dividing p (up to 128), lane g of warp 0 holding group g's slot and offset.
+    // The page-table reads for the next tile are issued a tile before their use.
+    const int group_rows = kTmaPages ? TmaGroupRows(pg) : kGroupRows;
+    const int n_groups = BN / group_rows;
+    const int group = kTmaPages ? lane : lane & (BN / kGroupRows - 1);
     int pending_slot = -1, pending_offset = 0;
     auto fetch_group = [&](int jt) {  // issue the read of this lane's group of tile jt
       pending_slot = -1;
-      pending_offset = 0;
-      const int v = jt * BN + group * kGroupRows;
-      if (jt >= ne_tiles || v >= n_e) return;
+      pending_offset = pg;  // past the pages: TMA reads zeros there
+      const int v = jt * BN + group * group_rows;
+      if (jt >= ne_tiles || v >= n_e || group >= n_groups) return;
       const int li = v / pg;
       pending_offset = v - li * pg;
       pending_slot = slot_of(li);
@@ -511,7 +537,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
       return prm.pool + static_cast<int64_t>(pending_slot) * prm.page_elems +
              static_cast<int64_t>(pending_offset) * kv_row + hkv * HD;
     };
-    const bf16* group_k = nullptr;
+    int slot_k = -1, offset_k = pg, slot_v = -1, offset_v = pg;  // kTmaGroups
+    const bf16* group_k = nullptr;                               // kGroupsOf16
     const bf16* group_v = nullptr;
     const int64_t thread_offset = static_cast<int64_t>(r0) * kv_row + c * 8;
     auto copy_groups = [&](uint32_t dst, const bf16* lane_group, int64_t v_offset) {
@@ -552,52 +579,84 @@ __global__ void __launch_bounds__(kWsThreads, 1) AttnFwdWarpSpecializedKernel(co
         rows.Advance(walk, slot_or_0, row_at);
       }
     };
-    auto load_kv = [&](int j, int which) {
+    // Tile j of K (which = 0) or V (1) onto barrier bar.
+    auto load_kv = [&](int j, int which, uint32_t bar) {
       const uint32_t dst = (which ? sV : sK) + (j & 1) * L::kTile;
-      if (j < ne_tiles) {
-        if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
-          copy_groups(dst, which ? group_v : group_k,
-                      which ? static_cast<int64_t>(pg) * kv_row : int64_t{0});
-        } else if (which) {
+      if (j >= cp_tiles) {  // by TMA: warp 0 alone
+        if (warp != 0) return;
+        if (lane == 0) MbarExpectTx(bar, L::kTile);
+        if (j >= ne_tiles) {
+          if (lane == 0) {
+            const int kbase = (j - ne_tiles) * BN;
+#pragma unroll
+            for (int cb = 0; cb < HD / 64; ++cb) {
+              TmaLoad3d(dst + cb * (BN * 128), which ? &maps.v_own : &maps.k_own, bar, cb * 64, hkv,
+                        kbase);
+            }
+          }
+        } else if (group < n_groups) {
+          const int slot = which ? slot_v : slot_k;
+          const int offset = which ? offset_v : offset_k;
+          const int row = slot < 0 ? 0 : 2 * slot + which;
+#pragma unroll
+          for (int cb = 0; cb < HD / 64; ++cb) {
+            TmaLoad4d(dst + cb * (BN * 128) + group * group_rows * 128, &maps.pool, bar, cb * 64,
+                      hkv, offset, row);
+          }
+        }
+        if (lane == 0) MbarArriveCount(bar, kWsLoaderThreads);
+        return;
+      }
+      if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
+        copy_groups(dst, which ? group_v : group_k,
+                    which ? static_cast<int64_t>(pg) * kv_row : int64_t{0});
+      } else if constexpr (kLoader == FwdPageLoader::kRowCursor) {
+        if (which) {
           walk_tile(dst, v_rows, v_row);
         } else {
           walk_tile(dst, k_rows, k_row);
         }
-      } else {
-        const int kbase = (j - ne_tiles) * BN;
-        const bf16* own = which ? prm.v_own : prm.k_own;
-        copy_rows(std::integral_constant<int, BN>{}, dst, 0,
-                  own + static_cast<int64_t>(kbase + r0) * kv_row + hkv * HD + c * 8,
-                  own_end - kbase - r0);
       }
+      MbarArriveOnCpAsync(bar);
     };
-    // Tiles in the order the consumers need them: Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}. A
-    // tile's `full` barrier completes when the copies of all 128 loader threads have landed; the
-    // consumers then fence the proxies before their wgmma reads the tile.
-    if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
+    constexpr bool kReadsAhead =
+        kLoader == FwdPageLoader::kGroupsOf16 || kLoader == FwdPageLoader::kTmaGroups;
+    auto take_pending = [&] {  // the next K tile's groups, from the reads issued a tile before
+      if constexpr (kLoader == FwdPageLoader::kGroupsOf16) group_k = pending_group();
+      slot_k = pending_slot;
+      offset_k = pending_offset;
+    };
+    // Tiles in the order the consumers need them: Q + K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}. The
+    // consumers fence the proxies after each tile's barrier (for the cp.async writes).
+    if constexpr (kReadsAhead) {
       fetch_group(0);
-      group_k = pending_group();  // the first tile waits on its read once
+      take_pending();  // the first tile waits on its read once
       fetch_group(1);
     }
-    LoadQueryRows<HD, BM, kWsLoaderThreads>(prm, q0, h, sQ,
-                                            [](int row, int c) { return Sw128<BM>(row, c); });
-    load_kv(0, 0);
-    MbarArriveOnCpAsync(full_k(0));
+    if (tid == 0) {  // Q, on K_0's barrier
+      MbarExpectTx(full_k(0), L::kQBytes);
+#pragma unroll
+      for (int cb = 0; cb < HD / 64; ++cb) {
+        TmaLoad3d(sQ + cb * (BM * 128), &maps.q, full_k(0), cb * 64, h, q0);
+      }
+    }
+    load_kv(0, 0, full_k(0));
     for (int j = 1; j <= n_tiles; ++j) {
-      if constexpr (kLoader == FwdPageLoader::kGroupsOf16) group_v = group_k;
+      if (warp != 0 && j > cp_tiles) break;  // warps 1-3: their last V tile is issued
+      group_v = group_k;
+      slot_v = slot_k;
+      offset_v = offset_k;
       if (j < n_tiles) {  // K_j into the buffer of K_{j-2}, once both consumers' S_{j-2} are done
         if (j >= 2) MbarWait(empty_k(j & 1), ((j >> 1) - 1) & 1);
-        if constexpr (kLoader == FwdPageLoader::kGroupsOf16) {
-          group_k = pending_group();
+        if constexpr (kReadsAhead) {
+          take_pending();
           fetch_group(j + 1);
         }
-        load_kv(j, 0);
-        MbarArriveOnCpAsync(full_k(j & 1));
+        load_kv(j, 0, full_k(j & 1));
       }
       const int jv = j - 1;  // V_{j-1} into the buffer of V_{j-3}
       if (jv >= 2) MbarWait(empty_v(jv & 1), ((jv >> 1) - 1) & 1);
-      load_kv(jv, 1);
-      MbarArriveOnCpAsync(full_v(jv & 1));
+      load_kv(jv, 1, full_v(jv & 1));
     }
     CpAsyncWait<0>();  // nothing outstanding when the loader exits
     return;
@@ -799,12 +858,41 @@ bool UseMmaSyncForward() {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD");
   return v != nullptr && std::strcmp(v, "mma") == 0;
 }
-// Groups of 16 rows wherever 16 divides p; CTXPLAN_ATTN_FWD_PAGES=cursor picks the row cursor
-// for any p, for comparison (attention_bench, the tests).
+// TMA groups where 32 divides p, cp.async groups of 16 rows where 16 does, the row cursor
+// otherwise; CTXPLAN_ATTN_FWD_PAGES=groups or =cursor picks that loader wherever it can serve,
+// for comparison (attention_bench, the tests).
 FwdPageLoader ChooseFwdPageLoader(int p) {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD_PAGES");
   if (v != nullptr && std::strcmp(v, "cursor") == 0) return FwdPageLoader::kRowCursor;
-  return p % kGroupRows == 0 ? FwdPageLoader::kGroupsOf16 : FwdPageLoader::kRowCursor;
+  if (p % kGroupRows != 0) return FwdPageLoader::kRowCursor;
+  if (p % kTmaMinGroupRows != 0 || (v != nullptr && std::strcmp(v, "groups") == 0)) {
+    return FwdPageLoader::kGroupsOf16;
+  }
+  return FwdPageLoader::kTmaGroups;
+}
+
+// The pool's slot count is not known here: its outer extent is set far past any slot the page
+// table can name (only named slots are read).
+constexpr uint64_t kPoolRowsBound = uint64_t{1} << 30;
+
+template <int HD>
+FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader) {
+  const auto t = static_cast<uint64_t>(prm.t), hq = static_cast<uint64_t>(prm.hq),
+             hkv = static_cast<uint64_t>(prm.hkv);
+  constexpr uint64_t kRowBytes = HD * 2;
+  FwdTensorMaps maps{};
+  maps.q = EncodeBf16TensorMap(prm.q, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kWsBM});
+  maps.k_own =
+      EncodeBf16TensorMap(prm.k_own, {HD, hkv, t}, {kRowBytes, hkv * kRowBytes}, {64, 1, kWsBN});
+  maps.v_own =
+      EncodeBf16TensorMap(prm.v_own, {HD, hkv, t}, {kRowBytes, hkv * kRowBytes}, {64, 1, kWsBN});
+  if (prm.num_pages > 0 && loader == FwdPageLoader::kTmaGroups) {
+    const auto p = static_cast<uint64_t>(prm.p);
+    maps.pool = EncodeBf16TensorMap(prm.pool, {HD, hkv, p, kPoolRowsBound},
+                                    {kRowBytes, hkv * kRowBytes, p * hkv * kRowBytes},
+                                    {64, 1, static_cast<uint32_t>(TmaGroupRows(prm.p)), 1});
+  }
+  return maps;
 }
 
 template <int HD>
@@ -819,15 +907,20 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
     return;
   }
   constexpr int smem = WsSmem<HD>::kBytes;
+  const FwdPageLoader loader = ChooseFwdPageLoader(prm.p);
+  const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader);
   auto launch = [&](auto kernel) {
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, kWsThreads, smem, stream>>>(prm);
+    kernel<<<grid, kWsThreads, smem, stream>>>(prm, maps);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   };
   // A page walk's step must not cross two pages' ends: p >= the loader's rows per pass.
   static_assert(kWsLoaderThreads / (HD / 8) <= 16, "pages of 16 rows and up are walked");
-  switch (ChooseFwdPageLoader(prm.p)) {
+  switch (loader) {
+    case FwdPageLoader::kTmaGroups:
+      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kTmaGroups>);
+      break;
     case FwdPageLoader::kGroupsOf16:
       launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kGroupsOf16>);
       break;

@@ -72,6 +72,67 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
 __device__ __forceinline__ void MbarArriveOnCpAsync(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// This thread's arrival, announcing `bytes` more to come by TMA copies completing on the barrier
+// (the phase completes when the arrivals are in and the bytes have landed).
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::
+          "r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+
+// `count` of the barrier's expected arrivals, made by this one thread.
+__device__ __forceinline__ void MbarArriveCount(uint32_t bar, uint32_t count) {
+  asm volatile(
+      "{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
+      "r"(count)
+      : "memory");
+}
+// `bytes` more expected on the barrier's current phase, without an arrival.
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// --- tensor copies by the TMA unit (a tensor map, tensor_map.h) ----------------------------------
+// The box at coordinates (innermost first) into shared memory at dst (1024-byte aligned for the
+// 128-byte swizzle), completing `bytes` of barrier bar's transaction count; out-of-range
+// coordinates read as zeros. One thread issues; the copy runs on the TMA unit.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, uint32_t bar, int c0,
+                                          int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoad4d(uint32_t dst, const void* map, uint32_t bar, int c0,
+                                          int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// `bytes` contiguous bytes (16-byte aligned, a multiple of 16) from global memory into shared
+// memory by the TMA unit, completing them on barrier bar's transaction count.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Orders this thread's mbarrier.init before the TMA unit's use of the barriers.
+__device__ __forceinline__ void FenceMbarInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void TmaPrefetchMap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
 // Spins until the phase of parity `parity` has completed (acquire: the arrivers' writes before
 // their arrival are visible after it).
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
