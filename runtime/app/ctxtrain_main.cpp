@@ -1088,9 +1088,12 @@ int Main(int argc, char** argv) {
       std::printf(", device-level peak %s (as nvidia-smi counts it)",
                   FormatGiB(device_used).c_str());
     std::printf("; the plan's ops account %s\n", FormatGiB(last.peak_arena_bytes).c_str());
+    // Two meanings of host memory: what this process pinned (the KV and dKV stores of every
+    // homed page up front, as `ctxplan plan` predicts it) and the peak of the plan's host
+    // alloc/free ops (a page-sparse step touches fewer dKV pages than it pins).
     std::printf(
-        "  host memory (pinned pages, optimizer state and staging) %s; the plan's ops "
-        "account %s\n",
+        "  host memory (pinned pages, optimizer state and staging) %s; the plan's host "
+        "alloc/free ops peak at %s\n",
         FormatGiB(pinned).c_str(), FormatGiB(last.peak_host_bytes).c_str());
   }
   return 0;
