@@ -441,7 +441,8 @@ constexpr NumberLimit kLinkGbsLimit{1e5};
 constexpr double kDefaultPeerGbs = 50.0;
 constexpr double kDefaultNetworkGbs = 50.0;
 constexpr double kDefaultPeerLatencyUs = 10.0;
-constexpr NumberLimit kFixedCostLimit{1e7, true};  // microseconds or nanoseconds, 0 allowed
+constexpr NumberLimit kFixedCostLimit{1e7, true};        // microseconds or nanoseconds, 0 allowed
+constexpr NumberLimit kNvmlClockErrorLimit{10.0, true};  // a fraction; 0 allowed
 constexpr IntLimit kPageTokensLimit{1 << 20};
 constexpr std::string_view kKernelModelExpected =
     "expected a mapping of the kernel-time model's parameters (source: measured|estimate, "
@@ -546,6 +547,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "attention_fwd_w",
                    "attention_bwd_w",
                    "memory_w",
+                   "nvml_clock_speed_error",
                    "loss_ns_per_logit",
                    "weights_upload_gparams"});
   KernelProfile k;
@@ -647,6 +649,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
   k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
   k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
+  k.nvml_clock_speed_error =
+      f.OptionalNumber("nvml_clock_speed_error", kNvmlClockErrorLimit).value_or(-1.0);
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
         {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},

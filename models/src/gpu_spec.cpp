@@ -54,6 +54,7 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
   } else {
     k.power_limit_w = 0;  // no power model
   }
+  k.nvml_clock_speed_error = -1;  // the sibling's NVML, not the target's: unknown
   return k;
 }
 

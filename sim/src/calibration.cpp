@@ -968,7 +968,10 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       sustained.rows.back().op = s.op.substr(6);
     }
     const auto rows = Select(sustained, [](const CalibrationSample& s) { return s.seconds > 0; });
-    if (!rows.empty()) fit.residuals.push_back(Residual(model, "sustained", rows));
+    if (!rows.empty()) {
+      fit.residuals.push_back(Residual(model, "sustained", rows));
+      k.nvml_clock_speed_error = fit.residuals.back().median_error;
+    }
   }
   FitPower(samples, model, k);
   if (k.max_sm_clock_mhz > 0)  // FitPower found the power group
@@ -1107,6 +1110,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  attention_fwd_w: " << k.attention_fwd_w << "\n";
     o << "  attention_bwd_w: " << k.attention_bwd_w << "\n";
     o << "  memory_w: " << k.memory_w << "\n";
+    if (k.nvml_clock_speed_error >= 0)
+      o << "  nvml_clock_speed_error: " << k.nvml_clock_speed_error << "\n";
   }
   return o.str();
 }

@@ -124,6 +124,11 @@ struct KernelProfile {
   double attention_fwd_w = 0;  // attention forward
   double attention_bwd_w = 0;  // attention backward
   double memory_w = 0;         // HBM-bound kernels
+  // How well NVML's SM clock reading explains the kernels' speed under the power limit: the
+  // median |error| of 1 / clock over the power group's sustained kernels (ctxplan calibrate's
+  // "sustained" residual). The planner's clock is the kernels' speed (clock_model.h), which NVML
+  // reports on the H200 (~3%) but not on the H100 (~14% low). < 0: not measured.
+  double nvml_clock_speed_error = -1;
 
   bool empty() const { return gemm_tflops <= 0; }
   // The attention rate of a direction at head dim 64 (d64) or 128.
