@@ -597,6 +597,32 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   EXPECT_GT(today_forward, 0.9);
 }
 
+// A page size no table of the GPU's profile holds (24: the forward's row cursor, never in the
+// calibration grid) takes the nearest measured size's rate: plan says it was not measured, in
+// text and JSON, even where that rate is full; a measured size (96) is not flagged.
+TEST(CliTest, PlanSaysWhenThePageSizeWasNotMeasured) {
+  ScratchDir dir;
+  std::vector<std::string> args = {"plan",   "--model",   "qwen2.5-7b", "--chunk", "3840",
+                                   "--page", "24",        "--budget",   "all",     "--context",
+                                   "64K",    "--machine", "h200-125g"};
+  const auto [t, j] = RunTextAndJson(args, dir.path());
+  ASSERT_EQ(t.exit_code, 0) << Describe(args, t);
+  ASSERT_EQ(j.exit_code, 0) << Describe(args, j);
+  EXPECT_NE(t.out.find("attention over pages of 24: not measured on this GPU; taken as the "
+                       "nearest measured size's rate"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(t.out.find("at full rate with --page 64, 128, 256"), std::string::npos) << t.out;
+  EXPECT_NE(j.out.find("\"measured\":false"), std::string::npos) << j.out;
+  args[6] = "96";
+  args[2] = "llama-3.1-8b";
+  args[4] = "3072";
+  const auto [t96, j96] = RunTextAndJson(args, dir.path());
+  ASSERT_EQ(j96.exit_code, 0) << Describe(args, j96);
+  EXPECT_EQ(t96.out.find("not measured on this GPU"), std::string::npos) << t96.out;
+  EXPECT_NE(j96.out.find("\"measured\":true"), std::string::npos) << j96.out;
+}
+
 // A GPU profile calibrated before a kernel changed for the options planned: plan says so, in
 // text and JSON (sim/kernel_changes.h). The H200's profile dated 2026-11-24 predates, at pages of
 // 96, the page cursor of 2026-11-26 and the groups of 16 rows of T18:30Z, the backward's bulk

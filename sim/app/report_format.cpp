@@ -31,7 +31,8 @@ std::string Header(const PlanContext& c) {
 }
 
 // Attention over pages of a size off the kernels' fast path runs slower per FLOP; the profile
-// knows by how much. Empty when the rate is within 10% of pages of 128 or no page is attended.
+// knows by how much, or says it never measured the size. Empty when the rate is measured and
+// within 10% of pages of 128, or no page is attended.
 std::string PageRateWarning(const PlanContext& c) {
   const RunOptions& o = c.options;
   if (o.context_tokens <= o.chunk_tokens || o.page_tokens == 128) return "";
@@ -40,17 +41,25 @@ std::string PageRateWarning(const PlanContext& c) {
     return model.PageRateAgainst128(page, c.model.head_dim, !o.dense());
   };
   const sim::KernelTimeModel::PageRate r = rate(o.page_tokens);
-  if (std::min(r.forward, r.backward) >= 0.9) return "";
+  if (r.measured && std::min(r.forward, r.backward) >= 0.9) return "";
   std::string faster;  // page sizes that divide the chunk and run within 10% of 128's rate
   for (const int64_t page : {64, 128, 256})
-    if (o.chunk_tokens % page == 0 && std::min(rate(page).forward, rate(page).backward) >= 0.9)
+    if (page != o.page_tokens && o.chunk_tokens % page == 0 &&
+        std::min(rate(page).forward, rate(page).backward) >= 0.9)
       faster += (faster.empty() ? "" : ", ") + std::to_string(page);
-  return "  attention over pages of " + std::to_string(o.page_tokens) + ": " +
-         Printf("%.0f%%", 100.0 * r.forward) + " (forward) and " +
-         Printf("%.0f%%", 100.0 * r.backward) + " (backward) of the per-FLOP rate over pages of " +
-         "128 on this GPU (" + (o.dense() ? "dense" : "page-sparse") +
-         ", from its profile; the step time includes it)" +
-         (faster.empty() ? "" : "; at full rate with --page " + faster) + "\n";
+  const std::string rates = Printf("%.0f%%", 100.0 * r.forward) + " (forward) and " +
+                            Printf("%.0f%%", 100.0 * r.backward) +
+                            " (backward) of the per-FLOP rate over pages of 128 on this GPU (" +
+                            (o.dense() ? "dense" : "page-sparse");
+  const std::string head = "  attention over pages of " + std::to_string(o.page_tokens) + ": ";
+  const std::string tail = (faster.empty() ? "" : "; at full rate with --page " + faster) + "\n";
+  if (!r.measured) {
+    // The kernels choose their loader by the page size (attention_fwd.cu): a size the GPU's
+    // calibration never ran may take a path none of its measured sizes took.
+    return head + "not measured on this GPU; taken as the nearest measured size's rate, " + rates +
+           "; the step time includes it, and may be optimistic)" + tail;
+  }
+  return head + rates + ", from its profile; the step time includes it)" + tail;
 }
 
 // The GPUs of one machine pipelined together share what its host's PCIe gives them copying at
@@ -267,6 +276,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
     j.BeginObject("attention_page_rate_vs_128")
         .Field("forward", rate.forward)
         .Field("backward", rate.backward)
+        .Field("measured", rate.measured)
         .EndObject();
     const sim::KernelTimeModel::PageRate head =
         sim::KernelTimeModel(c.machine).HeadDimRateAgainst128(c.model.head_dim);

@@ -303,6 +303,17 @@ KernelTimeModel::PageRate KernelTimeModel::PageRateAgainst128(int64_t page_token
       PagedEfficiency(page_tokens, false, d64, sparse) / PagedEfficiency(128, false, d64, sparse);
   r.backward =
       PagedEfficiency(page_tokens, true, d64, sparse) / PagedEfficiency(128, true, d64, sparse);
+  // Measured: the table that settles the rate holds the size. A page-sparse size's table was
+  // fitted over the dense table's value there (measured or not), so it settles sparse runs.
+  const KernelProfile& k = profile_;
+  for (const bool backward : {false, true}) {
+    auto table = [&](bool sparse_table) -> const std::map<int64_t, double>& {
+      const auto& own = k.page_table(backward, d64, sparse_table);
+      return d64 && own.empty() ? k.page_table(backward, false, sparse_table) : own;
+    };
+    const auto& settling = sparse && !table(true).empty() ? table(true) : table(false);
+    if (!settling.empty() && !settling.contains(page_tokens)) r.measured = false;
+  }
   return r;
 }
 

@@ -64,8 +64,7 @@ struct FwdParams {
 // The block's query rows q0 .. q0 + BM - 1 of head h, and rows kbase .. kbase + BN - 1 of the
 // chunk's own K or V (`own`, rows of kv_row elements, KV head hkv), into shared tiles with
 // cp.async; rows past the end zero-filled. offset(row, c): the byte offset of 16-byte chunk c of
-// row `row` in the kernel's tile layout. (Two functions, not one over a row stride: the two
-// address expressions compile differently, and these keep each kernel's code as it was.)
+// row `row` in the tile layout. The mma.sync kernel's (the wgmma kernel loads both by TMA).
 template <int HD, int BM, int kThreads, typename Offset>
 __device__ __forceinline__ void LoadQueryRows(const FwdParams& prm, int q0, int h, uint32_t sQ,
                                               Offset offset) {

@@ -115,6 +115,9 @@ class KernelTimeModel {
   // where a page size is off the kernels' fast path (what `ctxplan plan` warns of).
   struct PageRate {
     double forward = 1.0, backward = 1.0;
+    // False where a table of the profile that times this page size lacks it: the rate is then
+    // the nearest measured size's (PageEfficiency), and the kernels may take another loader.
+    bool measured = true;
   };
   PageRate PageRateAgainst128(int64_t page_tokens, int64_t head_dim, bool sparse) const;
   // The attention's per-FLOP rate at `head_dim` against head dim 128 on this profile, forward and
