@@ -45,7 +45,9 @@ const std::vector<int64_t> kOwnTokensQuick = {4096};
 // b) dense over earlier pages: 4096 queries, 32768 earlier positions, by page size
 constexpr int64_t kChunkTokens = 4096;
 constexpr int64_t kDenseEarlier = 32768;
-const std::vector<int64_t> kDensePages = {32, 64, 96, 128, 192, 256};
+// (24: the forward's row cursor, 48: its cp.async groups, the rest its TMA groups: each loader
+// measured, so that no planned page size takes a rate from another loader's.)
+const std::vector<int64_t> kDensePages = {24, 32, 48, 64, 96, 128, 192, 256};
 const std::vector<int64_t> kDensePagesQuick = {64, 96, 128};
 // c) dense, page 128, by chunk size
 const std::vector<int64_t> kDenseChunkTokens = {1024, 2048, 8192};
@@ -108,6 +110,7 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
       paged(kChunkTokens, kQwen7b, p, kSparseEarlier, kDefaultBudget);
       paged(kChunkTokens, kHeadDim64, p, kSparseEarlier, kDefaultBudget);
     }
+    paged(kChunkTokens, kHeadDim64, 64, kSparseEarlier, kDefaultBudget);  // d_h 64's own table
     for (const int64_t k : {int64_t{16}, int64_t{64}}) {
       paged(kChunkTokens, kHeadDim64, kDefaultPage, kSparseEarlier, k);
       // A GQA group of 4 at head dim 128: a gathered backward block serves 8 items where
