@@ -1,4 +1,5 @@
-// wgmma (sm_90a) wrappers used by the forward kernel; generated text, one per shape in use.
+// sm_90a wrappers used by the attention kernels: wgmma (generated text, one per shape in use),
+// mbarriers, named barriers, and the TMA unit's bulk and tensor copies.
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, lane = 4 g + tq): d[4 i + e] is
 // row 16 w + g + 8 (e >> 1), column 8 i + 2 tq + (e & 1). The register A operand of a k16 step has
 // the mma.sync m16n8k16 A layout per warp (rows 16 w..16 w + 15).
@@ -97,8 +98,8 @@ __device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
 
 // --- tensor copies by the TMA unit (a tensor map, tensor_map.h) ----------------------------------
 // The box at coordinates (innermost first) into shared memory at dst (1024-byte aligned for the
-// 128-byte swizzle), completing `bytes` of barrier bar's transaction count; out-of-range
-// coordinates read as zeros. One thread issues; the copy runs on the TMA unit.
+// 128-byte swizzle), its bytes completing on barrier bar's transaction count (the whole box's,
+// out-of-range coordinates reading as zeros). One thread issues; the copy runs on the TMA unit.
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, uint32_t bar, int c0,
                                           int c1, int c2) {
   asm volatile(
