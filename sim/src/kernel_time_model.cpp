@@ -280,14 +280,9 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
 double KernelTimeModel::PagedEfficiency(int64_t page_tokens, bool backward, bool d64,
                                         bool sparse) const {
   const KernelProfile& k = profile_;
-  // Head dim 64's tables where it has them, else head dim 128's.
-  auto table = [&](bool sparse_table) -> const std::map<int64_t, double>& {
-    const auto& own = k.page_table(backward, d64, sparse_table);
-    return d64 && own.empty() ? k.page_table(backward, false, sparse_table) : own;
-  };
-  double efficiency = PageEfficiency(table(false), page_tokens);
+  double efficiency = PageEfficiency(k.timing_page_table(backward, d64, false), page_tokens);
   if (sparse) {
-    const auto& fractions = table(true);
+    const auto& fractions = k.timing_page_table(backward, d64, true);
     efficiency *= fractions.empty() ? (backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency)
                                     : PageEfficiency(fractions, page_tokens);
   }
@@ -307,11 +302,9 @@ KernelTimeModel::PageRate KernelTimeModel::PageRateAgainst128(int64_t page_token
   // fitted over the dense table's value there (measured or not), so it settles sparse runs.
   const KernelProfile& k = profile_;
   for (const bool backward : {false, true}) {
-    auto table = [&](bool sparse_table) -> const std::map<int64_t, double>& {
-      const auto& own = k.page_table(backward, d64, sparse_table);
-      return d64 && own.empty() ? k.page_table(backward, false, sparse_table) : own;
-    };
-    const auto& settling = sparse && !table(true).empty() ? table(true) : table(false);
+    const auto& sparse_table = k.timing_page_table(backward, d64, true);
+    const auto& settling =
+        sparse && !sparse_table.empty() ? sparse_table : k.timing_page_table(backward, d64, false);
     if (!settling.empty() && !settling.contains(page_tokens)) r.measured = false;
   }
   return r;

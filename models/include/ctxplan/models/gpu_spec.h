@@ -148,6 +148,12 @@ struct KernelProfile {
   const std::map<int64_t, double>& page_table(bool backward, bool d64, bool sparse) const {
     return const_cast<KernelProfile*>(this)->page_table(backward, d64, sparse);
   }
+  // The table that times head dim 64 (d64) or 128: head dim 64's where the profile has it, else
+  // head dim 128's.
+  const std::map<int64_t, double>& timing_page_table(bool backward, bool d64, bool sparse) const {
+    const auto& own = page_table(backward, d64, sparse);
+    return d64 && own.empty() ? page_table(backward, false, sparse) : own;
+  }
   bool has_power() const { return power_limit_w > 0 && max_sm_clock_mhz > 0 && gemm_w > 0; }
 };
 
