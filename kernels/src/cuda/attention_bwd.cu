@@ -885,11 +885,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   const bool item_tma = !(loads != nullptr && std::strcmp(loads, "cp.async") == 0);
   BwdTensorMaps maps{};
   if (item_tma) {
-    const auto t = static_cast<uint64_t>(prm.t), hq = static_cast<uint64_t>(prm.hq);
-    constexpr uint64_t kRowBytes = HD * 2;
-    maps.q = EncodeBf16TensorMap(prm.q, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kBwdBM});
-    maps.d_out =
-        EncodeBf16TensorMap(prm.d_out, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kBwdBM});
+    maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, kBwdBM);
+    maps.d_out = EncodeTokenHeadMap(prm.d_out, prm.t, prm.hq, HD, kBwdBM);
   }
   auto launch = [&](auto kernel, dim3 grid, int threads, int used, BwdParams q) {
     Require(used <= kMaxBwdSmem, "too many selection tiles for the backward's shared memory");

@@ -876,17 +876,13 @@ constexpr uint64_t kPoolRowsBound = uint64_t{1} << 30;
 
 template <int HD>
 FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader) {
-  const auto t = static_cast<uint64_t>(prm.t), hq = static_cast<uint64_t>(prm.hq),
-             hkv = static_cast<uint64_t>(prm.hkv);
-  constexpr uint64_t kRowBytes = HD * 2;
   FwdTensorMaps maps{};
-  maps.q = EncodeBf16TensorMap(prm.q, {HD, hq, t}, {kRowBytes, hq * kRowBytes}, {64, 1, kWsBM});
-  maps.k_own =
-      EncodeBf16TensorMap(prm.k_own, {HD, hkv, t}, {kRowBytes, hkv * kRowBytes}, {64, 1, kWsBN});
-  maps.v_own =
-      EncodeBf16TensorMap(prm.v_own, {HD, hkv, t}, {kRowBytes, hkv * kRowBytes}, {64, 1, kWsBN});
+  maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, kWsBM);
+  maps.k_own = EncodeTokenHeadMap(prm.k_own, prm.t, prm.hkv, HD, kWsBN);
+  maps.v_own = EncodeTokenHeadMap(prm.v_own, prm.t, prm.hkv, HD, kWsBN);
   if (prm.num_pages > 0 && loader == FwdPageLoader::kTmaGroups) {
-    const auto p = static_cast<uint64_t>(prm.p);
+    const auto p = static_cast<uint64_t>(prm.p), hkv = static_cast<uint64_t>(prm.hkv);
+    constexpr uint64_t kRowBytes = HD * 2;
     maps.pool = EncodeBf16TensorMap(prm.pool, {HD, hkv, p, kPoolRowsBound},
                                     {kRowBytes, hkv * kRowBytes, p * hkv * kRowBytes},
                                     {64, 1, static_cast<uint32_t>(TmaGroupRows(prm.p)), 1});

@@ -53,4 +53,12 @@ CUtensorMap EncodeBf16TensorMap(const void* base, std::initializer_list<uint64_t
   return map;
 }
 
+CUtensorMap EncodeTokenHeadMap(const void* base, int64_t tokens, int64_t heads, int64_t head_dim,
+                               uint32_t box_tokens) {
+  const auto t = static_cast<uint64_t>(tokens), h = static_cast<uint64_t>(heads),
+             d = static_cast<uint64_t>(head_dim);
+  const uint64_t row_bytes = d * 2;
+  return EncodeBf16TensorMap(base, {d, h, t}, {row_bytes, h * row_bytes}, {64, 1, box_tokens});
+}
+
 }  // namespace ctxplan::kernels::cuda::detail

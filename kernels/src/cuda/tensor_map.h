@@ -20,4 +20,9 @@ CUtensorMap EncodeBf16TensorMap(const void* base, std::initializer_list<uint64_t
                                 std::initializer_list<uint64_t> strides_bytes,
                                 std::initializer_list<uint32_t> box);
 
+// A [tokens][heads][head_dim] bf16 tensor (queries, keys, values, their gradients), boxes of 64
+// columns x `box_tokens` tokens of one head.
+CUtensorMap EncodeTokenHeadMap(const void* base, int64_t tokens, int64_t heads, int64_t head_dim,
+                               uint32_t box_tokens);
+
 }  // namespace ctxplan::kernels::cuda::detail
