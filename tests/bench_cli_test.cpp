@@ -41,6 +41,10 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
                      {"--reps", "1 to 1000"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", "sparse"}, dir), "attention_bench", 2,
                      {"--only", "full,chunked,last,sweep"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--heads", "28x5"}, dir), "attention_bench", 2,
+                     {"--heads", "H_kv dividing H_q"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--heads", "28"}, dir), "attention_bench", 2,
+                     {"--heads", "H_qxH_kv"});
   const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
                      2, {"--csv", csv.string()});

@@ -25,6 +25,7 @@
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last|sweep]
+//                        [--heads HQxHKV (the full family's; default 28x4)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -182,6 +183,8 @@ void BenchFull(const BenchShape& s, int64_t n, int reps) {
   Dev<uint8_t> ws(ws_bytes);
   Row r;
   r.shape = "full_" + std::to_string(n / 1024) + "k";
+  if (s.hq != kQwen7B.hq || s.hkv != kQwen7B.hkv)
+    r.shape += "_h" + std::to_string(s.hq) + "x" + std::to_string(s.hkv);
   r.hq = s.hq;
   r.hd = s.hd;
   r.pairs = static_cast<double>(n) * (n + 1) / 2.0;
@@ -472,8 +475,9 @@ void BenchSparse(Chunked& ch, int reps) {
 }
 
 // The full, chunked and last families (only: one of them, or "" for all), then their table.
-void RunFamilies(const std::string& only, int64_t n, int reps) {
-  if (only.empty() || only == "full") BenchFull(kQwen7B, n, reps);
+// full_heads: the full family's query and KV heads (the others keep Qwen2.5-7B's).
+void RunFamilies(const std::string& only, int64_t n, int reps, const BenchShape& full_heads) {
+  if (only.empty() || only == "full") BenchFull(full_heads, n, reps);
   for (const int64_t p : {int64_t{64}, int64_t{128}}) {
     if (only == "full") break;
     for (const bool shuffled : {false, true}) {
@@ -717,7 +721,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int64_t n = 65536;
   constexpr int64_t c = kQwen7B.chunk;  // the runtime's chunk
-  std::string only, csv;
+  std::string only, csv, heads = "28x4";
   app.add_option("--reps", reps, "timed repetitions per shape")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -735,6 +739,20 @@ int main(int argc, char** argv) {
                  "one family of shapes; sweep: page size x head_dim x chunk, run only when asked "
                  "(about a minute on an H100)")
       ->check(CLI::IsMember({"full", "chunked", "last", "sweep"}));
+  app.add_option("--heads", heads,
+                 "the full family's H_q x H_kv (GQA group H_q / H_kv); its rows are named "
+                 "full_<n>k_h<H_q>x<H_kv> unless 28x4 (Qwen2.5-7B)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            long long a = 0, b = 0;
+            char x = 0, extra = 0;
+            if (std::sscanf(v.c_str(), "%lld%c%lld%c", &a, &x, &b, &extra) != 3 || x != 'x' ||
+                a < 1 || b < 1 || a > 128 || a % b != 0)
+              return std::string{"must be H_qxH_kv, H_kv dividing H_q, H_q at most 128"};
+            return std::string{};
+          },
+          "HQxHKV"));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -761,16 +779,22 @@ int main(int argc, char** argv) {
       std::printf("device: %s, %d SMs, L2 %d MB; sweep of the last chunk, n=%lld\n", prop.name,
                   prop.multiProcessorCount, prop.l2CacheSize >> 20, static_cast<long long>(n));
     } else {
-      std::printf("device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld, n=%lld\n",
-                  prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-                  static_cast<long long>(kQwen7B.hq), static_cast<long long>(kQwen7B.hkv),
-                  static_cast<long long>(kQwen7B.hd), static_cast<long long>(n));
+      std::printf(
+          "device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld (full: %s), n=%lld\n",
+          prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+          static_cast<long long>(kQwen7B.hq), static_cast<long long>(kQwen7B.hkv),
+          static_cast<long long>(kQwen7B.hd), heads.c_str(), static_cast<long long>(n));
     }
     if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
     if (only == "sweep") {
       RunSweep(n, reps);
     } else {
-      RunFamilies(only, n, reps);
+      BenchShape full_heads = kQwen7B;
+      long long hq = 0, hkv = 0;
+      std::sscanf(heads.c_str(), "%lldx%lld", &hq, &hkv);
+      full_heads.hq = hq;
+      full_heads.hkv = hkv;
+      RunFamilies(only, n, reps, full_heads);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());

@@ -232,7 +232,7 @@ def main():
         return 0
 
     def peer_key(shape):
-        if shape.startswith("full_"):
+        if re.fullmatch(r"full_\d+k", shape):  # not full_<n>k_h<H_q>x<H_kv>: other heads
             return "full"
         if shape.startswith("chunked_"):
             return "chunked"
