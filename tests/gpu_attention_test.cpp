@@ -625,8 +625,8 @@ TEST(GpuAttention, GatheredSparseBackwardAtEveryPageSize) {
 // dQ and the earlier pages' dKV are those of the plain backward (page-sparse, to the order of
 // the gathered blocks' atomics). Dense and page-sparse, head_dim
 // 128 and 64 (both wgmma), a partly filled last own page, own slots out of order.
-TEST(GpuAttention, FusedOwnDkvAccumulate) {
-  SKIP_WITHOUT_GPU();
+// The own positions' dK/dV written with the dKV that later chunks left in their pages added.
+void CheckFusedOwnDkvAccumulate() {
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages, per_tile;
   };
@@ -685,6 +685,27 @@ TEST(GpuAttention, FusedOwnDkvAccumulate) {
       EXPECT_LE(RelErr(fused.dq, plain.dq), 1e-4) << pool;
     }
   }
+}
+TEST(GpuAttention, FusedOwnDkvAccumulate) {
+  SKIP_WITHOUT_GPU();
+  CheckFusedOwnDkvAccumulate();
+}
+
+// Own key blocks one a query head (the kernel's choice for long chunks, SplitsOwnHeads), forced
+// on at shapes that fit the CPU reference: dK/dV summed over the GQA group by fp32 atomics, then
+// written (and added to the own pages' dKV) by a second kernel.
+TEST(GpuAttention, OwnBlocksSplitByQueryHead) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_BWD_SPLIT", "on", 1);
+  CheckProblem(Make(300, 14, 2, 128, 64, 0), 30);  // group 7, a first chunk
+  CheckProblem(Make(257, 8, 2, 128, 128, 3), 31);  // earlier pages over every position
+  Problem sparse = Make(256, 8, 2, 128, 96, 9);    // gathered earlier blocks
+  sparse.per_tile = 3;
+  sparse.sel = {1, 4, 8, 0, 2, 6};
+  CheckProblem(sparse, 32);
+  CheckProblem(Make(200, 8, 4, 64, 64, 0), 33);  // head_dim 64: 64-key blocks, never split
+  CheckFusedOwnDkvAccumulate();
+  unsetenv("CTXPLAN_ATTN_BWD_SPLIT");
 }
 
 // --- exact equalities on the GPU ---

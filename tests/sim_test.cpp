@@ -639,18 +639,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   cursor_profile.date = "2026-11-26";  // a day: before any change timed within it
   new_profile.date = "2026-11-26T19:30Z";
   // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size; the
-  // flushed exponentials of 2026-11-27T08:36Z, the own blocks first of T08:52Z and the TMA loads
-  // of T14:10Z everywhere; the gathered sparse backward of T08:37Z at pages that are not whole
-  // 128-key blocks, of T09:12Z at the others)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 5u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 6u);
+  // flushed exponentials of 2026-11-27T08:36Z, the own blocks first of T08:52Z, the TMA loads
+  // of T14:10Z and the whole dQ of T16:20Z everywhere; the gathered sparse backward of T08:37Z at
+  // pages that are not whole 128-key blocks, of T09:12Z at the others)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 8u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 8u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 6u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 7u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 6u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 5u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 4u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 4u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 7u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 5u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 5u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -668,18 +668,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 5u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 6u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 7u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 8u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 4u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 5u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 5u);  // and the morning's two
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 5u);  // and the gathered blocks
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 6u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 6u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
@@ -702,14 +702,19 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // Either way round: a profile calibrated after the change, a run before it.
   KernelProfile later;
   later.date = "2026-11-28";
-  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 5u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 6u);
   EXPECT_TRUE(ChangesBetween(later, "", 96, 128).empty());
   // The TMA loads: every page size and head dim, after the day's traces.
   const KernelChange& tma = KernelChanges()[9];
   EXPECT_EQ(tma.date, "2026-11-27T14:10Z");
   EXPECT_TRUE(tma.pages.empty() && tma.head_dims.empty());
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T12:00:00Z", 48, 64));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T14:30:00Z", 48, 64));
+  // The stepped descriptors and the whole dQ: a run between the two changes still differs.
+  const KernelChange& whole_dq = KernelChanges()[10];
+  EXPECT_EQ(whole_dq.date, "2026-11-27T16:20Z");
+  ASSERT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64).size(), 1u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64)[0].date, whole_dq.date);
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T16:30:00Z", 48, 64));
 }
 
 }  // namespace

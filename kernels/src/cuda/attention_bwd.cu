@@ -25,14 +25,15 @@
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
 //     two pages share a slot); gathered blocks excepted. dQ is summed over key blocks, into an fp32
-//     workspace: by one 16 KB bulk reduce a warpgroup an item in the two-warpgroup kernel (a tiled
-//     accumulator, DqTileOffset), by fp32 atomics in the others.
+//     workspace: by bulk reduces in the two-warpgroup kernel (a tiled accumulator, DqTileOffset;
+//     at head_dim 128 one 32 KB reduce an item), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
-// warpgroups an item's dQ runs under the next item's S and dP (one block barrier an item, operands
-// loaded two items ahead). The blocks resident together walk the queries side by side
-// (ItemOrder), so that Q, dO and dQ are served by the L2.
+// warpgroups (one block barrier an item, operands loaded two items ahead) an item's whole dQ at
+// head_dim 128 is one warpgroup's, alternating, while the other starts the next item; at head_dim
+// 64 each warpgroup's share runs under its next item's S and dP. The blocks resident together
+// walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -143,9 +144,10 @@ __global__ void AttnBwdPostKernel(const float* __restrict__ acc, int64_t n4, flo
 //   dV  += P^T dO        wgmma RS (P^T from registers, dO N-major)            64 x 128
 //   dP^T = V_wg dO^T     wgmma SS                                              64 x 64
 //   dK  += dS^T Q        wgmma RS (dS^T from registers, Q N-major)            64 x 128
-//   dQ   = dS K          wgmma SS (dS^T in shared memory read M-major, K N-major), each warpgroup
-//                        one 64-column half of d, then one bulk reduce (two warpgroups) or
-//                        fp32 atomics (one)
+//   dQ   = dS K          wgmma SS (dS^T in shared memory read M-major, K N-major): two
+//                        warpgroups at head_dim 128, 64 x 128 by one of them an item; else
+//                        64 x 64 a warpgroup; then bulk reduces (two warpgroups) or fp32 atomics
+//                        (one)
 
 // The order of the two-warpgroup kernel's items (query head hl of the GQA group, i-th of the
 // block's n_tiles query tiles, ascending), chosen for the L2: the blocks resident together should
@@ -276,6 +278,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const int wg = warp >> 2, wwarp = warp & 3;
   const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather>(prm);
   const int hkv = block.hkv;
+  // The query heads whose items the block takes: the GQA group, or one head (split own blocks:
+  // with split_own every own block is one head's).
+  const bool one_head = prm.split_own && !block.earlier;
+  const int item_heads = one_head ? 1 : prm.group, head0 = block.FirstHead(prm.group);
   const bool earlier = block.earlier;
   const int kb0 = block.kb0;
   const int t = prm.t;
@@ -327,7 +333,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   };
   auto load_item = [&](int hl, int qt, int buf) {
     LoadItemOperands<HD, BM, kWbThreads, L::kQBytes>(
-        prm, hkv * prm.group + hl, qt * BM, sQ, sdO, sL, sD, buf,
+        prm, head0 + hl, qt * BM, sQ, sdO, sL, sD, buf,
         [](int row, int c) { return Sw128<BM>(row, c); });
   };
 
@@ -337,26 +343,33 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     dk[i] = 0.0f;
     dv[i] = 0.0f;
   }
-  float s[BM / 2], dp_[BM / 2], dq[BM / 2];
+  // The pipelined kernel at head_dim 128 computes an item's whole dQ [64 q][128 d] in one
+  // warpgroup (kWholeDq, below); elsewhere a warpgroup holds one 64-column half.
+  constexpr bool kWholeDq = L::kPipelined && HD == 128;
+  constexpr int kDqRegs = kWholeDq ? 64 : BM / 2;
+  float s[BM / 2], dp_[BM / 2], dq[kDqRegs];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) {
     s[i] = 0.0f;
     dp_[i] = 0.0f;
-    dq[i] = 0.0f;
   }
+#pragma unroll
+  for (int i = 0; i < kDqRegs; ++i) dq[i] = 0.0f;
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
 
   if constexpr (L::kPipelined) {
     // dQ's bulk reduce: one thread of each warpgroup issues it, from the warpgroup's staging
-    // buffer (this thread's float4 chunks at dq_stage_mine + 2048 c).
+    // buffer (this thread's float4 chunks at dq_stage_mine + 2048 c); with kWholeDq the
+    // warpgroup whose turn it is stages both halves in the whole buffer.
     const bool dq_issuer = (tid & 127) == 0;
-    const uint32_t dq_stage_mine = base + L::kdQ + wg * L::kdQBytes + (tid & 127) * 16;
-    ItemOrder order(n_tiles, prm.group, kb0, prm.n_q_tiles, tile_at);
+    const uint32_t dq_stage_mine =
+        base + L::kdQ + (kWholeDq ? 0 : wg * L::kdQBytes) + (tid & 127) * 16;
+    ItemOrder order(n_tiles, item_heads, kb0, prm.n_q_tiles, tile_at);
     // A tile's gathered blocks run side by side: each starts at its own head and query tile.
     if (gathered) order.first.i = (kb0 / BN / prm.group) % n_tiles;
-    const int n_items = n_tiles * prm.group;
+    const int n_items = n_tiles * item_heads;
     auto item_at = [&](const ItemCursor& c, int& h, int& q0) {
-      h = hkv * prm.group + c.hl;
+      h = head0 + c.hl;
       q0 = tile_at(c.i) * BM;
     };
     auto next_item = [&](ItemCursor& c) { order.Next(c); };
@@ -377,7 +390,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         return;
       }
       if (tid != 0) return;
-      const int h = hkv * prm.group + c.hl, q0 = tile_at(c.i) * BM;
+      const int h = head0 + c.hl, q0 = tile_at(c.i) * BM;
       const uint32_t bar = item_bars + 8 * buf;
       MbarArriveExpectTx(bar, 2 * L::kQBytes + 2 * BM * 4);
 #pragma unroll
@@ -403,11 +416,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 
     // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
     auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
+      const SmemTileDesc keys(keys_wg, 16, 1024), rows(queries, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
-        const uint32_t a = keys_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-        const uint32_t b = queries + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-        WgmmaSS_m64n64<0, 0>(acc, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+        WgmmaSS_m64n64<0, 0>(acc, keys.At((kk >> 2) * (BN * 128) + (kk & 3) * 32),
+                             rows.At((kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0 ? 1 : 0);
       }
       WgmmaCommit();
     };
@@ -424,6 +437,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // buffer ds, for dQ), dK += dS^T Q. Leaves dV and dK in flight, two commit groups.
     auto softmax_backward = [&](int q0, int buf, uint32_t ds) {
       const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
+      // Q and dO N-major for dK and dV: 16-query steps, the two 64-column halves BM * 128 apart.
+      const SmemTileDesc qb_desc(qb, BM * 128, 1024), dob_desc(dob, BM * 128, 1024);
       const float* lrow = sLf + buf * BM;
       const float* drow = sDf + buf * BM;
       const uint32_t tile_bits = sparse ? s_mask[q0 / prm.query_tile] : 0xffffffffu;
@@ -475,9 +490,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n128_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n64_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -508,28 +523,34 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n128_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n64_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
     };
 
-    // dQ[64 q][64 d] = dS K. Head_dim 128: each warpgroup takes one 64-column half of d over all
-    // the block's keys (both warpgroups' dS^T); head_dim 64: its own 64 keys' share of the one
-    // half. One commit group.
+    // dQ = dS K over the block's keys (both warpgroups' dS^T), one commit group. Head_dim 128
+    // (kWholeDq): [64 q][128 d] by the warpgroup whose turn it is, items alternating between the
+    // two, as m64n128 wgmmas: 48 KB of shared-memory operands an item where two m64n64 halves, one
+    // a warpgroup, read 64 KB (cuDNN's backward does the same, ncu, kernels/PERF.md). Head_dim 64:
+    // [64 q][64 d], each warpgroup its own 64 keys' share.
     constexpr int kDqKeys = HD == 64 ? 64 : BN;
     const int dq_key0 = HD == 64 ? wg * 64 : 0;
-    const int half = HD == 64 ? 0 : wg;
     auto issue_dq = [&](uint32_t ds) {
+      const SmemTileDesc dq_scores(ds + dq_key0 * 128, BN * 128, 1024);
+      const SmemTileDesc dq_keys(sK + dq_key0 * 128, BN * 128, 1024);
       WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-        const uint32_t a = ds + (dq_key0 + kk * 16) * 128;
-        const uint32_t b = sK + half * (BN * 128) + (dq_key0 + kk * 16) * 128;
-        WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
-                             kk > 0 ? 1 : 0);
+        if constexpr (kWholeDq) {
+          WgmmaSS_m64n128<1, 1>(dq, dq_scores.At(kk * 16 * 128), dq_keys.At(kk * 16 * 128),
+                                kk > 0 ? 1 : 0);
+        } else {
+          WgmmaSS_m64n64<1, 1>(dq, dq_scores.At(kk * 16 * 128), dq_keys.At(kk * 16 * 128),
+                               kk > 0 ? 1 : 0);
+        }
       }
       WgmmaCommit();
     };
@@ -539,16 +560,20 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // a fifth of the kernel's stall samples under ncu (kernels/PERF.md). The staging buffer is
     // free again once the bulk copy has read it: its issuing thread waits for that before the
     // item's block barrier, which every thread passes before it writes the next item's dQ.
+    // With kWholeDq the two halves go to the staging buffer's two halves, which the
+    // accumulator holds side by side (DqTileOffset): one 32 KB reduce.
     auto add_dq = [&](int h, int q0) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
-        StShared4(dq_stage_mine + c * 128 * 16, dq[4 * c], dq[4 * c + 1], dq[4 * c + 2],
-                  dq[4 * c + 3]);
+      for (int c = 0; c < kDqRegs / 4; ++c)
+        StShared4(dq_stage_mine + (c >> 3) * L::kdQBytes + (c & 7) * 128 * 16, dq[4 * c],
+                  dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
       FenceProxyAsync();
       NamedBarrierSync(1 + wg, 128);
       if (dq_issuer) {
+        const int half = kWholeDq || HD == 64 ? 0 : wg;
         BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, half),
-                         dq_stage_mine, L::kdQBytes);
+                         base + L::kdQ + (kWholeDq ? 0 : wg * L::kdQBytes),
+                         kWholeDq ? 2 * L::kdQBytes : L::kdQBytes);
         BulkCommit();
       }
     };
@@ -574,35 +599,54 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       item_at(cur, h, q0);
       next_item(cur);
       const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
-      // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing, issued
-      // all the same so that no branch splits the wgmma sequence.
-      issue_dq(sdS + ((n + 1) & 1) * L::kdSBytes);
+      if constexpr (!kWholeDq) {
+        // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing,
+        // issued all the same so that no branch splits the wgmma sequence.
+        issue_dq(sdS + ((n + 1) & 1) * L::kdSBytes);
+      }
       wait_operands(n);
       issue_s_dp(buf);
-      WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
-      FenceAcc(dq);
-      if (n > 0) add_dq(prev_h, prev_q0);
+      if constexpr (!kWholeDq) {
+        WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
+        FenceAcc(dq);
+        if (n > 0) add_dq(prev_h, prev_q0);
+      }
       WgmmaWait<1>();  // S^T done; dP^T may still run
       FenceAcc(s);
       softmax_backward(q0, buf, ds);
       CpAsyncWait<0>();  // item n + 1's operands (cp.async)
       FenceProxyAsync();
-      if (dq_issuer) BulkWaitRead<0>();  // item n - 1's dQ staging read
+      if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
       __syncthreads();  // both warpgroups' dS^T; item n + 1's operands; item n - 1 done
       if (n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
       CpAsyncCommit();
       next_item(ahead);
+      if constexpr (kWholeDq) {
+        // This item's dQ by one warpgroup, while the other goes on to the next item's S^T and
+        // dP^T (its tensor-core work fills the gap of the staging and the reduce).
+        if ((n & 1) == wg) {
+          issue_dq(ds);
+          WgmmaWait<0>();  // dV, dK and dQ
+          FenceAcc(dv);
+          FenceAcc(dk);
+          FenceAcc(dq);
+          add_dq(h, q0);
+          continue;
+        }
+      }
       WgmmaWait<0>();  // dV and dK
       FenceAcc(dv);
       FenceAcc(dk);
       prev_h = h;
       prev_q0 = q0;
     }
-    // The last item's dQ, its dS^T behind the last barrier.
-    issue_dq(sdS + ((n_items - 1) & 1) * L::kdSBytes);
-    WgmmaWait<0>();
-    FenceAcc(dq);
-    if (n_items > 0) add_dq(prev_h, prev_q0);
+    if constexpr (!kWholeDq) {
+      // The last item's dQ, its dS^T behind the last barrier.
+      issue_dq(sdS + ((n_items - 1) & 1) * L::kdSBytes);
+      WgmmaWait<0>();
+      FenceAcc(dq);
+      if (n_items > 0) add_dq(prev_h, prev_q0);
+    }
     if (dq_issuer) BulkWait<0>();  // the reduces done before the block's shared memory goes
   } else {
     // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
@@ -612,9 +656,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     load_item(hl, tile_at(item), 0);
     CpAsyncCommit();
 
-    for (int n = 0; hl < prm.group; ++n) {
+    for (int n = 0; hl < item_heads; ++n) {
       const int buf = n & 1;
-      const int h = hkv * prm.group + hl;
+      const int h = head0 + hl;
       const int q0 = tile_at(item) * BM;
       CpAsyncWait<0>();
       FenceProxyAsync();
@@ -622,10 +666,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       {
         int nhl = hl, nitem = item;
         advance(nhl, nitem);
-        if (nhl < prm.group) load_item(nhl, tile_at(nitem), buf ^ 1);
+        if (nhl < item_heads) load_item(nhl, tile_at(nitem), buf ^ 1);
         CpAsyncCommit();
       }
       const uint32_t qb = sQ + buf * L::kQBytes, dob = sdO + buf * L::kQBytes;
+      // Q and dO N-major for dK and dV: 16-query steps, the two 64-column halves BM * 128 apart.
+      const SmemTileDesc qb_desc(qb, BM * 128, 1024), dob_desc(dob, BM * 128, 1024);
       const float* lrow = sLf + buf * BM;
       const float* drow = sDf + buf * BM;
 
@@ -635,11 +681,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       // this warpgroup exponentiates S^T, and later dV += P^T dO while it forms dS^T.
       // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
       auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
+        const SmemTileDesc keys(keys_wg, 16, 1024), rows(queries, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
-          const uint32_t a = keys_wg + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-          const uint32_t b = queries + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-          WgmmaSS_m64n64<0, 0>(acc, SmemDesc(a, 16, 1024), SmemDesc(b, 16, 1024), kk > 0 ? 1 : 0);
+          WgmmaSS_m64n64<0, 0>(acc, keys.At((kk >> 2) * (BN * 128) + (kk & 3) * 32),
+                               rows.At((kk >> 2) * (BM * 128) + (kk & 3) * 32), kk > 0 ? 1 : 0);
         }
         WgmmaCommit();
       };
@@ -696,9 +742,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n128_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dv, pa[kq], SmemDesc(dob + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n64_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -730,9 +776,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n128_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dk, da[kq], SmemDesc(qb + kq * 16 * 128, BM * 128, 1024));
+          WgmmaRS_m64n64_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -751,12 +797,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int half = HD == 64 ? 0 : NWG == 2 ? wg : pass;
+        const SmemTileDesc scores(sdS + dq_key0 * 128, BN * 128, 1024);
+        const SmemTileDesc keys(sK + half * (BN * 128) + dq_key0 * 128, BN * 128, 1024);
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-          const uint32_t a = sdS + (dq_key0 + kk * 16) * 128;
-          const uint32_t b = sK + half * (BN * 128) + (dq_key0 + kk * 16) * 128;
-          WgmmaSS_m64n64<1, 1>(dq, SmemDesc(a, BN * 128, 1024), SmemDesc(b, BN * 128, 1024),
+          WgmmaSS_m64n64<1, 1>(dq, scores.At(kk * 16 * 128), keys.At(kk * 16 * 128),
                                kk > 0 ? 1 : 0);
         }
         WgmmaCommit();
@@ -809,22 +855,24 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   for (int hf = 0; hf < 2; ++hf) {
     if (!key_ok[hf]) continue;
     const int kidx = kb0 + kr0 + hf * 8;
-    if (!earlier) {
-      StoreOwnRow<HD / 8>(
-          prm, kidx, hkv * HD + 2 * tq,
-          [&](int i) {
-            return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
-          },
-          [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); });
+    auto dk_pair = [&](int i) {
+      return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
+    };
+    auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
+    // The KV head again from the first query head (hkv itself need not live through the loop).
+    const int kv_head = head0 / prm.group;
+    if (prm.split_own && !earlier) {
+      // One query head's share: the group's heads add into the fp32 accumulator.
+      const int64_t kofs = kidx * kv_row + kv_head * HD + 2 * tq;
+      AtomicAddRowIntoPool<HD / 8>(prm.own_dkv_acc, kofs, kofs + static_cast<int64_t>(t) * kv_row,
+                                   dk_pair, dv_pair);
+    } else if (!earlier) {
+      StoreOwnRow<HD / 8>(prm, kidx, kv_head * HD + 2 * tq, dk_pair, dv_pair);
     } else {
       const int pgi = EarlierPage(prm, block.gathered, kidx), off = kidx % prm.p;
       const int64_t slot = __ldg(prm.dkv_slot + pgi);
-      const int64_t kofs = slot * prm.page_elems + off * kv_row + hkv * HD + 2 * tq;
+      const int64_t kofs = slot * prm.page_elems + off * kv_row + kv_head * HD + 2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
-      auto dk_pair = [&](int i) {
-        return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
-      };
-      auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
       if (gathered) {
         if (prm.dkv_f32) {
           AtomicAddRowIntoPool<HD / 8>(static_cast<float*>(prm.dkv_pool), kofs, vofs, dk_pair,
@@ -842,9 +890,30 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   }
 }
 
+// dK and dV of the own positions from split own blocks' fp32 accumulator, written (and added to
+// the own pages' dKV) as an unsplit block writes them: one thread a row's KV head and column
+// quarter (StoreOwnRow's access pattern).
+template <int HD>
+__global__ void AttnBwdOwnDkvPostKernel(const BwdParams prm) {
+  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
+  const int64_t n = static_cast<int64_t>(prm.t) * prm.hkv * 4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int tq = static_cast<int>(i & 3);
+    const int64_t row_head = i >> 2;
+    const int kidx = static_cast<int>(row_head / prm.hkv);
+    const int64_t col = (row_head % prm.hkv) * HD + 2 * tq;
+    const float* acc_k = prm.own_dkv_acc + kidx * kv_row + col;
+    const float* acc_v = acc_k + static_cast<int64_t>(prm.t) * kv_row;
+    StoreOwnRow<HD / 8>(
+        prm, kidx, col, [&](int j) { return *reinterpret_cast<const float2*>(acc_k + j * 8); },
+        [&](int j) { return *reinterpret_cast<const float2*>(acc_v + j * 8); });
+  }
+}
+
 template <int HD>
 void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq, float* dq_acc,
-               float* delta, float* lse2, cudaStream_t stream) {
+               float* delta, float* lse2, bool split_own, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(prm.t_pad) * prm.hq;
   {
     const int threads = 256;
@@ -899,6 +968,20 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
+  // The two-warpgroup kernels' own blocks one a query head where SplitsOwnHeads asked for it
+  // (own_first only): `blocks` (the unsplit grid) then has hq / hkv times the own blocks.
+  bool own_split = false;
+  auto split_grid = [&](BwdParams& q, int64_t blocks) {
+    if (!split_own || !q.own_first) return dim3(static_cast<unsigned>(blocks));
+    const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+    blocks += own_blocks * (prm.hq - prm.hkv);
+    Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+    q.split_own = 1;
+    own_split = true;
+    CTXPLAN_CUDA_CHECK(cudaMemsetAsync(
+        prm.own_dkv_acc, 0, 2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
+    return dim3(static_cast<unsigned>(blocks));
+  };
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
     // 64-key blocks, two a multiprocessor: for head_dim 64 dense (1.1x the 128-key blocks'
@@ -927,8 +1010,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
       q.own_first = 1;
       dq_tiled = true;
-      launch(AttnBwdWgmmaKernel<HD, 2, false, true>, dim3(static_cast<unsigned>(blocks * prm.hkv)),
-             256, WbSmem<HD, 2>::Bytes(0, 0), q);
+      launch(AttnBwdWgmmaKernel<HD, 2, false, true>, split_grid(q, blocks * prm.hkv), 256,
+             WbSmem<HD, 2>::Bytes(0, 0), q);
     } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
@@ -938,12 +1021,13 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
         launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
       }
     } else {
-      const auto [q, grid] = with_blocks(128, 128);
+      auto [q, grid] = with_blocks(128, 128);
       const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
       dq_tiled = true;
       if (q.union_pages != nullptr) {
         launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
       } else {
+        grid = split_grid(q, grid.x);
         launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
       }
     }
@@ -965,7 +1049,31 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
                                                                                prm.scale, dq);
     }
     CTXPLAN_CUDA_CHECK_LAUNCH();
+    if (own_split) {
+      const int64_t n = static_cast<int64_t>(prm.t) * prm.hkv * 4;
+      const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 132 * 16);
+      AttnBwdOwnDkvPostKernel<HD><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(prm);
+      CTXPLAN_CUDA_CHECK_LAUNCH();
+    }
   }
+}
+
+// Whether the two-warpgroup kernel's own key blocks go one a query head (their dK and dV summed
+// over the group by fp32 atomics, in an order that varies from run to run) instead of one a KV
+// head. A block over a KV head walks the group's heads at every query tile: the blocks resident
+// together then touch all the group's Q, dO and dQ accumulator, t * group * d_h * 8 bytes, and
+// where that exceeds the L2 a quarter of the reads go to DRAM (H200, 16K causal, 28 / 4 heads: L2
+// hit 72%, DRAM 26% busy; 28 / 28 heads 97% and 2%, same time at a locked clock), which at the
+// power limit costs ~4% of the clock (kernels/PERF.md). Split where that working set exceeds
+// 32 MiB (H100: 50 MB of L2, H200: 60) at head_dim 128 with groups of 3 or more (28 / 14 heads
+// kept 98% of it unsplit). CTXPLAN_ATTN_BWD_SPLIT=on / off decides instead (tests, comparisons).
+bool SplitsOwnHeads(const AttentionShape& shape) {
+  const char* forced = std::getenv("CTXPLAN_ATTN_BWD_SPLIT");
+  if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
+  if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
+  const int64_t group = shape.num_kv_heads > 0 ? shape.num_heads / shape.num_kv_heads : 1;
+  return shape.head_dim == 128 && group >= 3 &&
+         shape.tokens * group * shape.head_dim * 8 > (int64_t{32} << 20);
 }
 
 template <typename G>
@@ -995,6 +1103,7 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   float* delta = reinterpret_cast<float*>(ws + Align256(t_pad * hq * hd * 4));
   float* lse2 = delta + Align256(hq * t_pad * 4) / 4;
   CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, t_pad * hq * hd * 4, stream));
+  const bool split_own = SplitsOwnHeads(shape);
 
   BwdParams prm{};
   prm.q = q;
@@ -1046,10 +1155,14 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
     prm.own_p = static_cast<int>(os.page_tokens);
     prm.own_page_elems = os.page_elements();
   }
+  if (split_own) {
+    prm.own_dkv_acc = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(lse2) +
+                                               Align256(static_cast<size_t>(hq * t_pad * 4)));
+  }
   if (hd == 128) {
-    LaunchBwd<128>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
+    LaunchBwd<128>(prm, out, lse, dq, dq_acc, delta, lse2, split_own, stream);
   } else {
-    LaunchBwd<64>(prm, out, lse, dq, dq_acc, delta, lse2, stream);
+    LaunchBwd<64>(prm, out, lse, dq, dq_acc, delta, lse2, split_own, stream);
   }
 }
 
@@ -1058,8 +1171,12 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
 size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) {
   const int64_t t = std::max<int64_t>(shape.tokens, 0);
   const int64_t t_pad = PadTokens(t);
+  const size_t own_dkv =
+      SplitsOwnHeads(shape)
+          ? Align256(2 * static_cast<size_t>(t * shape.num_kv_heads * shape.head_dim * 4))
+          : 0;
   return Align256(static_cast<size_t>(t_pad * shape.num_heads * shape.head_dim * 4)) +
-         2 * Align256(static_cast<size_t>(shape.num_heads * t_pad * 4));
+         2 * Align256(static_cast<size_t>(shape.num_heads * t_pad * 4)) + own_dkv;
 }
 
 void AttentionBackward(const AttentionShape& shape, const bf16* q, const bf16* k_own,

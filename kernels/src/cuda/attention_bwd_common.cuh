@@ -63,6 +63,11 @@ struct BwdParams {
   int64_t own_page_elems;
   int own_first;  // every KV head's own blocks before any earlier block (LocateKeyBlock)
   int item_tma;   // the two-warpgroup kernel's item operands by TMA (BwdTensorMaps)
+  // Own key blocks one a query head (with own_first; SplitsOwnHeads): their dK (scaled) and dV
+  // added by fp32 atomics into own_dkv_acc, [2][t][hkv][HD] (dK, then dV), which a second
+  // kernel writes out as an unsplit block would have.
+  int split_own;
+  float* own_dkv_acc;
 };
 
 // The key block a thread block owns (a one-dimensional grid): with own_first, every KV head's own
@@ -87,6 +92,9 @@ struct KeyBlock {
   // tile's selected positions (page gathered[i / p], row i % p). nullptr otherwise.
   const int32_t* gathered = nullptr;
   int sel_tile = 0;
+  // An own block of one query head (split_own), -1 for the whole GQA group.
+  int head = -1;
+  __device__ int FirstHead(int group) const { return head >= 0 ? head : hkv * group; }
 };
 // Over the union (kOverUnion) is a template parameter: reading the union's page list at the
 // block's start, even behind a branch never taken, made the dense backward's main loop compile
@@ -98,10 +106,16 @@ __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int own_blocks = (prm.t + BN - 1) / BN;
   int b = static_cast<int>(blockIdx.x), hkv = 0;
   if (prm.own_first) {
-    const int own_all = own_blocks * prm.hkv;
+    // Split, the own blocks go query head by query head: the blocks resident together add into
+    // one head's dQ and read one head's Q and dO, which stay in the L2.
+    const int own_units = prm.split_own ? prm.hq : prm.hkv;
+    const int own_all = own_blocks * own_units;
     if (b < own_all) {
-      hkv = b / own_blocks;
-      return {hkv, false, (b - hkv * own_blocks) * BN, prm.t};
+      const int unit = b / own_blocks;
+      KeyBlock own{prm.split_own ? unit / prm.group : unit, false, (b - unit * own_blocks) * BN,
+                   prm.t};
+      if (prm.split_own) own.head = unit;
+      return own;
     }
     hkv = (b - own_all) / prm.n_earlier_blocks;
     b = b - own_all - hkv * prm.n_earlier_blocks + own_blocks;

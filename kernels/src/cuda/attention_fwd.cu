@@ -678,28 +678,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float corr[2] = {1.0f, 1.0f};
   const float scale_log2 = prm.scale_log2;
-  const int row_local0 = cw * 64 + wwarp * 16 + g;  // + 8 * hf
-  const uint32_t q_wg = sQ + cw * 64 * 128;
+  const int row_local0 = cw * 64 + wwarp * 16 + g;           // + 8 * hf
+  const SmemTileDesc queries(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's 64 rows
 
   auto issue_s = [&](int j) {  // S_j = Q K_j^T : [64 rows][128 keys] per warpgroup
-    const uint32_t kbuf = sK + (j & 1) * L::kTile;
+    const SmemTileDesc keys(sK + (j & 1) * L::kTile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t qa = q_wg + (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      const uint32_t kb = kbuf + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-      WgmmaSS_m64n128(s, SmemDesc(qa, 16, 1024), SmemDesc(kb, 16, 1024), kk > 0 ? 1 : 0);
+      WgmmaSS_m64n128(s, queries.At((kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                      keys.At((kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
   };
   auto issue_pv = [&](int j) {  // O += P_j V_j
-    const uint32_t vbuf = sV + (j & 1) * L::kTile;
+    const SmemTileDesc values(sV + (j & 1) * L::kTile, BN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t vaddr = vbuf + kk * 16 * 128;
       if constexpr (HD == 128) {
-        WgmmaRS_m64n128_tb(o, pa[kk], SmemDesc(vaddr, BN * 128, 1024));
+        WgmmaRS_m64n128_tb(o, pa[kk], values.At(kk * 16 * 128));
       } else {
-        WgmmaRS_m64n64_tb(o, pa[kk], SmemDesc(vaddr, BN * 128, 1024));
+        WgmmaRS_m64n64_tb(o, pa[kk], values.At(kk * 16 * 128));
       }
     }
     WgmmaCommit();

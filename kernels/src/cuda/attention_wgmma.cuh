@@ -173,15 +173,25 @@ __device__ __forceinline__ uint32_t Sw128(int row, int c) {
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle (rows of 128 bytes, 16-byte chunk c of row r
-// at chunk c ^ (r & 7), 8-row groups 1024 bytes apart). Byte offsets are encoded >> 4.
-__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr, uint32_t lbo_bytes,
-                                             uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
-}
+// at chunk c ^ (r & 7), 8-row groups 1024 bytes apart), byte offsets encoded >> 4: built once for
+// a tile and stepped by byte offsets. Built from the address at every wgmma of a k-loop, its masks
+// and shifts put ~10 integer instructions, much of them on the uniform datapath, in front of each
+// wgmma (ncu, kernels/PERF.md). Stepping adds offset >> 4 to the start address field (bits 0-13),
+// which cannot carry into the next field: shared memory ends below 256 KB.
+struct SmemTileDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ SmemTileDesc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+      : lo(((addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16)),
+        hi(((sbo_bytes >> 4) & 0x3FFF) | (1u << 30)) {}
+  // The descriptor of the matrix starting `bytes` (a multiple of 16) past the tile's start.
+  __device__ __forceinline__ uint64_t At(uint32_t bytes) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (bytes >> 4));
+  }
+};
 
-// d[64 x 128] (+)= A(smem desc, K-major) * B(smem desc, K-major); scale_d = 0 overwrites d.
+// d[64 x 128] (+)= A(smem desc) * B(smem desc), each K-major (T = 0) or MN-major (T = 1);
+// scale_d = 0 overwrites d.
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void WgmmaSS_m64n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d) {
   asm volatile(
@@ -193,7 +203,7 @@ __device__ __forceinline__ void WgmmaSS_m64n128(float (&d)[64], uint64_t desc_a,
       "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
       "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
       "%56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
+      "%64, %65, p, 1, 1, %67, %68;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
@@ -205,7 +215,7 @@ __device__ __forceinline__ void WgmmaSS_m64n128(float (&d)[64], uint64_t desc_a,
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 // d[64 x 128] += A(registers, 64 x 16 bf16) * B(smem desc, MN-major, i.e. transposed).

@@ -357,9 +357,15 @@ int64_t PlanGeometry::workspace_bytes() const {
   // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE,
   // tokens padded to the 64-query tile (kernels/src/cuda/attention_bwd.cu,
   // AttentionBackwardWorkspaceBytes).
+  // Long chunks with GQA groups of 3 or more at head_dim 128 add the own positions' dK and dV
+  // in fp32 (the kernel's own key blocks then go one a query head, SplitsOwnHeads).
   const int64_t padded = CeilDiv(c, 64) * 64;
-  const int64_t attention = padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
-                            2 * m.num_attention_heads * padded * kFp32Bytes;
+  const int64_t group = m.num_attention_heads / std::max<int64_t>(m.num_key_value_heads, 1);
+  const bool split_own = m.head_dim == 128 && group >= 3 && c * group * m.head_dim * 8 > (32 << 20);
+  const int64_t attention =
+      padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
+      2 * m.num_attention_heads * padded * kFp32Bytes +
+      (split_own ? 2 * c * m.num_key_value_heads * m.head_dim * kFp32Bytes : 0);
   // The RMSNorm backward's d_weight partial rows: the layers' norms', and unless the norms are
   // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend_layers.cpp,
   // FinalNormBackward).
