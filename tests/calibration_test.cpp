@@ -380,6 +380,9 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     };
     EXPECT_TRUE(near(a.gemm_tflops, b.gemm_tflops)) << a.gemm_tflops << " " << b.gemm_tflops;
     EXPECT_EQ(a.gemm_tile_cols, b.gemm_tile_cols);
+    // The samples say which backward they timed (own_bwd: split): the yaml carries it.
+    EXPECT_TRUE(a.own_bwd_split);
+    EXPECT_EQ(a.own_bwd_split, b.own_bwd_split);
     EXPECT_EQ(a.gemm_split_max, b.gemm_split_max);
     EXPECT_TRUE(near(a.gemm_accumulate_tflops, b.gemm_accumulate_tflops));
     EXPECT_TRUE(near(a.attention_bwd_tflops_d64, b.attention_bwd_tflops_d64));

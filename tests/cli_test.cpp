@@ -597,18 +597,18 @@ TEST(CliTest, PlanSaysWhenThePageSizeIsOffTheFastPath) {
   EXPECT_GT(today_forward, 0.9);
 }
 
-// A page size no table of the GPU's profile holds (24: the forward's row cursor, never in the
+// A page size no table of the GPU's profile holds (40: the forward's row cursor, not in the
 // calibration grid) takes the nearest measured size's rate: plan says it was not measured, in
 // text and JSON, even where that rate is full; a measured size (96) is not flagged.
 TEST(CliTest, PlanSaysWhenThePageSizeWasNotMeasured) {
   ScratchDir dir;
   std::vector<std::string> args = {"plan",   "--model",   "qwen2.5-7b", "--chunk", "3840",
-                                   "--page", "24",        "--budget",   "all",     "--context",
+                                   "--page", "40",        "--budget",   "all",     "--context",
                                    "64K",    "--machine", "h200-125g"};
   const auto [t, j] = RunTextAndJson(args, dir.path());
   ASSERT_EQ(t.exit_code, 0) << Describe(args, t);
   ASSERT_EQ(j.exit_code, 0) << Describe(args, j);
-  EXPECT_NE(t.out.find("attention over pages of 24: not measured on this GPU; taken as the "
+  EXPECT_NE(t.out.find("attention over pages of 40: not measured on this GPU; taken as the "
                        "nearest measured size's rate"),
             std::string::npos)
       << t.out;

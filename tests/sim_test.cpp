@@ -626,6 +626,27 @@ TEST(KernelTimeModel, GatheredSparseBackwardBlocks) {
   EXPECT_NEAR(seconds(costly, 128) - p128, blocks * 10e-6 / sms, 0.1 * blocks * 10e-6 / sms);
 }
 
+// The backward's own key blocks one a query head (a profile of the kernels that split them, at
+// chunks whose GQA group of queries outgrows the L2): a chunk of 8192 at 28 / 4 heads has 64 x 28
+// blocks, not 64 x 4 of seven times the length, which fill the multiprocessors' waves better;
+// at 4096 nothing splits, and a profile of the earlier kernels never does.
+TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
+  MachineSpec split = H200(), group = H200();
+  split.gpu.kernels.own_bwd_split = true;
+  group.gpu.kernels.own_bwd_split = false;
+  auto seconds = [](const MachineSpec& m, int64_t tokens) {
+    const OpCost cost =
+        AttentionBackwardCost(tokens * (tokens + 1.0) / 2, tokens, tokens, 28, 512, 128, 2);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kBackward));
+  };
+  ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128));
+  ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128));
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(16384, 28, 14, 128));  // groups of 2 keep theirs
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(65536, 32, 8, 64));    // head_dim 64 never
+  EXPECT_LT(seconds(split, 8192), 0.95 * seconds(group, 8192));
+  EXPECT_EQ(seconds(split, 4096), seconds(group, 4096));
+}
+
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
 // the page sizes and head dims a change touched (sim/kernel_changes.h).
 TEST(KernelChanges, ByDatePageSizeAndHeadDim) {

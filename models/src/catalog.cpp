@@ -521,6 +521,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_fwd_page_efficiency_d64",
                    "sparse_bwd_page_efficiency_d64",
                    "sparse_bwd_gathered",
+                   "own_bwd_split",
                    "attention_bwd_gathered_item_us",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
@@ -600,6 +601,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   if (f.Has("sparse_bwd_page_efficiency_d64"))
     k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
   k.sparse_bwd_gathered = f.OptionalBool("sparse_bwd_gathered").value_or(false);
+  k.own_bwd_split = f.OptionalBool("own_bwd_split").value_or(false);
   k.attention_bwd_gathered_item_us =
       f.OptionalNumber("attention_bwd_gathered_item_us", kFixedCostLimit).value_or(0.0);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});

@@ -118,6 +118,13 @@ std::string SparseBackwardBlocks() {
   return keys ? "key blocks" : "gathered";
 }
 
+// The backward's own key blocks these samples time: split one a query head where
+// AttentionBackwardSplitsOwnHeads says, unless CTXPLAN_ATTN_BWD_SPLIT=off keeps one a KV head.
+std::string OwnBackwardBlocks() {
+  const char* mode = std::getenv("CTXPLAN_ATTN_BWD_SPLIT");
+  return mode != nullptr && std::strcmp(mode, "off") == 0 ? "kv head" : "split";
+}
+
 void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSampler& clocks) {
   cudaDeviceProp prop{};
   CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -148,7 +155,8 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# quick: " << (quick ? 1 : 0) << "\n"
       << "# max_sm_clock_mhz: " << clocks.max_sm_clock_mhz() << "\n"
       << "# power_limit_w: " << clocks.power_limit_watts() << "\n"
-      << "# sparse_bwd: " << SparseBackwardBlocks() << "\n";
+      << "# sparse_bwd: " << SparseBackwardBlocks() << "\n"
+      << "# own_bwd: " << OwnBackwardBlocks() << "\n";
 }
 
 void WriteSamples(std::ostream& out, const std::vector<Sample>& samples) {

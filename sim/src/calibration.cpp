@@ -609,6 +609,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.commit = header("commit");
   k.samples = samples_name;
   k.sparse_bwd_gathered = header("sparse_bwd") == "gathered";
+  k.own_bwd_split = header("own_bwd") == "split";
   const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
                             ", ctxplan-measure at " + k.commit;
   auto measured = [&](SpecValue& v, double value, const std::string& what) {
@@ -1059,6 +1060,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  sparse_fwd_efficiency: " << k.sparse_fwd_efficiency << "\n";
   o << "  sparse_bwd_efficiency: " << k.sparse_bwd_efficiency << "\n";
   if (k.sparse_bwd_gathered) o << "  sparse_bwd_gathered: true\n";
+  if (k.own_bwd_split) o << "  own_bwd_split: true\n";
   if (k.attention_bwd_gathered_item_us > 0)
     o << "  attention_bwd_gathered_item_us: " << k.attention_bwd_gathered_item_us << "\n";
   if (!k.sparse_fwd_page_efficiency.empty())

@@ -214,13 +214,20 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double q_blocks = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
   // The chunk's own positions, causal. Over earlier pages the runtime runs them inside the paged
   // launch (`merged`, the own op launches nothing): the paged op's time carries their work.
+  // The backward's items are key blocks over the whole GQA group, or (the kernels since
+  // 2026-11-27T16:20Z at long chunks, AttentionBackwardSplitsOwnHeads) one a query head, as the
+  // forward's are.
+  const bool own_by_group =
+      backward && !(k.own_bwd_split &&
+                    AttentionBackwardSplitsOwnHeads(s.rows, s.heads, s.kv_heads, s.head_dim));
+  const double own_units = own_by_group ? kv_heads : heads;
+  const double unit_heads = own_by_group ? group : 1.0;
   const double own_blocks = q_blocks * (q_blocks + 1.0) / 2.0;
-  const double own_work = backward ? kv_heads * (q_blocks * item + group * own_blocks * block)
-                                   : heads * (q_blocks * item + own_blocks * block);
-  const double own_items = (backward ? kv_heads : heads) * q_blocks;
+  const double own_work = own_units * (q_blocks * item + unit_heads * own_blocks * block);
+  const double own_items = own_units * q_blocks;
   if (s.page_tokens == 0) {
     if (s.merged) return 0.0;
-    const double longest = item + (backward ? group : 1.0) * q_blocks * block;
+    const double longest = item + unit_heads * q_blocks * block;
     return LaunchSeconds(own_work, longest, sms, own_items);
   }
   const double p = static_cast<double>(s.page_tokens);

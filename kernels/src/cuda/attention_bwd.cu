@@ -46,6 +46,7 @@
 
 #include "attention_bwd_common.cuh"
 #include "attention_wgmma.cuh"
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "tensor_map.h"
 
@@ -252,10 +253,11 @@ struct BwdTensorMaps {
   CUtensorMap d_out;
 };
 
-template <int HD, int NWG, bool kOverUnion, bool kGather = false>
+template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm, const __grid_constant__ BwdTensorMaps maps) {
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
+  static_assert(!kSplitOwn || (NWG == 2 && !kOverUnion), "split own blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
   using L = WbSmem<HD, NWG>;
   constexpr int kWbThreads = 128 * NWG;
@@ -276,12 +278,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wwarp = warp & 3;
-  const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather>(prm);
+  const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather, kSplitOwn>(prm);
   const int hkv = block.hkv;
-  // The query heads whose items the block takes: the GQA group, or one head (split own blocks:
-  // with split_own every own block is one head's).
-  const bool one_head = prm.split_own && !block.earlier;
-  const int item_heads = one_head ? 1 : prm.group, head0 = block.FirstHead(prm.group);
+  // The query heads whose items the block takes: the GQA group, or one head (kSplitOwn: every
+  // own block is one head's). Apart from kSplitOwn the kernel keeps the KV head's arithmetic:
+  // with the split's in its loop the unsplit kernel ran 1-2.5% slower (kernels/PERF.md).
+  const int item_heads = kSplitOwn && !block.earlier ? 1 : prm.group;
+  const int head0 = kSplitOwn ? block.FirstHead(prm.group) : hkv * prm.group;
   const bool earlier = block.earlier;
   const int kb0 = block.kb0;
   const int t = prm.t;
@@ -859,9 +862,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
     };
     auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
-    // The KV head again from the first query head (hkv itself need not live through the loop).
-    const int kv_head = head0 / prm.group;
-    if (prm.split_own && !earlier) {
+    const int kv_head = kSplitOwn ? head0 / prm.group : hkv;
+    if (kSplitOwn && !earlier) {
       // One query head's share: the group's heads add into the fp32 accumulator.
       const int64_t kofs = kidx * kv_row + kv_head * HD + 2 * tq;
       AtomicAddRowIntoPool<HD / 8>(prm.own_dkv_acc, kofs, kofs + static_cast<int64_t>(t) * kv_row,
@@ -969,14 +971,14 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
   // The two-warpgroup kernels' own blocks one a query head where SplitsOwnHeads asked for it
-  // (own_first only): `blocks` (the unsplit grid) then has hq / hkv times the own blocks.
+  // (head_dim 128, own_first only): `blocks` (the unsplit grid) then has hq / hkv times the own
+  // blocks, launched on the kSplitOwn kernel.
   bool own_split = false;
   auto split_grid = [&](BwdParams& q, int64_t blocks) {
-    if (!split_own || !q.own_first) return dim3(static_cast<unsigned>(blocks));
+    if (HD != 128 || !split_own || !q.own_first) return dim3(static_cast<unsigned>(blocks));
     const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
     blocks += own_blocks * (prm.hq - prm.hkv);
     Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
-    q.split_own = 1;
     own_split = true;
     CTXPLAN_CUDA_CHECK(cudaMemsetAsync(
         prm.own_dkv_acc, 0, 2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
@@ -1010,8 +1012,17 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
       q.own_first = 1;
       dq_tiled = true;
-      launch(AttnBwdWgmmaKernel<HD, 2, false, true>, split_grid(q, blocks * prm.hkv), 256,
-             WbSmem<HD, 2>::Bytes(0, 0), q);
+      const dim3 grid = split_grid(q, blocks * prm.hkv);
+      if constexpr (HD == 128) {
+        if (own_split) {
+          launch(AttnBwdWgmmaKernel<HD, 2, false, true, true>, grid, 256,
+                 WbSmem<HD, 2>::Bytes(0, 0), q);
+        } else {
+          launch(AttnBwdWgmmaKernel<HD, 2, false, true>, grid, 256, WbSmem<HD, 2>::Bytes(0, 0), q);
+        }
+      } else {
+        launch(AttnBwdWgmmaKernel<HD, 2, false, true>, grid, 256, WbSmem<HD, 2>::Bytes(0, 0), q);
+      }
     } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
@@ -1028,7 +1039,15 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
         launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
       } else {
         grid = split_grid(q, grid.x);
-        launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
+        if constexpr (HD == 128) {
+          if (own_split) {
+            launch(AttnBwdWgmmaKernel<HD, 2, false, false, true>, grid, 256, smem, q);
+          } else {
+            launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
+          }
+        } else {
+          launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
+        }
       }
     }
   } else {
@@ -1060,20 +1079,15 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
 
 // Whether the two-warpgroup kernel's own key blocks go one a query head (their dK and dV summed
 // over the group by fp32 atomics, in an order that varies from run to run) instead of one a KV
-// head. A block over a KV head walks the group's heads at every query tile: the blocks resident
-// together then touch all the group's Q, dO and dQ accumulator, t * group * d_h * 8 bytes, and
-// where that exceeds the L2 a quarter of the reads go to DRAM (H200, 16K causal, 28 / 4 heads: L2
-// hit 72%, DRAM 26% busy; 28 / 28 heads 97% and 2%, same time at a locked clock), which at the
-// power limit costs ~4% of the clock (kernels/PERF.md). Split where that working set exceeds
-// 32 MiB (H100: 50 MB of L2, H200: 60) at head_dim 128 with groups of 3 or more (28 / 14 heads
-// kept 98% of it unsplit). CTXPLAN_ATTN_BWD_SPLIT=on / off decides instead (tests, comparisons).
+// head: the rule the planner shares (AttentionBackwardSplitsOwnHeads, cost.h). Besides the L2,
+// the split evens the launch's blocks: a chunk of 8192 at 28 / 4 heads ran 1.29x (H200).
+// CTXPLAN_ATTN_BWD_SPLIT=on / off decides instead (tests, comparisons).
 bool SplitsOwnHeads(const AttentionShape& shape) {
   const char* forced = std::getenv("CTXPLAN_ATTN_BWD_SPLIT");
   if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
-  const int64_t group = shape.num_kv_heads > 0 ? shape.num_heads / shape.num_kv_heads : 1;
-  return shape.head_dim == 128 && group >= 3 &&
-         shape.tokens * group * shape.head_dim * 8 > (int64_t{32} << 20);
+  return AttentionBackwardSplitsOwnHeads(shape.tokens, shape.num_heads, shape.num_kv_heads,
+                                         shape.head_dim);
 }
 
 template <typename G>

@@ -63,10 +63,9 @@ struct BwdParams {
   int64_t own_page_elems;
   int own_first;  // every KV head's own blocks before any earlier block (LocateKeyBlock)
   int item_tma;   // the two-warpgroup kernel's item operands by TMA (BwdTensorMaps)
-  // Own key blocks one a query head (with own_first; SplitsOwnHeads): their dK (scaled) and dV
-  // added by fp32 atomics into own_dkv_acc, [2][t][hkv][HD] (dK, then dV), which a second
-  // kernel writes out as an unsplit block would have.
-  int split_own;
+  // Own key blocks one a query head (the kernels' kSplitOwn, with own_first; SplitsOwnHeads):
+  // their dK (scaled) and dV added by fp32 atomics into own_dkv_acc, [2][t][hkv][HD] (dK, then
+  // dV), which a second kernel writes out as an unsplit block would have.
   float* own_dkv_acc;
 };
 
@@ -92,7 +91,7 @@ struct KeyBlock {
   // tile's selected positions (page gathered[i / p], row i % p). nullptr otherwise.
   const int32_t* gathered = nullptr;
   int sel_tile = 0;
-  // An own block of one query head (split_own), -1 for the whole GQA group.
+  // An own block of one query head (kSplitOwn), -1 for the whole GQA group.
   int head = -1;
   __device__ int FirstHead(int group) const { return head >= 0 ? head : hkv * group; }
 };
@@ -101,20 +100,19 @@ struct KeyBlock {
 // slower (kernels/PERF.md).
 // Gathered (kGather): the earlier blocks are the selection tiles' 128-key groups, a tile's
 // groups side by side (they read the same Q and dO and add into the same dQ in the L2).
-template <int BN, bool kOverUnion, bool kGather = false>
+template <int BN, bool kOverUnion, bool kGather = false, bool kSplitOwn = false>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int own_blocks = (prm.t + BN - 1) / BN;
   int b = static_cast<int>(blockIdx.x), hkv = 0;
   if (prm.own_first) {
     // Split, the own blocks go query head by query head: the blocks resident together add into
     // one head's dQ and read one head's Q and dO, which stay in the L2.
-    const int own_units = prm.split_own ? prm.hq : prm.hkv;
+    const int own_units = kSplitOwn ? prm.hq : prm.hkv;
     const int own_all = own_blocks * own_units;
     if (b < own_all) {
       const int unit = b / own_blocks;
-      KeyBlock own{prm.split_own ? unit / prm.group : unit, false, (b - unit * own_blocks) * BN,
-                   prm.t};
-      if (prm.split_own) own.head = unit;
+      KeyBlock own{kSplitOwn ? unit / prm.group : unit, false, (b - unit * own_blocks) * BN, prm.t};
+      if (kSplitOwn) own.head = unit;
       return own;
     }
     hkv = (b - own_all) / prm.n_earlier_blocks;

@@ -360,8 +360,8 @@ int64_t PlanGeometry::workspace_bytes() const {
   // Long chunks with GQA groups of 3 or more at head_dim 128 add the own positions' dK and dV
   // in fp32 (the kernel's own key blocks then go one a query head, SplitsOwnHeads).
   const int64_t padded = CeilDiv(c, 64) * 64;
-  const int64_t group = m.num_attention_heads / std::max<int64_t>(m.num_key_value_heads, 1);
-  const bool split_own = m.head_dim == 128 && group >= 3 && c * group * m.head_dim * 8 > (32 << 20);
+  const bool split_own =
+      AttentionBackwardSplitsOwnHeads(c, m.num_attention_heads, m.num_key_value_heads, m.head_dim);
   const int64_t attention =
       padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
       2 * m.num_attention_heads * padded * kFp32Bytes +

@@ -73,6 +73,10 @@ struct KernelProfile {
   // 128-key blocks (ctxtrain from 2026-11-27 on); false: it ran key blocks (64 keys under page
   // 128, over the union's pages else), half masked where tiles select a block's pages apart.
   bool sparse_bwd_gathered = false;
+  // The backward the profile timed splits long chunks' own key blocks one a query head
+  // (AttentionBackwardSplitsOwnHeads; ctxtrain from 2026-11-27T16:20Z on); false: one a KV head
+  // at every chunk, the launch's blocks group times fewer and longer.
+  bool own_bwd_split = false;
   // A gathered block's fixed cost (its 128 keys' K and V gathered, its dK and dV added by
   // atomics, its few items' pipeline filled), fitted on the page-sparse rows; 0: the backward's
   // item cost. A GQA group of 4 gives a block 8 items where 7 gives 14, so this cost shows there.
