@@ -24,10 +24,13 @@
 //     FlashAttention-2 style, kept for comparison). dK and dV of a key are complete in one
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
-//     two pages share a slot); gathered blocks excepted. dQ is summed over key blocks, into an fp32
-//     workspace: by bulk reduces in the two-warpgroup kernel (a tiled accumulator, DqTileOffset;
-//     at head_dim 128 one 32 KB reduce an item), by fp32 atomics in the others.
-//  3. postprocess: dQ = bf16(scale * accumulator).
+//     two pages share a slot); gathered blocks excepted, and own blocks split one a query head
+//     (long chunks at head_dim 128, SplitsOwnHeads: their dK/dV summed over the GQA group in an
+//     fp32 accumulator by atomics, then written by a second kernel, AttnBwdOwnDkvPostKernel).
+//     dQ is summed over key blocks, into an fp32 workspace: by bulk reduces in the two-warpgroup
+//     kernel (a tiled accumulator, DqTileOffset; at head_dim 128 one 32 KB reduce an item), by
+//     fp32 atomics in the others.
+//  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
 // warpgroups (one block barrier an item, operands loaded two items ahead) an item's whole dQ at
@@ -573,8 +576,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceProxyAsync();
       NamedBarrierSync(1 + wg, 128);
       if (dq_issuer) {
-        const int half = kWholeDq || HD == 64 ? 0 : wg;
-        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, half),
+        // (At head_dim 64 both warpgroups add their keys' shares into the one half.)
+        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
                          base + L::kdQ + (kWholeDq ? 0 : wg * L::kdQBytes),
                          kWholeDq ? 2 * L::kdQBytes : L::kdQBytes);
         BulkCommit();
@@ -862,6 +865,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
     };
     auto dv_pair = [&](int i) { return make_float2(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]); };
+    // (hkv, recomputed in the split kernel: one register fewer live through its loop.)
     const int kv_head = kSplitOwn ? head0 / prm.group : hkv;
     if (kSplitOwn && !earlier) {
       // One query head's share: the group's heads add into the fp32 accumulator.
