@@ -236,15 +236,19 @@ TEST(CtxtrainCuda, LoraResumesItsAdamWState) {
       [](TrainingCheckpoint& c) { c.lora_m = c.lora_v = LoraWeights{}; });
   // A LoRA step is not bit-reproducible: the attention backward sums dQ with fp32 atomics, and
   // Adam turns that noise in the adapters' small gradients into whole-size updates (a second
-  // straight run lands 0.175 of a step away on an H100). So the resume is judged against that
-  // noise, and against the same resume without the moments, which must land further out.
+  // straight run lands 0.13-0.18 of a step away on an H100 and an H200). So the resume is judged
+  // against that noise, and against the same resume without the moments (~1.25), which must land
+  // further out. The resumed and the second straight run are two draws of the same noise: one
+  // landed 0.26 against 0.133 (H200, 2026-11-27), past the 1.5x this test asked before; 3x of
+  // one draw, and half the stateless resume's distance, still fail a resume that restarts Adam.
   std::printf(
       "  LoRA: resumed step 3 apart from straight by %.3g of the step (straight again %.3g, "
       "resumed without the moments %.3g)\n",
       apart.resumed, apart.straight, apart.without_state);
   const double noise = std::max(apart.straight, 0.05);
-  EXPECT_LT(apart.resumed, 1.5 * noise);
-  EXPECT_GT(apart.without_state, 2.0 * std::max(apart.resumed, noise));
+  EXPECT_LT(apart.resumed, 3.0 * noise);
+  EXPECT_LT(apart.resumed, 0.5 * apart.without_state);
+  EXPECT_GT(apart.without_state, 2.0 * noise);
 }
 
 // AdamW on the host and on the GPU (CUDA backend): the moments and step count are saved and
