@@ -974,19 +974,29 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   };
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
-  // The two-warpgroup kernels' own blocks one a query head where SplitsOwnHeads asked for it
-  // (head_dim 128, own_first only): `blocks` (the unsplit grid) then has hq / hkv times the own
-  // blocks, launched on the kSplitOwn kernel.
+  // The two-warpgroup kernel over key blocks (gather: gathered earlier blocks) on `blocks` (the
+  // grid with one own block a KV head). Where SplitsOwnHeads asked for it (head_dim 128,
+  // own_first only) its own blocks go one a query head instead, hq / hkv times as many, on the
+  // kSplitOwn instantiation, their dK/dV accumulator zeroed first.
   bool own_split = false;
-  auto split_grid = [&](BwdParams& q, int64_t blocks) {
-    if (HD != 128 || !split_own || !q.own_first) return dim3(static_cast<unsigned>(blocks));
-    const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
-    blocks += own_blocks * (prm.hq - prm.hkv);
-    Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
-    own_split = true;
-    CTXPLAN_CUDA_CHECK(cudaMemsetAsync(
-        prm.own_dkv_acc, 0, 2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
-    return dim3(static_cast<unsigned>(blocks));
+  auto launch_two_warpgroups = [&](auto gather, const BwdParams& q, int64_t blocks, int smem) {
+    constexpr bool kGather = decltype(gather)::value;
+    if constexpr (HD == 128) {
+      if (split_own && q.own_first) {
+        const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+        blocks += own_blocks * (prm.hq - prm.hkv);
+        Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+        own_split = true;
+        CTXPLAN_CUDA_CHECK(
+            cudaMemsetAsync(prm.own_dkv_acc, 0,
+                            2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
+        launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true>, dim3(static_cast<unsigned>(blocks)),
+               256, smem, q);
+        return;
+      }
+    }
+    launch(AttnBwdWgmmaKernel<HD, 2, false, kGather>, dim3(static_cast<unsigned>(blocks)), 256,
+           smem, q);
   };
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
@@ -1016,17 +1026,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
       q.own_first = 1;
       dq_tiled = true;
-      const dim3 grid = split_grid(q, blocks * prm.hkv);
-      if constexpr (HD == 128) {
-        if (own_split) {
-          launch(AttnBwdWgmmaKernel<HD, 2, false, true, true>, grid, 256,
-                 WbSmem<HD, 2>::Bytes(0, 0), q);
-        } else {
-          launch(AttnBwdWgmmaKernel<HD, 2, false, true>, grid, 256, WbSmem<HD, 2>::Bytes(0, 0), q);
-        }
-      } else {
-        launch(AttnBwdWgmmaKernel<HD, 2, false, true>, grid, 256, WbSmem<HD, 2>::Bytes(0, 0), q);
-      }
+      launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv, WbSmem<HD, 2>::Bytes(0, 0));
     } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
@@ -1036,22 +1036,13 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
         launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
       }
     } else {
-      auto [q, grid] = with_blocks(128, 128);
+      const auto [q, grid] = with_blocks(128, 128);
       const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
       dq_tiled = true;
       if (q.union_pages != nullptr) {
         launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
       } else {
-        grid = split_grid(q, grid.x);
-        if constexpr (HD == 128) {
-          if (own_split) {
-            launch(AttnBwdWgmmaKernel<HD, 2, false, false, true>, grid, 256, smem, q);
-          } else {
-            launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
-          }
-        } else {
-          launch(AttnBwdWgmmaKernel<HD, 2, false>, grid, 256, smem, q);
-        }
+        launch_two_warpgroups(std::false_type{}, q, grid.x, smem);
       }
     }
   } else {
