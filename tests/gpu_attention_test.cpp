@@ -469,24 +469,25 @@ TEST(GpuAttention, EveryForwardPageLoader) {
   CheckProblem(sparse64, 24, /*backward=*/false);
   unsetenv("CTXPLAN_ATTN_FWD_PAGES");
 }
-// The two-warpgroup backward's item operands (Q, dO, LSE, D): by TMA (the default) and by
-// cp.async from every thread (CTXPLAN_ATTN_BWD_LOADS=cp.async), dense and gathered, rows past t.
-TEST(GpuAttention, EveryBackwardOperandLoader) {
+// The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
+// whole dQ of an odd and an even last item, operands reloaded into both buffers), dense, over
+// earlier pages and gathered, rows past t.
+TEST(GpuAttention, TwoWarpgroupBackwardAtEveryItemCount) {
   SKIP_WITHOUT_GPU();
-  for (const char* loads : {"tma", "cp.async"}) {
-    SCOPED_TRACE(loads);
-    setenv("CTXPLAN_ATTN_BWD_LOADS", loads, 1);
-    CheckProblem(Make(300, 14, 2, 128, 128, 3), 25);
-    Problem sparse64 = Make(200, 8, 4, 64, 64, 4);  // head_dim 64: gathered blocks
-    sparse64.per_tile = 2;
-    sparse64.sel = {0, 3, 1, 2};
-    CheckProblem(sparse64, 26);
-    Problem sparse = Make(256, 8, 2, 128, 96, 9);
-    sparse.per_tile = 3;
-    sparse.sel = {1, 4, 8, 0, 2, 6};
-    CheckProblem(sparse, 27);
+  for (const int64_t t : {64, 128, 192, 256, 320, 448}) {
+    SCOPED_TRACE(t);
+    CheckProblem(Make(t, 2, 2, 128, 128, 0), 40 + t / 64);  // own blocks: ceil(t / 64) items
+    CheckProblem(Make(t - 5, 6, 2, 128, 128, 2), 50 + t / 64);
   }
-  unsetenv("CTXPLAN_ATTN_BWD_LOADS");
+  CheckProblem(Make(300, 14, 2, 128, 128, 3), 25);
+  Problem sparse64 = Make(200, 8, 4, 64, 64, 4);  // head_dim 64: gathered blocks
+  sparse64.per_tile = 2;
+  sparse64.sel = {0, 3, 1, 2};
+  CheckProblem(sparse64, 26);
+  Problem sparse = Make(256, 8, 2, 128, 96, 9);
+  sparse.per_tile = 3;
+  sparse.sel = {1, 4, 8, 0, 2, 6};
+  CheckProblem(sparse, 27);
 }
 TEST(GpuAttention, TinyChunk) {
   SKIP_WITHOUT_GPU();

@@ -57,10 +57,11 @@ TEST(PlanGeometry, WorkspaceCountsTheNormPartials) {
                       std::min<int64_t>(o.chunk_tokens, 1024) * hidden * 4);
 }
 
-// Chunks whose GQA group's queries outgrow the L2 (Qwen2.5-7B, group 7: above ~4.7K tokens) add
-// the own positions' dK and dV in fp32 to the attention workspace (the backward's own key blocks
-// then go one a query head). Every other term is linear in the chunk or constant: the difference
-// from twice the half chunk's workspace is the split's bytes less the constant terms.
+// Chunks whose own key blocks may go one a query head (Qwen2.5-7B, group 7: a first chunk's from
+// 4096 tokens, every chunk's once the group's queries outgrow the L2, above ~4.7K) add the own
+// positions' dK and dV in fp32 to the attention workspace. Every other term is linear in the chunk
+// or constant: the difference from twice the half chunk's workspace is the split's bytes less the
+// constant terms.
 TEST(PlanGeometry, WorkspaceCountsTheSplitOwnDkv) {
   const ModelSpec m = Qwen7B();
   auto workspace = [&](int64_t chunk) {
@@ -69,9 +70,11 @@ TEST(PlanGeometry, WorkspaceCountsTheSplitOwnDkv) {
     return PlanGeometry(m, o).workspace_bytes();
   };
   const int64_t constant = PlanGeometry::kCublasWorkspaceBytes + 2 * 1024 * m.hidden_size * 4;
-  EXPECT_EQ(workspace(4096) - 2 * workspace(2048) + constant, 0);  // neither splits
-  EXPECT_EQ(workspace(8192) - 2 * workspace(4096) + constant,
-            2 * 8192 * m.num_key_value_heads * m.head_dim * 4);
+  const int64_t own_dkv = 2 * m.num_key_value_heads * m.head_dim * 4;  // a token's fp32 dK, dV
+  EXPECT_EQ(workspace(2048) - 2 * workspace(1024) + constant, 0);      // neither splits
+  // From 4096 tokens a sequence's first chunk (own positions alone) splits; from ~4.7K every one.
+  EXPECT_EQ(workspace(4096) - 2 * workspace(2048) + constant, 4096 * own_dkv);
+  EXPECT_EQ(workspace(8192) - 2 * workspace(4096) + constant, 0);
 }
 
 TEST(PlanGeometry, ChunksAndPages) {

@@ -627,9 +627,10 @@ TEST(KernelTimeModel, GatheredSparseBackwardBlocks) {
 }
 
 // The backward's own key blocks one a query head (a profile of the kernels that split them, at
-// chunks whose GQA group of queries outgrows the L2): a chunk of 8192 at 28 / 4 heads has 64 x 28
-// blocks, not 64 x 4 of seven times the length, which fill the multiprocessors' waves better;
-// at 4096 nothing splits, and a profile of the earlier kernels never does.
+// chunks whose GQA group of queries outgrows the L2, and at a first chunk's own-only launch from
+// 4096 tokens): a chunk of 8192 at 28 / 4 heads has 64 x 28 blocks, not 64 x 4 of seven times
+// the length, which fill the multiprocessors' waves better; at 2048 nothing splits, and a profile
+// of the earlier kernels never does.
 TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   MachineSpec split = H200(), group = H200();
   split.gpu.kernels.own_bwd_split = true;
@@ -639,12 +640,15 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
         AttentionBackwardCost(tokens * (tokens + 1.0) / 2, tokens, tokens, 28, 512, 128, 2);
     return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kBackward));
   };
-  ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128));
-  ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128));
-  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(16384, 28, 14, 128));  // groups of 2 keep theirs
-  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(65536, 32, 8, 64));    // head_dim 64 never
+  ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128, /*own_only=*/false));
+  ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/false));
+  ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/true));
+  ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(2048, 28, 4, 128, /*own_only=*/true));
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(16384, 28, 14, 128, true));  // groups of 2 keep
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(65536, 32, 8, 64, true));    // head_dim 64 never
   EXPECT_LT(seconds(split, 8192), 0.95 * seconds(group, 8192));
-  EXPECT_EQ(seconds(split, 4096), seconds(group, 4096));
+  EXPECT_LT(seconds(split, 4096), 0.95 * seconds(group, 4096));  // own positions alone
+  EXPECT_EQ(seconds(split, 2048), seconds(group, 2048));
 }
 
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
@@ -662,14 +666,15 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // (and, at head dim 128, the backward's bulk reduces of 2026-11-27, at every page size; the
   // flushed exponentials of 2026-11-27T08:36Z, the own blocks first of T08:52Z, the TMA loads
   // of T14:10Z and the whole dQ of T16:20Z everywhere; the gathered sparse backward of T08:37Z at
-  // pages that are not whole 128-key blocks, of T09:12Z at the others)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 8u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 8u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 6u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 7u);
+  // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
+  // of T19:15Z at head dim 128)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 7u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 8u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 7u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 8u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 7u);
   EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 5u);
   EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 5u);
   EXPECT_TRUE(
@@ -689,7 +694,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 7u);
   ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 7u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 9u);
@@ -700,7 +705,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 6u);  // and the morning's two
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 6u);  // and the gathered blocks
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 7u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
@@ -723,7 +728,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // Either way round: a profile calibrated after the change, a run before it.
   KernelProfile later;
   later.date = "2026-11-28";
-  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 6u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-26T20:00:00Z", 96, 128).size(), 7u);
   EXPECT_TRUE(ChangesBetween(later, "", 96, 128).empty());
   // The TMA loads: every page size and head dim, after the day's traces.
   const KernelChange& tma = KernelChanges()[9];
@@ -736,6 +741,12 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   ASSERT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64).size(), 1u);
   EXPECT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64)[0].date, whole_dq.date);
   EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T16:30:00Z", 48, 64));
+  // The barrier-free backward and the own-only split: head dim 128 only.
+  const KernelChange& no_barrier = KernelChanges()[11];
+  EXPECT_EQ(no_barrier.date, "2026-11-27T19:15Z");
+  EXPECT_TRUE(no_barrier.pages.empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T16:30:00Z", 48, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 48, 128));
 }
 
 }  // namespace

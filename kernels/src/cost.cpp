@@ -260,15 +260,21 @@ OpCost CopyCost(int64_t bytes, bool host_to_device, int64_t copies) {
 }
 
 bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_heads,
-                                     int64_t head_dim) {
+                                     int64_t head_dim, bool own_only) {
   // The blocks resident together at one KV head's own blocks walk the group's heads at every
   // query tile, touching all of the group's queries: past the L2 a quarter of their reads went
   // to DRAM (H200, 16K causal, 28 / 4 heads: L2 hit 72%, DRAM 26% busy; 28 / 28 heads 97% and 2%,
   // kernels/PERF.md), which at the power limit costs ~4% of the clock. 32 MiB: below the H100's
   // 50 MB of L2 and the H200's 60; groups of 2 (28 / 14 heads) kept their hit rate unsplit.
+  // A launch of own positions only (a sequence's first chunk) from 4096 tokens on besides: its
+  // own blocks are the whole launch, one wave of very unequal blocks (block i sees t / 64 - 2i
+  // query tiles) that the split evens out: 1.45x at 4096 tokens, 1.30x at 8192 (H100, 28 / 4
+  // heads, kernels/PERF.md); over earlier pages it does not pay below the L2 budget.
   constexpr int64_t kL2Budget = int64_t{32} << 20;
+  constexpr int64_t kOwnOnlyTokens = 4096;
   const int64_t group = kv_heads > 0 ? heads / kv_heads : 1;
-  return head_dim == 128 && group >= 3 && tokens * group * head_dim * 8 > kL2Budget;
+  return head_dim == 128 && group >= 3 &&
+         (tokens * group * head_dim * 8 > kL2Budget || (own_only && tokens >= kOwnOnlyTokens));
 }
 
 }  // namespace ctxplan

@@ -215,11 +215,12 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   // The chunk's own positions, causal. Over earlier pages the runtime runs them inside the paged
   // launch (`merged`, the own op launches nothing): the paged op's time carries their work.
   // The backward's items are key blocks over the whole GQA group, or (the kernels since
-  // 2026-11-27T16:20Z at long chunks, AttentionBackwardSplitsOwnHeads) one a query head, as the
+  // 2026-11-27T16:20Z at long chunks, and since 2026-11-27T19:15Z a first chunk's own-only
+  // launch from 4096 tokens, AttentionBackwardSplitsOwnHeads) one a query head, as the
   // forward's are.
-  const bool own_by_group =
-      backward && !(k.own_bwd_split &&
-                    AttentionBackwardSplitsOwnHeads(s.rows, s.heads, s.kv_heads, s.head_dim));
+  const bool own_by_group = backward && !(k.own_bwd_split && AttentionBackwardSplitsOwnHeads(
+                                                                 s.rows, s.heads, s.kv_heads,
+                                                                 s.head_dim, s.page_tokens == 0));
   const double own_units = own_by_group ? kv_heads : heads;
   const double unit_heads = own_by_group ? group : 1.0;
   const double own_blocks = q_blocks * (q_blocks + 1.0) / 2.0;

@@ -33,10 +33,11 @@
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
-// warpgroups (one block barrier an item, operands loaded two items ahead) an item's whole dQ at
-// head_dim 128 is one warpgroup's, alternating, while the other starts the next item; at head_dim
-// 64 each warpgroup's share runs under its next item's S and dP. The blocks resident together
-// walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by the L2.
+// warpgroups (operands loaded two items ahead; no block barrier an item but in gathered blocks)
+// an item's whole dQ at head_dim 128 is one warpgroup's, alternating, while the other starts the
+// next item; at head_dim 64 each warpgroup's share runs under its next item's S and dP. The blocks
+// resident together walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by
+// the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -206,14 +207,15 @@ struct ItemOrder {
 // 128. With head_dim 64 there is one 64-column half of d: each warpgroup adds dS K over its own
 // 64 keys into dQ (as many atomics an item as head_dim 128's halves), so neither waits for the
 // other's dS.
-template <int HD, int NWG>
+template <int HD, int NWG, bool kItemBarrier = false>
 struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
-  // Two warpgroups run an item's dQ under the next item's S and dP (AttnBwdWgmmaKernel): their
-  // operands are loaded two items ahead, and dS alternates between two buffers. One warpgroup
-  // (two blocks a multiprocessor) has room for two buffers only.
+  // Two warpgroups (the pipelined loop of AttnBwdWgmmaKernel): operands loaded two items ahead,
+  // into two buffers (three under the item barrier, which frees a buffer an item later), dS^T
+  // alternating between two. One warpgroup (two blocks a multiprocessor): two operand buffers,
+  // one dS^T buffer.
   static constexpr bool kPipelined = NWG == 2;
-  static constexpr int kStages = kPipelined ? 3 : 2;
+  static constexpr int kStages = kPipelined && kItemBarrier ? 3 : 2;
   static constexpr int kdSBuffers = kPipelined ? 2 : 1;
   static constexpr int kKvBytes = BN * HD * 2;     // one of K, V: [HD / 64][BN][64] bf16
   static constexpr int kQBytes = kBwdBM * HD * 2;  // one buffer of Q or dO: [HD / 64][64][64]
@@ -232,8 +234,10 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kL = kdQ + NWG * kdQBytes;          // [kStages][64] fp32
   static constexpr int kD = kL + kStages * kBwdBM * 4;     // [kStages][64] fp32
   static constexpr int kBars = kD + kStages * kBwdBM * 4;  // [kStages] operands-landed mbarriers
+  static constexpr int kStagingBar = kBars + 8 * kStages;  // the dQ staging read (kWholeDq)
+  static constexpr int kRelease = kStagingBar + 8;         // [kStages] uint32 release counts
   static constexpr int kUnion =
-      kBars + (kPipelined ? 8 * kStages : 0);  // uint32 union, int32 count
+      kPipelined ? kRelease + 4 * kStages : kBars;  // uint32 union, int32 count
   // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
   // (a chunk of 16384 tokens page-sparse), 32-bit in the one-warpgroup kernel as it was measured.
   using TileIndex = std::conditional_t<kPipelined, uint16_t, int32_t>;
@@ -251,6 +255,9 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
 // tile's queries only, none masked, and its dK/dV are added into the dKV pages by atomics.
 // The pipelined kernel's item operands by TMA: Q and dO [t][H_q][d_h], boxes of 64 columns x 64
 // queries of one head (unused by the one-warpgroup kernel).
+// Named barriers 3-6: item n's dS^T written by the warpgroup without its dQ (n % 4).
+constexpr int kDsReady = 3;
+
 struct BwdTensorMaps {
   CUtensorMap q;
   CUtensorMap d_out;
@@ -262,7 +269,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
   static_assert(!kSplitOwn || (NWG == 2 && !kOverUnion), "split own blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
-  using L = WbSmem<HD, NWG>;
+  // Gathered blocks (a few items each) keep a block barrier an item (kItemBarrier, below).
+  constexpr bool kItemBarrier = kGather;
+  using L = WbSmem<HD, NWG, kItemBarrier>;
   constexpr int kWbThreads = 128 * NWG;
   constexpr int BN = 64 * NWG, BM = kBwdBM;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -379,23 +388,44 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       q0 = tile_at(c.i) * BM;
     };
     auto next_item = [&](ItemCursor& c) { order.Next(c); };
-    // Item operands by TMA (prm.item_tma; else cp.async by every thread, to compare): thread 0
-    // issues Q, dO, LSE2 and D of an item into buffer buf, landing on that buffer's mbarrier,
-    // which the threads wait on (phase: the buffer's use count) just before the item's S^T.
-    const uint32_t item_bars = base + L::kBars;
-    const bool item_tma = prm.item_tma != 0;
-    if (item_tma && tid == 0) {
-      for (int b = 0; b < L::kStages; ++b) MbarInit(item_bars + 8 * b, 1);
+    // Item n: S^T and dP^T issued together (at head_dim 64 with the dQ of item n - 1, so the
+    // tensor cores run them while that dQ is added), then the softmax's backward. Every wgmma is
+    // waited within its iteration: one in flight across the loop's back edge makes the compiler
+    // serialise them all. Operands (Q, dO, LSE2, D) land by TMA on their buffer's mbarrier, two
+    // items ahead, waited just before the item's S^T. dS^T alternates between two buffers. At
+    // head_dim 128 (kWholeDq) item n's whole dQ [64 q][128 d] is warpgroup n % 2's (its owner's),
+    // from both warpgroups' dS^T, and the owners pass one 32 KB staging buffer between them.
+    // How the two warpgroups meet:
+    //  - Without a block barrier (key blocks over own positions or pages): each warpgroup
+    //    releases an operands buffer once its item's wgmmas are done (its own named barrier, then
+    //    one thread's count on s_release); the second to release loads item n + 2 into it, and
+    //    nobody waits for a release. The warpgroup without item n's dQ arrives on named barrier
+    //    kDsReady + n % 4 once its dS^T is written; the owner syncs there after its own dV and dK.
+    //    Item n + 2's dS^T (the same buffer) is written by the other warpgroup only after it has
+    //    synced on item n + 1's barrier, where the owner of item n arrives after its dQ. The owner
+    //    of item n waits on staging_free for item n - 1's reduce to have read the staging, which
+    //    that owner's issuing thread signals once its next S^T and dP^T are issued. At head_dim
+    //    64 each warpgroup takes its own keys' share of dQ from its own dS^T rows, into its own
+    //    staging: the warpgroups share only the operands. 1.03x the block barrier's rate on
+    //    64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
+    //  - kItemBarrier (gathered blocks, a selection tile's 2 x group items each): one block
+    //    barrier an item (both dS^T written, the staging read, item n - 1 done); thread 0 then
+    //    loads item n + 2 into item n - 1's buffer, of three. Without the barrier these blocks
+    //    ran 0.92x (two buffers) and 0.85x (three).
+    const uint32_t item_bars = base + L::kBars, staging_free = base + L::kStagingBar;
+    uint32_t* s_release = reinterpret_cast<uint32_t*>(smem + L::kRelease);
+    if (tid == 0) {
+      for (int b = 0; b < L::kStages; ++b) {
+        MbarInit(item_bars + 8 * b, 1);
+        s_release[b] = 0;
+      }
+      MbarInit(staging_free, 1);
       FenceMbarInit();
       TmaPrefetchMap(&maps.q);
       TmaPrefetchMap(&maps.d_out);
     }
+    // Item c's operands into buffer buf, issued by the calling thread.
     auto load_cursor = [&](const ItemCursor& c, int buf) {
-      if (!item_tma) {
-        load_item(c.hl, tile_at(c.i), buf);
-        return;
-      }
-      if (tid != 0) return;
       const int h = head0 + c.hl, q0 = tile_at(c.i) * BM;
       const uint32_t bar = item_bars + 8 * buf;
       MbarArriveExpectTx(bar, 2 * L::kQBytes + 2 * BM * 4);
@@ -409,16 +439,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       BulkLoad(sD + buf * BM * 4, prm.delta + lse_at, BM * 4, bar);
     };
     auto wait_operands = [&](int n) {
-      if (item_tma) MbarWait(item_bars + 8 * (n % L::kStages), (n / L::kStages) & 1);
+      MbarWait(item_bars + 8 * (n % L::kStages), (n / L::kStages) & 1);
     };
-
-    // Item n: dQ of item n - 1 and this item's S^T and dP^T issued together, so the tensor cores
-    // run S^T and dP^T while dQ is added; then the softmax's backward and one block
-    // barrier (both warpgroups' dS^T, the next item's operands). Every wgmma is waited within its
-    // iteration: one in flight across the loop's back edge makes the compiler serialise them all.
-    // Operands load two items ahead into a ring of three buffers: at item n's barrier every
-    // thread is done with item n - 1's, which take item n + 2's. dS^T alternates between two
-    // buffers, as item n's is written while the other warpgroup may still read item n - 1's.
 
     // acc [64 keys][64 queries] = keys_wg [64][d_h] x queries [64][d_h]^T, one commit group.
     auto key_query_product = [&](float(&acc)[BM / 2], uint32_t keys_wg, uint32_t queries) {
@@ -565,9 +587,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // atomics (16 a thread an item) held each warp until the memory system took their operands,
     // a fifth of the kernel's stall samples under ncu (kernels/PERF.md). The staging buffer is
     // free again once the bulk copy has read it: its issuing thread waits for that before the
-    // item's block barrier, which every thread passes before it writes the next item's dQ.
-    // With kWholeDq the two halves go to the staging buffer's two halves, which the
-    // accumulator holds side by side (DqTileOffset): one 32 KB reduce.
+    // next item's barrier (kItemBarrier), its warpgroup's next release (head_dim 64) or its
+    // signal on staging_free. With kWholeDq the two halves go to the staging buffer's two halves,
+    // which the accumulator holds side by side (DqTileOffset): one 32 KB reduce.
     auto add_dq = [&](int h, int q0) {
 #pragma unroll
       for (int c = 0; c < kDqRegs / 4; ++c)
@@ -585,20 +607,36 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     };
 
     ItemCursor cur = order.first, ahead = order.first;  // items n and n + 2
-    if (n_items > 0) load_cursor(ahead, 0);
-    CpAsyncCommit();
-    next_item(ahead);
-    if (n_items > 1) load_cursor(ahead, 1);
-    CpAsyncCommit();
-    next_item(ahead);
-    if (item_tma) {
-      CpAsyncWait<0>();  // the key block
-    } else {
-      CpAsyncWait<1>();  // the key block and item 0
+    for (int b = 0; b < 2; ++b) {
+      if (tid == 0 && b < n_items) load_cursor(ahead, b);
+      next_item(ahead);
     }
+    CpAsyncWait<0>();  // the key block
     FenceProxyAsync();
-    __syncthreads();
+    __syncthreads();  // the key block; the mbarriers initialised
+
+    // kWholeDq without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled
+    // read (staging_free). Head_dim 64: the previous item.
+    bool staging_owed = false;
     int prev_h = 0, prev_q0 = 0;
+    auto signal_staging = [&] {
+      if (staging_owed && dq_issuer) {
+        BulkWaitRead<0>();
+        MbarArrive(staging_free);
+      }
+      staging_owed = false;
+    };
+    // Item m's whole dQ by its owner, from its issue to the bulk reduce.
+    auto whole_dq = [&](int m, int h, int q0, uint32_t ds) {
+      issue_dq(ds);
+      WgmmaWait<0>();  // dQ (and dV, dK)
+      FenceAcc(dv);
+      FenceAcc(dk);
+      FenceAcc(dq);
+      if (!kItemBarrier && m > 0) MbarWait(staging_free, (m - 1) & 1);
+      add_dq(h, q0);
+      staging_owed = true;
+    };
     for (int n = 0; n < n_items; ++n) {
       const int buf = n % L::kStages;
       int h, q0;
@@ -616,42 +654,57 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
         FenceAcc(dq);
         if (n > 0) add_dq(prev_h, prev_q0);
+      } else if constexpr (!kItemBarrier) {
+        signal_staging();
       }
       WgmmaWait<1>();  // S^T done; dP^T may still run
       FenceAcc(s);
       softmax_backward(q0, buf, ds);
-      CpAsyncWait<0>();  // item n + 1's operands (cp.async)
-      FenceProxyAsync();
-      if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
-      __syncthreads();  // both warpgroups' dS^T; item n + 1's operands; item n - 1 done
-      if (n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
-      CpAsyncCommit();
-      next_item(ahead);
-      if constexpr (kWholeDq) {
-        // This item's dQ by one warpgroup, while the other goes on to the next item's S^T and
-        // dP^T (its tensor-core work fills the gap of the staging and the reduce).
-        if ((n & 1) == wg) {
-          issue_dq(ds);
-          WgmmaWait<0>();  // dV, dK and dQ
-          FenceAcc(dv);
-          FenceAcc(dk);
-          FenceAcc(dq);
-          add_dq(h, q0);
+      prev_h = h;
+      prev_q0 = q0;
+      if constexpr (kItemBarrier) {
+        if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
+        __syncthreads();                   // both warpgroups' dS^T; item n - 1 done
+        if (tid == 0 && n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
+        next_item(ahead);
+        if (kWholeDq && (n & 1) == wg) {
+          // Its dQ, while the other warpgroup goes on to the next item's S^T and dP^T.
+          whole_dq(n, h, q0, ds);
           continue;
         }
+        WgmmaWait<0>();  // dV and dK
+        FenceAcc(dv);
+        FenceAcc(dk);
+        continue;
       }
+      if (kWholeDq && (n & 1) != wg) NamedBarrierArrive(kDsReady + (n & 3), 256);
       WgmmaWait<0>();  // dV and dK
       FenceAcc(dv);
       FenceAcc(dk);
-      prev_h = h;
-      prev_q0 = q0;
+      // Release the operands buffer; the second warpgroup to do so loads item n + 2 into it.
+      if (!kWholeDq && dq_issuer) BulkWaitRead<0>();  // this warpgroup's staging, for its next dQ
+      NamedBarrierSync(1 + wg, 128);
+      if (dq_issuer) {
+        __threadfence_block();
+        if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
+          __threadfence_block();
+          load_cursor(ahead, buf);
+        }
+      }
+      next_item(ahead);
+      if (kWholeDq && (n & 1) == wg) {
+        NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
+        whole_dq(n, h, q0, ds);
+      }
     }
     if constexpr (!kWholeDq) {
-      // The last item's dQ, its dS^T behind the last barrier.
+      // The last item's dQ.
       issue_dq(sdS + ((n_items - 1) & 1) * L::kdSBytes);
       WgmmaWait<0>();
       FenceAcc(dq);
       if (n_items > 0) add_dq(prev_h, prev_q0);
+    } else if constexpr (!kItemBarrier) {
+      signal_staging();
     }
     if (dq_issuer) BulkWait<0>();  // the reduces done before the block's shared memory goes
   } else {
@@ -954,19 +1007,13 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     return std::pair{q, dim3(static_cast<unsigned>(blocks * prm.hkv))};
   };
   // `used` bytes of shared memory from a 1024-byte aligned base (WbSmem::Bytes).
-  // The two-warpgroup kernel's item operands by TMA; CTXPLAN_ATTN_BWD_LOADS=cp.async by every
-  // thread, to compare.
-  const char* loads = std::getenv("CTXPLAN_ATTN_BWD_LOADS");
-  const bool item_tma = !(loads != nullptr && std::strcmp(loads, "cp.async") == 0);
+  // The two-warpgroup kernel's item operands, by TMA.
   BwdTensorMaps maps{};
-  if (item_tma) {
-    maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, kBwdBM);
-    maps.d_out = EncodeTokenHeadMap(prm.d_out, prm.t, prm.hq, HD, kBwdBM);
-  }
+  maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, kBwdBM);
+  maps.d_out = EncodeTokenHeadMap(prm.d_out, prm.t, prm.hq, HD, kBwdBM);
   auto launch = [&](auto kernel, dim3 grid, int threads, int used, BwdParams q) {
     Require(used <= kMaxBwdSmem, "too many selection tiles for the backward's shared memory");
     const int smem = std::min(used + 1024, kMaxBwdSmem);
-    q.item_tma = item_tma ? 1 : 0;
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<grid, threads, smem, stream>>>(q, maps);
@@ -1026,7 +1073,8 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       q.n_earlier_blocks = static_cast<int>(earlier_blocks);
       q.own_first = 1;
       dq_tiled = true;
-      launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv, WbSmem<HD, 2>::Bytes(0, 0));
+      launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv,
+                            WbSmem<HD, 2, true>::Bytes(0, 0));
     } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
@@ -1076,13 +1124,14 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
 // over the group by fp32 atomics, in an order that varies from run to run) instead of one a KV
 // head: the rule the planner shares (AttentionBackwardSplitsOwnHeads, cost.h). Besides the L2,
 // the split evens the launch's blocks: a chunk of 8192 at 28 / 4 heads ran 1.29x (H200).
-// CTXPLAN_ATTN_BWD_SPLIT=on / off decides instead (tests, comparisons).
-bool SplitsOwnHeads(const AttentionShape& shape) {
+// own_only: the launch has no earlier pages. CTXPLAN_ATTN_BWD_SPLIT=on / off decides instead
+// (tests, comparisons).
+bool SplitsOwnHeads(const AttentionShape& shape, bool own_only) {
   const char* forced = std::getenv("CTXPLAN_ATTN_BWD_SPLIT");
   if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
   if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
   return AttentionBackwardSplitsOwnHeads(shape.tokens, shape.num_heads, shape.num_kv_heads,
-                                         shape.head_dim);
+                                         shape.head_dim, own_only);
 }
 
 template <typename G>
@@ -1112,7 +1161,7 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
   float* delta = reinterpret_cast<float*>(ws + Align256(t_pad * hq * hd * 4));
   float* lse2 = delta + Align256(hq * t_pad * 4) / 4;
   CTXPLAN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, t_pad * hq * hd * 4, stream));
-  const bool split_own = SplitsOwnHeads(shape);
+  const bool split_own = SplitsOwnHeads(shape, earlier.num_pages == 0);
 
   BwdParams prm{};
   prm.q = q;
@@ -1180,8 +1229,10 @@ void Backward(const AttentionShape& shape, const bf16* q, const bf16* k_own, con
 size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape) {
   const int64_t t = std::max<int64_t>(shape.tokens, 0);
   const int64_t t_pad = PadTokens(t);
+  // The split own blocks' accumulator wherever a launch of this shape could split: over its own
+  // positions alone, the looser rule.
   const size_t own_dkv =
-      SplitsOwnHeads(shape)
+      SplitsOwnHeads(shape, /*own_only=*/true)
           ? Align256(2 * static_cast<size_t>(t * shape.num_kv_heads * shape.head_dim * 4))
           : 0;
   return Align256(static_cast<size_t>(t_pad * shape.num_heads * shape.head_dim * 4)) +

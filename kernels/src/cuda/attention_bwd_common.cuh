@@ -62,7 +62,6 @@ struct BwdParams {
   int own_p;
   int64_t own_page_elems;
   int own_first;  // every KV head's own blocks before any earlier block (LocateKeyBlock)
-  int item_tma;   // the two-warpgroup kernel's item operands by TMA (BwdTensorMaps)
   // Own key blocks one a query head (the kernels' kSplitOwn, with own_first; SplitsOwnHeads):
   // their dK (scaled) and dV added by fp32 atomics into own_dkv_acc, [2][t][hkv][HD] (dK, then
   // dV), which a second kernel writes out as an unsplit block would have.

@@ -357,11 +357,12 @@ int64_t PlanGeometry::workspace_bytes() const {
   // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE,
   // tokens padded to the 64-query tile (kernels/src/cuda/attention_bwd.cu,
   // AttentionBackwardWorkspaceBytes).
-  // Long chunks with GQA groups of 3 or more at head_dim 128 add the own positions' dK and dV
-  // in fp32 (the kernel's own key blocks then go one a query head, SplitsOwnHeads).
+  // Chunks whose own key blocks go one a query head (SplitsOwnHeads: long ones, and from 4096
+  // tokens a sequence's first, own positions only) add the own positions' dK and dV in fp32.
   const int64_t padded = CeilDiv(c, 64) * 64;
   const bool split_own =
-      AttentionBackwardSplitsOwnHeads(c, m.num_attention_heads, m.num_key_value_heads, m.head_dim);
+      AttentionBackwardSplitsOwnHeads(c, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
+                                      /*own_only=*/true);
   const int64_t attention =
       padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
       2 * m.num_attention_heads * padded * kFp32Bytes +

@@ -60,7 +60,9 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
 
 // --- backward ------------------------------------------------------------------------------
 // Device scratch the backward needs, in bytes (dQ accumulated in fp32, the softmax row
-// correction D = dO . O and the LSE in log2 units): about t * H_q * (d_h + 2) * 4.
+// correction D = dO . O and the LSE in log2 units): about t * H_q * (d_h + 2) * 4, and where
+// the shape's own key blocks may go one a query head (AttentionBackwardSplitsOwnHeads, for a
+// launch over its own positions alone or not) their dK/dV in fp32, 2 * t * H_kv * d_h * 4.
 size_t AttentionBackwardWorkspaceBytes(const AttentionShape& shape);
 
 // dq, dk_own, dv_own are overwritten; dK/dV of the earlier positions are ADDED into the dKV pages
