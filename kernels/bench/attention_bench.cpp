@@ -42,6 +42,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -710,6 +712,16 @@ void RunSweep(int64_t tokens, int reps) {
   PrintSweepSummary(points);
 }
 
+// --heads "H_qxH_kv": H_kv dividing H_q, H_q at most 128; nullopt for anything else.
+std::optional<std::pair<int64_t, int64_t>> ParseHeads(const std::string& v) {
+  long long hq = 0, hkv = 0;
+  char x = 0, extra = 0;
+  if (std::sscanf(v.c_str(), "%lld%c%lld%c", &hq, &x, &hkv, &extra) != 3 || x != 'x' || hq < 1 ||
+      hkv < 1 || hq > 128 || hq % hkv != 0)
+    return std::nullopt;
+  return std::pair<int64_t, int64_t>{hq, hkv};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -745,12 +757,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Validator(
           [](const std::string& v) {
-            long long a = 0, b = 0;
-            char x = 0, extra = 0;
-            if (std::sscanf(v.c_str(), "%lld%c%lld%c", &a, &x, &b, &extra) != 3 || x != 'x' ||
-                a < 1 || b < 1 || a > 128 || a % b != 0)
-              return std::string{"must be H_qxH_kv, H_kv dividing H_q, H_q at most 128"};
-            return std::string{};
+            return ParseHeads(v)
+                       ? std::string{}
+                       : std::string{"must be H_qxH_kv, H_kv dividing H_q, H_q at most 128"};
           },
           "HQxHKV"));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
@@ -790,10 +799,7 @@ int main(int argc, char** argv) {
       RunSweep(n, reps);
     } else {
       BenchShape full_heads = kQwen7B;
-      long long hq = 0, hkv = 0;
-      std::sscanf(heads.c_str(), "%lldx%lld", &hq, &hkv);
-      full_heads.hq = hq;
-      full_heads.hkv = hkv;
+      std::tie(full_heads.hq, full_heads.hkv) = *ParseHeads(heads);  // validated by the parser
       RunFamilies(only, n, reps, full_heads);
     }
   } catch (const std::exception& e) {
