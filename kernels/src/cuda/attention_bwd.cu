@@ -9,9 +9,10 @@
 //     the earlier pages. K and V stay in shared memory; the block loops over every query head of
 //     the GQA group and every 64-query tile that sees its keys (causal for own keys; for
 //     page-sparse attention only the tiles that selected one of its pages, and only pages some tile
-//     selected are read or written), double-buffering Q, dO, LSE and D with cp.async. Per tile:
+//     selected are read or written), loading Q, dO, LSE and D ahead (by TMA with two
+//     warpgroups, cp.async with one). Per tile:
 //         S^T = K Q^T,  P^T = exp2(S^T scale log2e - LSE),  dV += P^T dO,
-//         dP^T = V dO^T,  dS^T = P^T (dP^T - D),  dK += dS^T Q,  dQ += dS K (fp32 atomics).
+//         dP^T = V dO^T,  dS^T = P^T (dP^T - D),  dK += dS^T Q,  dQ += dS K.
 //     Computing the transposed products keeps P^T and dS^T in the registers of the threads that
 //     own the keys, so dV and dK take them as A operands directly; only dS goes through shared
 //     memory (for dQ, whose rows are queries).
