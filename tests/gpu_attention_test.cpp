@@ -19,6 +19,8 @@
 #include "ctxplan/kernels/cpu/reference.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/runtime/plan/plan_geometry.h"
 #include "support/gpu.h"
 
 namespace ctxplan::kernels {
@@ -860,6 +862,30 @@ TEST(GpuAttention, RejectsUnsupportedShapes) {
   EXPECT_THROW(
       cuda::AttentionForward(s, nullptr, nullptr, nullptr, none, dense, nullptr, nullptr, nullptr),
       std::invalid_argument);
+}
+
+// The backward's workspace as the kernels ask for it and as the planner counts it (host
+// arithmetic: no GPU needed), for every catalog model the planner plans and chunks 1024-16384,
+// the split own blocks' accumulator included (a first chunk's from 4096 tokens, every chunk's
+// past the L2 rule): within the kernel's three 256-byte alignments.
+TEST(GpuAttention, PlannerCountsTheBackwardWorkspace) {
+  unsetenv("CTXPLAN_ATTN_BWD_SPLIT");  // the rule, not a test's override
+  for (const char* name : {"qwen2.5-7b", "qwen2.5-14b", "llama-3.1-8b", "llama-3.2-1b",
+                           "qwen2.5-0.5b", "mistral-7b-v0.3"}) {
+    const ModelSpec m = LoadModel(name);
+    for (const int64_t chunk : {1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384}) {
+      SCOPED_TRACE(std::string(name) + " chunk " + std::to_string(chunk));
+      RunOptions o;
+      o.context_tokens = 4 * chunk;
+      o.chunk_tokens = chunk;
+      const int64_t planned = PlanGeometry(m, o).attention_workspace_bytes();
+      const cuda::AttentionShape shape{chunk, m.num_attention_heads, m.num_key_value_heads,
+                                       m.head_dim, 1.0f};
+      const auto asked = static_cast<int64_t>(cuda::AttentionBackwardWorkspaceBytes(shape));
+      EXPECT_GE(asked, planned);
+      EXPECT_LT(asked - planned, 3 * 256);
+    }
+  }
 }
 
 }  // namespace

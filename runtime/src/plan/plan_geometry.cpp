@@ -354,26 +354,29 @@ int64_t PlanGeometry::workspace_bytes() const {
   // gradient, and the fp32 dX accumulator of its tokens (kernels/src/cuda/linear_cross_entropy.cu).
   const int64_t vocab_tile = std::min(kLossVocabTile, m.vocab_size);
   const int64_t loss = c * vocab_tile * (kFp32Bytes + kBf16Bytes) + c * m.hidden_size * kFp32Bytes;
-  // The attention backward: dQ accumulated in fp32, and each row's softmax correction and LSE,
-  // tokens padded to the 64-query tile (kernels/src/cuda/attention_bwd.cu,
-  // AttentionBackwardWorkspaceBytes).
-  // Chunks whose own key blocks go one a query head (SplitsOwnHeads: long ones, and from 4096
-  // tokens a sequence's first, own positions only) add the own positions' dK and dV in fp32.
-  const int64_t padded = CeilDiv(c, 64) * 64;
-  const bool split_own =
-      AttentionBackwardSplitsOwnHeads(c, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
-                                      /*own_only=*/true);
-  const int64_t attention =
-      padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
-      2 * m.num_attention_heads * padded * kFp32Bytes +
-      (split_own ? 2 * c * m.num_key_value_heads * m.head_dim * kFp32Bytes : 0);
   // The RMSNorm backward's d_weight partial rows: the layers' norms', and unless the norms are
   // frozen (LoRA) the final norm's, kept across the step's chunks (cuda_backend_layers.cpp,
   // FinalNormBackward).
   const int64_t norm_partial_sets = options_.lora_rank > 0 ? 1 : 2;
   const int64_t norm_partials =
       norm_partial_sets * std::min(c, kRmsNormMaxPartialRows) * m.hidden_size * kFp32Bytes;
-  return kCublasWorkspaceBytes + loss + attention + norm_partials;
+  return kCublasWorkspaceBytes + loss + attention_workspace_bytes() + norm_partials;
+}
+
+int64_t PlanGeometry::attention_workspace_bytes() const {
+  const ModelSpec& m = model_;
+  const int64_t c = options_.chunk_tokens;
+  // dQ accumulated in fp32, and each row's softmax correction and LSE, tokens padded to the
+  // 64-query tile (kernels/src/cuda/attention_bwd.cu, AttentionBackwardWorkspaceBytes).
+  // Chunks whose own key blocks go one a query head (SplitsOwnHeads: long ones, and from 4096
+  // tokens a sequence's first, own positions only) add the own positions' dK and dV in fp32.
+  const int64_t padded = CeilDiv(c, 64) * 64;
+  const bool split_own =
+      AttentionBackwardSplitsOwnHeads(c, m.num_attention_heads, m.num_key_value_heads, m.head_dim,
+                                      /*own_only=*/true);
+  return padded * m.num_attention_heads * m.head_dim * kFp32Bytes +
+         2 * m.num_attention_heads * padded * kFp32Bytes +
+         (split_own ? 2 * c * m.num_key_value_heads * m.head_dim * kFp32Bytes : 0);
 }
 
 int64_t PlanGeometry::paged_tokens_read(const ChunkGeometry& chunk) const {

@@ -207,6 +207,9 @@ class PlanGeometry {
   int64_t layer_inputs_bytes(const ChunkGeometry& chunk, int32_t stage = kAllStages) const;
   int64_t activation_bytes() const;  // the CUDA backend's: one layer, c tokens, and gradients
   int64_t workspace_bytes() const;   // cuBLAS workspace, loss tiles
+  // Its attention backward share: what the kernels' AttentionBackwardWorkspaceBytes asks for a
+  // chunk (up to its three 256-byte alignments).
+  int64_t attention_workspace_bytes() const;
   // GPU page-slot pool with offload on: KV + dKV slots for two layers' unions of host pages (one
   // attending, one prefetching) and two layers' own pages (one written, one copied out).
   int64_t page_slot_bytes() const;
