@@ -45,6 +45,8 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
                      {"--heads", "H_kv dividing H_q"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--heads", "28"}, dir), "attention_bench", 2,
                      {"--heads", "H_qxH_kv"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--head-dim", "96"}, dir), "attention_bench", 2,
+                     {"--head-dim", "96"});
   const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
                      2, {"--csv", csv.string()});

@@ -473,13 +473,14 @@ TEST(GpuAttention, EveryForwardPageLoader) {
 }
 // The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
 // whole dQ of an odd and an even last item, operands reloaded into both buffers), dense, over
-// earlier pages and gathered, rows past t.
+// earlier pages and gathered, rows past t, at both head dims.
 TEST(GpuAttention, TwoWarpgroupBackwardAtEveryItemCount) {
   SKIP_WITHOUT_GPU();
   for (const int64_t t : {64, 128, 192, 256, 320, 448}) {
     SCOPED_TRACE(t);
     CheckProblem(Make(t, 2, 2, 128, 128, 0), 40 + t / 64);  // own blocks: ceil(t / 64) items
     CheckProblem(Make(t - 5, 6, 2, 128, 128, 2), 50 + t / 64);
+    CheckProblem(Make(t - 3, 8, 2, 64, 128, 1), 60 + t / 64);  // head_dim 64: a 16 KB dQ
   }
   CheckProblem(Make(300, 14, 2, 128, 128, 3), 25);
   Problem sparse64 = Make(200, 8, 4, 64, 64, 4);  // head_dim 64: gathered blocks
@@ -511,6 +512,16 @@ TEST(GpuAttention, MmaSyncFallbackKernels) {
   CheckProblem(sparse, 43);
   unsetenv("CTXPLAN_ATTN_FWD");
   unsetenv("CTXPLAN_ATTN_BWD");
+}
+
+// Head_dim 64 dense on the 64-key blocks, two a multiprocessor (CTXPLAN_ATTN_BWD_KEYS=64, kept to
+// compare with the default 128-key blocks): own positions, and earlier pages over every position.
+TEST(GpuAttention, HeadDim64OnSixtyFourKeyBlocks) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_BWD_KEYS", "64", 1);
+  CheckProblem(Make(300, 8, 2, 64, 64, 0), 44);
+  CheckProblem(Make(257, 32, 8, 64, 128, 3), 45);
+  unsetenv("CTXPLAN_ATTN_BWD_KEYS");
 }
 
 // --- real top-k selection (sinks + top pages per 128-query tile) ---
@@ -573,8 +584,8 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
         RandomBf16(pr.num_slots * pr.PageShape().page_elements(), init_rng);
     const DeviceBuffer<int32_t> union_dev = Upload(union_pages);
     // The key blocks of either launch start at the same keys: 64-key blocks for pages of 64 or
-    // fewer tokens at head_dim 128 and for every page at head_dim 64, else 128.
-    const int64_t block_keys = (sh.hd == 64 || sh.p <= 64) ? 64 : 128;
+    // fewer tokens, else 128 (at both head dims).
+    const int64_t block_keys = sh.p <= 64 ? 64 : 128;
     const bool same_blocks = sh.p % block_keys == 0;
     const int64_t pe = pr.PageShape().page_elements();
     for (const bool bf16_pool : {false, true}) {
@@ -706,7 +717,7 @@ TEST(GpuAttention, OwnBlocksSplitByQueryHead) {
   sparse.per_tile = 3;
   sparse.sel = {1, 4, 8, 0, 2, 6};
   CheckProblem(sparse, 32);
-  CheckProblem(Make(200, 8, 4, 64, 64, 0), 33);  // head_dim 64: 64-key blocks, never split
+  CheckProblem(Make(200, 8, 4, 64, 64, 0), 33);  // head_dim 64
   CheckFusedOwnDkvAccumulate();
   unsetenv("CTXPLAN_ATTN_BWD_SPLIT");
 }

@@ -645,7 +645,13 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/true));
   ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(2048, 28, 4, 128, /*own_only=*/true));
   EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(16384, 28, 14, 128, true));  // groups of 2 keep
-  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(65536, 32, 8, 64, true));    // head_dim 64 never
+  // Head_dim 64: a first chunk of 4096-8191 tokens only.
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(65536, 32, 8, 64, true));
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(16384, 32, 8, 64, true));
+  EXPECT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 32, 8, 64, true));
+  EXPECT_TRUE(AttentionBackwardSplitsOwnHeads(4096, 32, 8, 64, true));
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 32, 8, 64, false));
+  EXPECT_FALSE(AttentionBackwardSplitsOwnHeads(2048, 32, 8, 64, true));
   EXPECT_LT(seconds(split, 8192), 0.95 * seconds(group, 8192));
   EXPECT_LT(seconds(split, 4096), 0.95 * seconds(group, 4096));  // own positions alone
   EXPECT_EQ(seconds(split, 2048), seconds(group, 2048));
@@ -667,7 +673,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // flushed exponentials of 2026-11-27T08:36Z, the own blocks first of T08:52Z, the TMA loads
   // of T14:10Z and the whole dQ of T16:20Z everywhere; the gathered sparse backward of T08:37Z at
   // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
-  // of T19:15Z at head dim 128)
+  // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z)
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 7u);
@@ -675,8 +681,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 8u);  // a multiple of 16 only now
   EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 5u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 5u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 6u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -695,16 +701,16 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 7u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 7u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 8u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 9u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 5u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 10u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 6u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 6u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 7u);  // and the morning's two
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 7u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
@@ -738,15 +744,24 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // The stepped descriptors and the whole dQ: a run between the two changes still differs.
   const KernelChange& whole_dq = KernelChanges()[10];
   EXPECT_EQ(whole_dq.date, "2026-11-27T16:20Z");
-  ASSERT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64).size(), 1u);
-  EXPECT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 64)[0].date, whole_dq.date);
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T16:30:00Z", 48, 64));
+  ASSERT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 128).size(), 2u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-27T14:30:00Z", 48, 128)[0].date, whole_dq.date);
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 48, 128));
   // The barrier-free backward and the own-only split: head dim 128 only.
   const KernelChange& no_barrier = KernelChanges()[11];
   EXPECT_EQ(no_barrier.date, "2026-11-27T19:15Z");
   EXPECT_TRUE(no_barrier.pages.empty());
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T16:30:00Z", 48, 128));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 48, 128));
+  // Head dim 64 on the two-warpgroup kernel and its own-only split: head dim 64 only, so a run
+  // of T19:20Z at head dim 64 differs from a later profile and one at 128 does not.
+  const KernelChange& d64_blocks = KernelChanges()[12];
+  EXPECT_EQ(d64_blocks.date, "2026-11-27T21:12Z");
+  EXPECT_TRUE(d64_blocks.pages.empty());
+  ASSERT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64).size(), 1u);
+  EXPECT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64)[0].date, d64_blocks.date);
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ void BenchFull(const BenchShape& s, int64_t n, int reps) {
   r.shape = "full_" + std::to_string(n / 1024) + "k";
   if (s.hq != kQwen7B.hq || s.hkv != kQwen7B.hkv)
     r.shape += "_h" + std::to_string(s.hq) + "x" + std::to_string(s.hkv);
+  if (s.hd != kQwen7B.hd) r.shape += "_d" + std::to_string(s.hd);
   r.hq = s.hq;
   r.hd = s.hd;
   r.pairs = static_cast<double>(n) * (n + 1) / 2.0;
@@ -693,10 +694,11 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
 }
 
 // Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
-// of the chunk), then the ratios outside the bounds.
-void RunSweep(int64_t tokens, int reps) {
+// of the chunk), then the ratios outside the bounds. head_dim: only that head_dim's rows (0: both).
+void RunSweep(int64_t tokens, int reps, int64_t head_dim) {
   std::vector<SweepPoint> points;
   for (BenchShape s : kSweepHeads) {
+    if (head_dim != 0 && s.hd != head_dim) continue;
     for (const int64_t c : kSweepChunks) {
       s.chunk = c;
       const int64_t context = tokens / c * c;
@@ -734,6 +736,7 @@ int main(int argc, char** argv) {
   int64_t n = 65536;
   constexpr int64_t c = kQwen7B.chunk;  // the runtime's chunk
   std::string only, csv, heads = "28x4";
+  int64_t head_dim = 0;
   app.add_option("--reps", reps, "timed repetitions per shape")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -762,6 +765,11 @@ int main(int argc, char** argv) {
                        : std::string{"must be H_qxH_kv, H_kv dividing H_q, H_q at most 128"};
           },
           "HQxHKV"));
+  app.add_option(
+         "--head-dim", head_dim,
+         "sweep: only this head_dim's rows (the /d128 ratios need both); full: the head_dim "
+         "(128 unless given; rows named full_<n>k..._d64 at 64)")
+      ->check(CLI::IsMember({64, 128}));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -796,10 +804,11 @@ int main(int argc, char** argv) {
     }
     if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
     if (only == "sweep") {
-      RunSweep(n, reps);
+      RunSweep(n, reps, head_dim);
     } else {
       BenchShape full_heads = kQwen7B;
       std::tie(full_heads.hq, full_heads.hkv) = *ParseHeads(heads);  // validated by the parser
+      if (head_dim != 0) full_heads.hd = head_dim;
       RunFamilies(only, n, reps, full_heads);
     }
   } catch (const std::exception& e) {

@@ -270,10 +270,16 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
   // own blocks are the whole launch, one wave of very unequal blocks (block i sees t / 64 - 2i
   // query tiles) that the split evens out: 1.45x at 4096 tokens, 1.30x at 8192 (H100, 28 / 4
   // heads, kernels/PERF.md); over earlier pages it does not pay below the L2 budget.
+  // At head dim 64 (H200, 32 / 8 heads, own positions only) the split ran 1.23x at 4096 tokens,
+  // 1.11x at 8192 and 0.98-0.99x at 16384-65536, the L2 rule's lengths included: it splits a
+  // first chunk under 16384 tokens only.
   constexpr int64_t kL2Budget = int64_t{32} << 20;
   constexpr int64_t kOwnOnlyTokens = 4096;
+  constexpr int64_t kOwnOnlyTokensEndD64 = 16384;
   const int64_t group = kv_heads > 0 ? heads / kv_heads : 1;
-  return head_dim == 128 && group >= 3 &&
+  if (group < 3) return false;
+  if (head_dim == 64) return own_only && tokens >= kOwnOnlyTokens && tokens < kOwnOnlyTokensEndD64;
+  return head_dim == 128 &&
          (tokens * group * head_dim * 8 > kL2Budget || (own_only && tokens >= kOwnOnlyTokens));
 }
 

@@ -89,6 +89,13 @@ const std::vector<KernelChange>& KernelChanges() {
        "a first chunk of 4096 tokens 1.44x)",
        {},
        {128}},
+      {"2026-11-27T21:12Z",
+       "the attention backward at head dim 64 came to run dense chunks in 128-key blocks of two "
+       "warpgroups with an item's whole dQ in one of them (sweep: dense 1.21x on an H200, "
+       "page-sparse 1.13x) and a first chunk of 4096-16383 tokens to split its key blocks one a "
+       "query head (1.23x at 4096, 1.11x at 8192)",
+       {},
+       {64}},
   };
   return changes;
 }

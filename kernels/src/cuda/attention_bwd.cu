@@ -26,19 +26,19 @@
 //     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
 //     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
 //     two pages share a slot); gathered blocks excepted, and own blocks split one a query head
-//     (long chunks at head_dim 128, SplitsOwnHeads: their dK/dV summed over the GQA group in an
-//     fp32 accumulator by atomics, then written by a second kernel, AttnBwdOwnDkvPostKernel).
-//     dQ is summed over key blocks, into an fp32 workspace: by bulk reduces in the two-warpgroup
-//     kernel (a tiled accumulator, DqTileOffset; at head_dim 128 one 32 KB reduce an item), by
-//     fp32 atomics in the others.
+//     (SplitsOwnHeads: long chunks at head_dim 128, first chunks from 4096 tokens at either head
+//     dim up to a length, AttentionBackwardSplitsOwnHeads; their dK/dV summed over the GQA group in
+//     an fp32 accumulator by atomics, then written by a second kernel, AttnBwdOwnDkvPostKernel). dQ
+//     is summed over key blocks, into an fp32 workspace: by bulk reduces in the two-warpgroup
+//     kernel (a tiled accumulator, DqTileOffset; one 16 KB (head_dim 64) or 32 KB reduce an item),
+//     by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
 // warpgroups (operands loaded two items ahead; no block barrier an item but in gathered blocks)
-// an item's whole dQ at head_dim 128 is one warpgroup's, alternating, while the other starts the
-// next item; at head_dim 64 each warpgroup's share runs under its next item's S and dP. The blocks
-// resident together walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by
-// the L2.
+// an item's whole dQ is one warpgroup's, alternating, while the other starts the next item. The
+// blocks resident together walk the queries side by side (ItemOrder), so that Q, dO and dQ are
+// served by the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -200,14 +200,12 @@ struct ItemOrder {
   }
 };
 
-// All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async.
-// NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves page-sparse selection over
-// pages of fewer than 128 tokens: a 128-key block would hold pages that query tiles select
-// independently, half of its work masked (kernels/PERF.md). Per attended pair it runs ~1.7x the
-// 128-key kernel's time: a 64-query item's Q / dO loads and dQ atomics serve 64 keys instead of
-// 128. With head_dim 64 there is one 64-column half of d: each warpgroup adds dS K over its own
-// 64 keys into dQ (as many atomics an item as head_dim 128's halves), so neither waits for the
-// other's dS.
+// All tiles use the 128-byte-swizzled [d/64][rows][64] layout (Sw128), written by cp.async or TMA.
+// NWG = 1 (one warpgroup, 64-key blocks, two blocks per SM) serves only the comparison switches
+// now: key blocks over a page-sparse selection's pages of fewer than 128 tokens
+// (CTXPLAN_ATTN_BWD_SPARSE=union / =positions; a 128-key block would hold pages that query tiles
+// select independently, half of its work masked) and head_dim 64 dense under
+// CTXPLAN_ATTN_BWD_KEYS=64 (kernels/PERF.md).
 template <int HD, int NWG, bool kItemBarrier = false>
 struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int BN = 64 * NWG;
@@ -221,21 +219,21 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kKvBytes = BN * HD * 2;     // one of K, V: [HD / 64][BN][64] bf16
   static constexpr int kQBytes = kBwdBM * HD * 2;  // one buffer of Q or dO: [HD / 64][64][64]
   static constexpr int kdSBytes = BN * 128;        // one buffer of dS^T: [BN keys][64 q] bf16
-  // A warpgroup's item dQ [64 q][64 d] fp32 on its way to the bulk reduce (two warpgroups; the
-  // one-warpgroup kernel adds dQ by atomics, kernels/PERF.md), in
-  // the accumulator's own order: float4 chunk c of thread w (of 128) at (128 c + w) * 16 bytes,
-  // which is also its order in the tiled dQ accumulator (DqTileOffset).
+  // One 64-column half of an item's dQ [64 q][64 d] fp32 on its way to the bulk reduce (two
+  // warpgroups; the one-warpgroup kernel adds dQ by atomics, kernels/PERF.md), in the
+  // accumulator's own order: float4 chunk c of thread w (of 128) at (128 c + w) * 16 bytes, which
+  // is also its order in the tiled dQ accumulator (DqTileOffset).
   static constexpr int kdQBytes = kPipelined ? kBwdBM * 64 * 4 : 0;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;                 // kStages buffers
   static constexpr int kdO = kQ + kStages * kQBytes;       // kStages buffers
   static constexpr int kdS = kdO + kStages * kQBytes;      // kdSBuffers buffers
-  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;  // NWG staging buffers (pipelined)
-  static constexpr int kL = kdQ + NWG * kdQBytes;          // [kStages][64] fp32
+  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;  // the staging: HD / 64 halves
+  static constexpr int kL = kdQ + HD / 64 * kdQBytes;      // [kStages][64] fp32
   static constexpr int kD = kL + kStages * kBwdBM * 4;     // [kStages][64] fp32
   static constexpr int kBars = kD + kStages * kBwdBM * 4;  // [kStages] operands-landed mbarriers
-  static constexpr int kStagingBar = kBars + 8 * kStages;  // the dQ staging read (kWholeDq)
+  static constexpr int kStagingBar = kBars + 8 * kStages;  // the dQ staging read
   static constexpr int kRelease = kStagingBar + 8;         // [kStages] uint32 release counts
   static constexpr int kUnion =
       kPipelined ? kRelease + 4 * kStages : kBars;  // uint32 union, int32 count
@@ -359,10 +357,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     dk[i] = 0.0f;
     dv[i] = 0.0f;
   }
-  // The pipelined kernel at head_dim 128 computes an item's whole dQ [64 q][128 d] in one
-  // warpgroup (kWholeDq, below); elsewhere a warpgroup holds one 64-column half.
-  constexpr bool kWholeDq = L::kPipelined && HD == 128;
-  constexpr int kDqRegs = kWholeDq ? 64 : BM / 2;
+  // The pipelined kernel computes an item's whole dQ [64 q][d_h] in one warpgroup (below); the
+  // one-warpgroup kernel one 64-column half at a time.
+  constexpr int kDqRegs = L::kPipelined ? HD / 2 : BM / 2;
   float s[BM / 2], dp_[BM / 2], dq[kDqRegs];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) {
@@ -374,12 +371,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
 
   if constexpr (L::kPipelined) {
-    // dQ's bulk reduce: one thread of each warpgroup issues it, from the warpgroup's staging
-    // buffer (this thread's float4 chunks at dq_stage_mine + 2048 c); with kWholeDq the
-    // warpgroup whose turn it is stages both halves in the whole buffer.
+    // dQ's bulk reduce: one thread of the warpgroup whose turn it is issues it, from the one
+    // staging buffer (this thread's float4 chunks at dq_stage_mine + 2048 c, a 64-column half
+    // every kdQBytes).
     const bool dq_issuer = (tid & 127) == 0;
-    const uint32_t dq_stage_mine =
-        base + L::kdQ + (kWholeDq ? 0 : wg * L::kdQBytes) + (tid & 127) * 16;
+    const uint32_t dq_stage_mine = base + L::kdQ + (tid & 127) * 16;
     ItemOrder order(n_tiles, item_heads, kb0, prm.n_q_tiles, tile_at);
     // A tile's gathered blocks run side by side: each starts at its own head and query tile.
     if (gathered) order.first.i = (kb0 / BN / prm.group) % n_tiles;
@@ -389,13 +385,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       q0 = tile_at(c.i) * BM;
     };
     auto next_item = [&](ItemCursor& c) { order.Next(c); };
-    // Item n: S^T and dP^T issued together (at head_dim 64 with the dQ of item n - 1, so the
-    // tensor cores run them while that dQ is added), then the softmax's backward. Every wgmma is
-    // waited within its iteration: one in flight across the loop's back edge makes the compiler
+    // Item n: S^T and dP^T issued together, then the softmax's backward. Every wgmma is waited
+    // within its iteration: one in flight across the loop's back edge makes the compiler
     // serialise them all. Operands (Q, dO, LSE2, D) land by TMA on their buffer's mbarrier, two
-    // items ahead, waited just before the item's S^T. dS^T alternates between two buffers. At
-    // head_dim 128 (kWholeDq) item n's whole dQ [64 q][128 d] is warpgroup n % 2's (its owner's),
-    // from both warpgroups' dS^T, and the owners pass one 32 KB staging buffer between them.
+    // items ahead, waited just before the item's S^T. dS^T alternates between two buffers. Item
+    // n's whole dQ [64 q][d_h] is warpgroup n % 2's (its owner's), from both warpgroups' dS^T,
+    // and the owners pass one staging buffer between them. At head_dim 64 this ran 1.08x each
+    // warpgroup adding its own keys' share from its own staging (kernels/PERF.md).
     // How the two warpgroups meet:
     //  - Without a block barrier (key blocks over own positions or pages): each warpgroup
     //    releases an operands buffer once its item's wgmmas are done (its own named barrier, then
@@ -405,10 +401,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     //    Item n + 2's dS^T (the same buffer) is written by the other warpgroup only after it has
     //    synced on item n + 1's barrier, where the owner of item n arrives after its dQ. The owner
     //    of item n waits on staging_free for item n - 1's reduce to have read the staging, which
-    //    that owner's issuing thread signals once its next S^T and dP^T are issued. At head_dim
-    //    64 each warpgroup takes its own keys' share of dQ from its own dS^T rows, into its own
-    //    staging: the warpgroups share only the operands. 1.03x the block barrier's rate on
-    //    64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
+    //    that owner's issuing thread signals once its next S^T and dP^T are issued. 1.03x the
+    //    block barrier's rate on 64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
     //  - kItemBarrier (gathered blocks, a selection tile's 2 x group items each): one block
     //    barrier an item (both dS^T written, the staging read, item n - 1 done); thread 0 then
     //    loads item n + 2 into item n - 1's buffer, of three. Without the barrier these blocks
@@ -560,20 +554,17 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       WgmmaCommit();
     };
 
-    // dQ = dS K over the block's keys (both warpgroups' dS^T), one commit group. Head_dim 128
-    // (kWholeDq): [64 q][128 d] by the warpgroup whose turn it is, items alternating between the
-    // two, as m64n128 wgmmas: 48 KB of shared-memory operands an item where two m64n64 halves, one
-    // a warpgroup, read 64 KB (cuDNN's backward does the same, ncu, kernels/PERF.md). Head_dim 64:
-    // [64 q][64 d], each warpgroup its own 64 keys' share.
-    constexpr int kDqKeys = HD == 64 ? 64 : BN;
-    const int dq_key0 = HD == 64 ? wg * 64 : 0;
+    // dQ = dS K over the block's 128 keys (both warpgroups' dS^T), one commit group: [64 q][d_h]
+    // by the warpgroup whose turn it is, items alternating between the two. At head_dim 128 as
+    // m64n128 wgmmas: 48 KB of shared-memory operands an item where two m64n64 halves, one a
+    // warpgroup, read 64 KB (cuDNN's backward does the same, ncu, kernels/PERF.md).
     auto issue_dq = [&](uint32_t ds) {
-      const SmemTileDesc dq_scores(ds + dq_key0 * 128, BN * 128, 1024);
-      const SmemTileDesc dq_keys(sK + dq_key0 * 128, BN * 128, 1024);
+      const SmemTileDesc dq_scores(ds, BN * 128, 1024);
+      const SmemTileDesc dq_keys(sK, BN * 128, 1024);
       WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-        if constexpr (kWholeDq) {
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        if constexpr (HD == 128) {
           WgmmaSS_m64n128<1, 1>(dq, dq_scores.At(kk * 16 * 128), dq_keys.At(kk * 16 * 128),
                                 kk > 0 ? 1 : 0);
         } else {
@@ -583,14 +574,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       }
       WgmmaCommit();
     };
-    // dQ into the tiled fp32 accumulator by one bulk reduce a warpgroup (16 KB, added in the L2
-    // line by line), from a staging buffer in the accumulator's own order: the per-thread fp32
-    // atomics (16 a thread an item) held each warp until the memory system took their operands,
-    // a fifth of the kernel's stall samples under ncu (kernels/PERF.md). The staging buffer is
-    // free again once the bulk copy has read it: its issuing thread waits for that before the
-    // next item's barrier (kItemBarrier), its warpgroup's next release (head_dim 64) or its
-    // signal on staging_free. With kWholeDq the two halves go to the staging buffer's two halves,
-    // which the accumulator holds side by side (DqTileOffset): one 32 KB reduce.
+    // dQ into the tiled fp32 accumulator by one bulk reduce an item (16 KB a 64-column half,
+    // added in the L2 line by line), from a staging buffer in the accumulator's own order: the
+    // per-thread fp32 atomics (16 a thread an item) held each warp until the memory system took
+    // their operands, a fifth of the kernel's stall samples under ncu (kernels/PERF.md). The
+    // halves go to the staging buffer's halves, which the accumulator holds side by side
+    // (DqTileOffset). The staging buffer is free again once the bulk copy has read it: its issuing
+    // thread waits for that before the next item's barrier (kItemBarrier) or its signal on
+    // staging_free.
     auto add_dq = [&](int h, int q0) {
 #pragma unroll
       for (int c = 0; c < kDqRegs / 4; ++c)
@@ -599,10 +590,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceProxyAsync();
       NamedBarrierSync(1 + wg, 128);
       if (dq_issuer) {
-        // (At head_dim 64 both warpgroups add their keys' shares into the one half.)
-        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
-                         base + L::kdQ + (kWholeDq ? 0 : wg * L::kdQBytes),
-                         kWholeDq ? 2 * L::kdQBytes : L::kdQBytes);
+        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0), base + L::kdQ,
+                         HD / 64 * L::kdQBytes);
         BulkCommit();
       }
     };
@@ -616,10 +605,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     FenceProxyAsync();
     __syncthreads();  // the key block; the mbarriers initialised
 
-    // kWholeDq without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled
-    // read (staging_free). Head_dim 64: the previous item.
+    // Without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled read
+    // (staging_free).
     bool staging_owed = false;
-    int prev_h = 0, prev_q0 = 0;
     auto signal_staging = [&] {
       if (staging_owed && dq_issuer) {
         BulkWaitRead<0>();
@@ -644,31 +632,18 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       item_at(cur, h, q0);
       next_item(cur);
       const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
-      if constexpr (!kWholeDq) {
-        // At n = 0 there is no earlier item: its dQ reads a stale buffer and adds nothing,
-        // issued all the same so that no branch splits the wgmma sequence.
-        issue_dq(sdS + ((n + 1) & 1) * L::kdSBytes);
-      }
       wait_operands(n);
       issue_s_dp(buf);
-      if constexpr (!kWholeDq) {
-        WgmmaWait<2>();  // the earlier item's dQ done; S^T and dP^T may still run
-        FenceAcc(dq);
-        if (n > 0) add_dq(prev_h, prev_q0);
-      } else if constexpr (!kItemBarrier) {
-        signal_staging();
-      }
+      if constexpr (!kItemBarrier) signal_staging();
       WgmmaWait<1>();  // S^T done; dP^T may still run
       FenceAcc(s);
       softmax_backward(q0, buf, ds);
-      prev_h = h;
-      prev_q0 = q0;
       if constexpr (kItemBarrier) {
         if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
         __syncthreads();                   // both warpgroups' dS^T; item n - 1 done
         if (tid == 0 && n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
         next_item(ahead);
-        if (kWholeDq && (n & 1) == wg) {
+        if ((n & 1) == wg) {
           // Its dQ, while the other warpgroup goes on to the next item's S^T and dP^T.
           whole_dq(n, h, q0, ds);
           continue;
@@ -678,12 +653,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         FenceAcc(dk);
         continue;
       }
-      if (kWholeDq && (n & 1) != wg) NamedBarrierArrive(kDsReady + (n & 3), 256);
+      if ((n & 1) != wg) NamedBarrierArrive(kDsReady + (n & 3), 256);
       WgmmaWait<0>();  // dV and dK
       FenceAcc(dv);
       FenceAcc(dk);
       // Release the operands buffer; the second warpgroup to do so loads item n + 2 into it.
-      if (!kWholeDq && dq_issuer) BulkWaitRead<0>();  // this warpgroup's staging, for its next dQ
       NamedBarrierSync(1 + wg, 128);
       if (dq_issuer) {
         __threadfence_block();
@@ -693,20 +667,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         }
       }
       next_item(ahead);
-      if (kWholeDq && (n & 1) == wg) {
+      if ((n & 1) == wg) {
         NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
         whole_dq(n, h, q0, ds);
       }
     }
-    if constexpr (!kWholeDq) {
-      // The last item's dQ.
-      issue_dq(sdS + ((n_items - 1) & 1) * L::kdSBytes);
-      WgmmaWait<0>();
-      FenceAcc(dq);
-      if (n_items > 0) add_dq(prev_h, prev_q0);
-    } else if constexpr (!kItemBarrier) {
-      signal_staging();
-    }
+    if constexpr (!kItemBarrier) signal_staging();
     if (dq_issuer) BulkWait<0>();  // the reduces done before the block's shared memory goes
   } else {
     // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
@@ -1023,38 +989,36 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   const int sel_tiles = prm.sel ? prm.sel_tiles : 0, q_tiles = prm.sel ? prm.n_q_tiles : 0;
   bool dq_tiled = false;  // the two-warpgroup kernel adds dQ into the tiled accumulator
   // The two-warpgroup kernel over key blocks (gather: gathered earlier blocks) on `blocks` (the
-  // grid with one own block a KV head). Where SplitsOwnHeads asked for it (head_dim 128,
-  // own_first only) its own blocks go one a query head instead, hq / hkv times as many, on the
+  // grid with one own block a KV head). Where SplitsOwnHeads asked for it (own_first only) its
+  // own blocks go one a query head instead, hq / hkv times as many, on the
   // kSplitOwn instantiation, their dK/dV accumulator zeroed first.
   bool own_split = false;
   auto launch_two_warpgroups = [&](auto gather, const BwdParams& q, int64_t blocks, int smem) {
     constexpr bool kGather = decltype(gather)::value;
-    if constexpr (HD == 128) {
-      if (split_own && q.own_first) {
-        const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
-        blocks += own_blocks * (prm.hq - prm.hkv);
-        Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
-        own_split = true;
-        CTXPLAN_CUDA_CHECK(
-            cudaMemsetAsync(prm.own_dkv_acc, 0,
-                            2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
-        launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true>, dim3(static_cast<unsigned>(blocks)),
-               256, smem, q);
-        return;
-      }
+    if (split_own && q.own_first) {
+      const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+      blocks += own_blocks * (prm.hq - prm.hkv);
+      Require(blocks < (int64_t{1} << 31), "too many key blocks for one launch");
+      own_split = true;
+      CTXPLAN_CUDA_CHECK(
+          cudaMemsetAsync(prm.own_dkv_acc, 0,
+                          2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
+      launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true>, dim3(static_cast<unsigned>(blocks)),
+             256, smem, q);
+      return;
     }
     launch(AttnBwdWgmmaKernel<HD, 2, false, kGather>, dim3(static_cast<unsigned>(blocks)), 256,
            smem, q);
   };
   const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
   if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
-    // 64-key blocks, two a multiprocessor: for head_dim 64 dense (1.1x the 128-key blocks'
-    // rate). Page-sparse launches take gathered blocks; the key blocks below serve them only under
-    // CTXPLAN_ATTN_BWD_SPARSE=union / =positions, to compare (64 keys for pages of 64 or fewer at
-    // head_dim 128, kernels/PERF.md). CTXPLAN_ATTN_BWD_KEYS=128 keeps head_dim 64 on 128-key
-    // blocks where 128 would, to compare.
+    // 128-key blocks (two warpgroups) at both head dims: at head_dim 64 1.27-1.29x the 64-key
+    // blocks two a multiprocessor (kernels/PERF.md). Page-sparse launches take gathered blocks;
+    // the key blocks below serve them only under CTXPLAN_ATTN_BWD_SPARSE=union / =positions, to
+    // compare (64 keys for pages of 64 or fewer). CTXPLAN_ATTN_BWD_KEYS=64 puts head_dim 64 dense
+    // on the 64-key blocks, to compare.
     const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
-    const bool keys_128 = keys != nullptr && std::strcmp(keys, "128") == 0;
+    const bool keys_64 = keys != nullptr && std::strcmp(keys, "64") == 0;
     const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
     // (Key blocks over a selection: the 128-key blocks' dQ staging leaves room for the selection
     // lists of chunks up to ~24K tokens; longer ones take the 64-key blocks.)
@@ -1076,7 +1040,7 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       dq_tiled = true;
       launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv,
                             WbSmem<HD, 2, true>::Bytes(0, 0));
-    } else if ((HD == 64 && !keys_128) || (prm.sel != nullptr && small_pages) || !lists_fit) {
+    } else if ((HD == 64 && keys_64) || (prm.sel != nullptr && small_pages) || !lists_fit) {
       const auto [q, grid] = with_blocks(64, 64);
       const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
       if (q.union_pages != nullptr) {

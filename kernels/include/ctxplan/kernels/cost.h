@@ -170,12 +170,13 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 
 // Whether the attention backward's own key blocks go one a query head instead of one a KV head
-// (kernels/src/cuda/attention_bwd.cu): at head_dim 128 with GQA groups of 3 or more, where the
+// (kernels/src/cuda/attention_bwd.cu), with GQA groups of 3 or more: at head_dim 128 where the
 // group's queries (Q, dO and the dQ accumulator, tokens * group * head_dim * 8 bytes) exceed
 // 32 MiB, or (own_only: a launch over the chunk's own positions alone, no earlier pages) where
-// the chunk has 4096 tokens or more. Their dK/dV are then summed over the group in an fp32
-// accumulator of the backward's workspace (2 * tokens * kv_heads * head_dim * 4 bytes), and the
-// launch has heads, not kv_heads, blocks a 128-query block.
+// the chunk has 4096 tokens or more; at head_dim 64 an own-only launch of 4096-16383 tokens.
+// Their dK/dV are then summed over the group in an fp32 accumulator of the backward's workspace
+// (2 * tokens * kv_heads * head_dim * 4 bytes), and the launch has heads, not kv_heads, blocks a
+// 128-query block.
 bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, bool own_only);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);

@@ -66,8 +66,9 @@ struct KernelProfile {
   // size run alike (H200 samples, 2026-11-24).
   std::map<int64_t, double> sparse_fwd_page_efficiency, sparse_bwd_page_efficiency;
   // The same at head dim 64, where its samples have sparse rows (empty: the tables above). Its
-  // backward runs 64-key blocks at every page size, so its page sizes fall otherwise than 128's
-  // (pages of 64 run at page 128's rate there, at ~0.6 of it at head dim 128).
+  // backward ran 64-key blocks at every page size from 2026-11-26 until 2026-11-27T21:12Z (128-key
+  // blocks since, as at head dim 128), so its page sizes fell otherwise than 128's (pages of 64 at
+  // page 128's rate there, at ~0.6 of it at head dim 128).
   std::map<int64_t, double> sparse_fwd_page_efficiency_d64, sparse_bwd_page_efficiency_d64;
   // The page-sparse backward the profile timed gathers each query tile's selected positions into
   // 128-key blocks (ctxtrain from 2026-11-27 on); false: it ran key blocks (64 keys under page
