@@ -498,22 +498,6 @@ TEST(GpuAttention, TinyChunk) {
   CheckProblem(Make(17, 4, 4, 64, 16, 1), 9);
 }
 
-// The mma.sync (FA2-style) kernels kept as a fallback behind CTXPLAN_ATTN_FWD / CTXPLAN_ATTN_BWD
-// = "mma" (the default for both head dims is the wgmma pair).
-TEST(GpuAttention, MmaSyncFallbackKernels) {
-  SKIP_WITHOUT_GPU();
-  setenv("CTXPLAN_ATTN_FWD", "mma", 1);
-  setenv("CTXPLAN_ATTN_BWD", "mma", 1);
-  CheckProblem(Make(300, 14, 2, 128, 64, 5), 41);
-  CheckProblem(Make(200, 3, 3, 64, 16, 9), 42);
-  Problem sparse = Make(256, 8, 2, 128, 64, 10);
-  sparse.per_tile = 4;
-  sparse.sel = {0, 3, 4, 8, 0, 1, 5, 9};  // 2 tiles of 128 queries, 4 pages each
-  CheckProblem(sparse, 43);
-  unsetenv("CTXPLAN_ATTN_FWD");
-  unsetenv("CTXPLAN_ATTN_BWD");
-}
-
 // Head_dim 64 dense on the 64-key blocks, two a multiprocessor (CTXPLAN_ATTN_BWD_KEYS=64, kept to
 // compare with the default 128-key blocks): own positions, and earlier pages over every position.
 TEST(GpuAttention, HeadDim64OnSixtyFourKeyBlocks) {

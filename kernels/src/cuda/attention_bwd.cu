@@ -20,18 +20,17 @@
 //     tile's selected positions (its pages in selection order) and loops over that tile's queries
 //     only, so no item is masked at any page size; the tiles that selected a page add into its
 //     dKV from different blocks, by atomics.
-//     Two implementations: wgmma (two warpgroups of 64 keys, AttnBwdWgmmaKernel), and under
-//     CTXPLAN_ATTN_BWD=mma mma.sync m16n8k16 (8 warps x 16 keys, attention_bwd_mma.cu,
-//     FlashAttention-2 style, kept for comparison). dK and dV of a key are complete in one
-//     block: they are written (own positions) or added (earlier pages, read-add-write into the fp32
-//     or bf16 dKV pool) without atomics, so the dKV accumulation is deterministic and race-free (no
-//     two pages share a slot); gathered blocks excepted, and own blocks split one a query head
-//     (SplitsOwnHeads: long chunks at head_dim 128, first chunks from 4096 tokens at either head
-//     dim up to a length, AttentionBackwardSplitsOwnHeads; their dK/dV summed over the GQA group in
-//     an fp32 accumulator by atomics, then written by a second kernel, AttnBwdOwnDkvPostKernel). dQ
-//     is summed over key blocks, into an fp32 workspace: by bulk reduces in the two-warpgroup
-//     kernel (a tiled accumulator, DqTileOffset; one 16 KB (head_dim 64) or 32 KB reduce an item),
-//     by fp32 atomics in the others.
+//     On wgmma: two warpgroups of 64 keys (AttnBwdWgmmaKernel; a FlashAttention-2 style mma.sync
+//     kernel served as a comparison until 2026-11-27, kernels/PERF.md). dK and dV of a key are
+//     complete in one block: they are written (own positions) or added (earlier pages,
+//     read-add-write into the fp32 or bf16 dKV pool) without atomics, so the dKV accumulation is
+//     deterministic and race-free (no two pages share a slot); gathered blocks excepted, and own
+//     blocks split one a query head (SplitsOwnHeads: long chunks at head_dim 128, first chunks from
+//     4096 tokens at either head dim up to a length, AttentionBackwardSplitsOwnHeads; their dK/dV
+//     summed over the GQA group in an fp32 accumulator by atomics, then written by a second kernel,
+//     AttnBwdOwnDkvPostKernel). dQ is summed over key blocks, into an fp32 workspace: by bulk
+//     reduces in the two-warpgroup kernel (a tiled accumulator, DqTileOffset; one 16 KB (head_dim
+//     64) or 32 KB reduce an item), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
 // loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
@@ -143,17 +142,16 @@ __global__ void AttnBwdPostKernel(const float* __restrict__ acc, int64_t n4, flo
   }
 }
 
-// --- 2'. main, wgmma (sm_90a), head_dim 128 ---------------------------------------------------
-// Same decomposition as the mma.sync kernel (attention_bwd_mma.cu), on warpgroup MMAs: two
-// warpgroups, each owning 64 of the block's 128 keys. Per 64-query tile:
+// --- 2. main, wgmma (sm_90a) ----------------------------------------------------------------
+// Two warpgroups, each owning 64 of the block's 128 keys (one warpgroup of 64 keys: the comparison
+// switches' NWG = 1). Per 64-query tile, at head_dim 128:
 //   S^T  = K_wg Q^T      wgmma SS (K and Q K-major in shared memory)          64 x 64
 //   dV  += P^T dO        wgmma RS (P^T from registers, dO N-major)            64 x 128
 //   dP^T = V_wg dO^T     wgmma SS                                              64 x 64
 //   dK  += dS^T Q        wgmma RS (dS^T from registers, Q N-major)            64 x 128
 //   dQ   = dS K          wgmma SS (dS^T in shared memory read M-major, K N-major): two
-//                        warpgroups at head_dim 128, 64 x 128 by one of them an item; else
-//                        64 x 64 a warpgroup; then bulk reduces (two warpgroups) or fp32 atomics
-//                        (one)
+//                        warpgroups, 64 x d_h by one of them an item, then a bulk reduce; one
+//                        warpgroup, 64 x 64 at a time, then fp32 atomics
 
 // The order of the two-warpgroup kernel's items (query head hl of the GQA group, i-th of the
 // block's n_tiles query tiles, ascending), chosen for the L2: the blocks resident together should
@@ -1010,57 +1008,50 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     launch(AttnBwdWgmmaKernel<HD, 2, false, kGather>, dim3(static_cast<unsigned>(blocks)), 256,
            smem, q);
   };
-  const char* choice = std::getenv("CTXPLAN_ATTN_BWD");  // "mma": the mma.sync kernel
-  if (!(choice != nullptr && std::strcmp(choice, "mma") == 0)) {
-    // 128-key blocks (two warpgroups) at both head dims: at head_dim 64 1.27-1.29x the 64-key
-    // blocks two a multiprocessor (kernels/PERF.md). Page-sparse launches take gathered blocks;
-    // the key blocks below serve them only under CTXPLAN_ATTN_BWD_SPARSE=union / =positions, to
-    // compare (64 keys for pages of 64 or fewer). CTXPLAN_ATTN_BWD_KEYS=64 puts head_dim 64 dense
-    // on the 64-key blocks, to compare.
-    const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
-    const bool keys_64 = keys != nullptr && std::strcmp(keys, "64") == 0;
-    const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
-    // (Key blocks over a selection: the 128-key blocks' dQ staging leaves room for the selection
-    // lists of chunks up to ~24K tokens; longer ones take the 64-key blocks.)
-    const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
-    // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for every
-    // page-sparse chunk: no item masked at any page size, and at pages of 128 and 256 1.10-1.26x
-    // the key blocks over the union's pages (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=union (or
-    // =positions) keeps key blocks, to compare.
-    const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union");
-    if (gather) {
-      BwdParams q = prm;
-      q.union_pages = nullptr;
-      q.gather_groups = static_cast<int>((prm.sel_stride * prm.p + kBwdBN - 1) / kBwdBN);
-      const int64_t earlier_blocks = static_cast<int64_t>(prm.sel_tiles) * q.gather_groups;
-      const int64_t blocks = earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
-      Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
-      q.n_earlier_blocks = static_cast<int>(earlier_blocks);
-      q.own_first = 1;
-      dq_tiled = true;
-      launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv,
-                            WbSmem<HD, 2, true>::Bytes(0, 0));
-    } else if ((HD == 64 && keys_64) || (prm.sel != nullptr && small_pages) || !lists_fit) {
-      const auto [q, grid] = with_blocks(64, 64);
-      const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
-      if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q);
-      } else {
-        launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
-      }
+  // 128-key blocks (two warpgroups) at both head dims: at head_dim 64 1.27-1.29x the 64-key
+  // blocks two a multiprocessor (kernels/PERF.md). Page-sparse launches take gathered blocks;
+  // the key blocks below serve them only under CTXPLAN_ATTN_BWD_SPARSE=union / =positions, to
+  // compare (64 keys for pages of 64 or fewer). CTXPLAN_ATTN_BWD_KEYS=64 puts head_dim 64 dense
+  // on the 64-key blocks, to compare.
+  const char* keys = std::getenv("CTXPLAN_ATTN_BWD_KEYS");
+  const bool keys_64 = keys != nullptr && std::strcmp(keys, "64") == 0;
+  const bool small_pages = positions ? prm.p < kBwdBN : prm.p <= 64;
+  // (Key blocks over a selection: the 128-key blocks' dQ staging leaves room for the selection
+  // lists of chunks up to ~24K tokens; longer ones take the 64-key blocks.)
+  const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
+  // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for every
+  // page-sparse chunk: no item masked at any page size, and at pages of 128 and 256 1.10-1.26x
+  // the key blocks over the union's pages (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=union (or
+  // =positions) keeps key blocks, to compare.
+  const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union");
+  if (gather) {
+    BwdParams q = prm;
+    q.union_pages = nullptr;
+    q.gather_groups = static_cast<int>((prm.sel_stride * prm.p + kBwdBN - 1) / kBwdBN);
+    const int64_t earlier_blocks = static_cast<int64_t>(prm.sel_tiles) * q.gather_groups;
+    const int64_t blocks = earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+    Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
+    q.n_earlier_blocks = static_cast<int>(earlier_blocks);
+    q.own_first = 1;
+    dq_tiled = true;
+    launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv, WbSmem<HD, 2, true>::Bytes(0, 0));
+  } else if ((HD == 64 && keys_64) || (prm.sel != nullptr && small_pages) || !lists_fit) {
+    const auto [q, grid] = with_blocks(64, 64);
+    const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);
+    if (q.union_pages != nullptr) {
+      launch(AttnBwdWgmmaKernel<HD, 1, true>, grid, 128, smem, q);
     } else {
-      const auto [q, grid] = with_blocks(128, 128);
-      const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
-      dq_tiled = true;
-      if (q.union_pages != nullptr) {
-        launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
-      } else {
-        launch_two_warpgroups(std::false_type{}, q, grid.x, smem);
-      }
+      launch(AttnBwdWgmmaKernel<HD, 1, false>, grid, 128, smem, q);
     }
   } else {
-    const auto [q, grid] = with_blocks(kBwdBN, kBwdBN);
-    LaunchMmaKernel<HD>(q, grid, sel_tiles, q_tiles, stream);
+    const auto [q, grid] = with_blocks(128, 128);
+    const int smem = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles);
+    dq_tiled = true;
+    if (q.union_pages != nullptr) {
+      launch(AttnBwdWgmmaKernel<HD, 2, true>, grid, 256, smem, q);
+    } else {
+      launch_two_warpgroups(std::false_type{}, q, grid.x, smem);
+    }
   }
   {
     const int threads = 256;

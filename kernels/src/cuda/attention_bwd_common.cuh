@@ -1,7 +1,6 @@
-// Paged attention backward: what its kernels share (attention_bwd.cu, the wgmma kernel and the
-// launch; attention_bwd_mma.cu, the mma.sync kernel kept for comparison): the launch parameters,
-// which keys a block owns, the copies into shared memory, the page-sparse selection's scan, and
-// the dK/dV epilogue's row adders. The method is told at the top of attention_bwd.cu.
+// Paged attention backward: what its kernel and launch share (attention_bwd.cu): the launch
+// parameters, which keys a block owns, the copies into shared memory, the page-sparse selection's
+// scan, and the dK/dV epilogue's row adders. The method is told at the top of attention_bwd.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -367,11 +366,5 @@ __device__ __forceinline__ void StoreOwnRow(const BwdParams& prm, int kidx, int6
     AddRow<kPairs>(pool + kofs, pool + vofs, dkr, dvr, dk, dv);
   }
 }
-
-// The mma.sync kernel (attention_bwd_mma.cu) over `grid`'s key blocks, with the shared memory of
-// `sel_tiles` selection tiles and `q_tiles` query tiles (0 and 0 when dense).
-template <int HD>
-void LaunchMmaKernel(const BwdParams& prm, dim3 grid, int sel_tiles, int q_tiles,
-                     cudaStream_t stream);
 
 }  // namespace ctxplan::kernels::cuda::bwd

@@ -1,14 +1,6 @@
 // Device helpers shared by the paged attention kernels (attention_fwd.cu, attention_bwd.cu):
-// PTX wrappers for cp.async, ldmatrix and mma.sync m16n8k16 (bf16 in, fp32 accumulate), the
-// XOR-swizzled shared-memory tile layout, and host-side argument checks.
-//
-// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16), lane = 4 * g + tq:
-//   A 16x16 (row): a0 = (g, 2tq..2tq+1), a1 = (g+8, 2tq..), a2 = (g, 2tq+8..), a3 = (g+8, 2tq+8..)
-//   B 16x8  (col): b0 = (k 2tq..2tq+1, n g), b1 = (k 2tq+8.., n g)
-//   C 16x8       : c0,c1 = (g, 2tq..2tq+1), c2,c3 = (g+8, 2tq..2tq+1)
-// Shared tiles are [rows][D] bf16 with D*2-byte rows cut into 16-byte chunks; chunk c of row r is
-// stored at chunk c ^ (r & 7): eight rows read at one logical chunk (one ldmatrix 8x8 matrix)
-// hit eight distinct 16-byte bank groups, and 16-byte cp.async writes stay conflict-free.
+// PTX wrappers for cp.async, bf16 packing and the flushed exponential, and host-side argument
+// checks. (The wgmma layouts and wrappers: attention_wgmma.cuh.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,37 +32,10 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a * b, m16n8k16, bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two floats -> bf16x2 (lo in the low half, i.e. the lower column index).
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile with D columns.
-template <int D>
-__device__ __forceinline__ uint32_t SwzOffset(int row, int chunk) {
-  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
 // 2^x on the MUFU unit with results under 2^-126 flushed to zero: exp2f, compiled without -ftz,

@@ -8,17 +8,13 @@
 // the tiles that need it (the diagonal, the end of the chunk, a partial page list). Blocks are
 // launched heaviest first (the last query tiles see the most own keys).
 //
-// Two implementations:
-//  - AttnFwdWarpSpecializedKernel (default): a loader warpgroup and two compute warpgroups x 64
-//    query rows on mbarriers, 128-key tiles, S = Q K^T and O += P V on wgmma (Hopper warpgroup
-//    MMA), P from registers, the compute warpgroups taking turns on the tensor cores.
-//  - AttnFwdKernel (CTXPLAN_ATTN_FWD=mma): FlashAttention-2 style, 4 warps x 32 rows, 64-key
-//    tiles, mma.sync m16n8k16 with ldmatrix fragments.
+// AttnFwdWarpSpecializedKernel: a loader warpgroup and two compute warpgroups x 64 query rows on
+// mbarriers, 128-key tiles, S = Q K^T and O += P V on wgmma (Hopper warpgroup MMA), P from
+// registers, the compute warpgroups taking turns on the tensor cores. (A FlashAttention-2 style
+// mma.sync kernel served as a fallback and comparison until 2026-11-27: kernels/PERF.md.)
 // A key tile of earlier positions is gathered page by page, rows p-contiguous with stride
-// H_kv * d_h within a page. The wgmma kernel: TMA boxes of 32-128 rows when 32 divides p, cp.async
-// groups of 16 rows when 16 does (their pages read a tile ahead), a per-thread cursor otherwise.
-// The mma.sync one: when p is a power of two >= its 64-key tile, at most two pages a tile, their
-// slots fetched a tile ahead; other p row by row.
+// H_kv * d_h within a page: TMA boxes of 32-128 rows when 32 divides p, cp.async groups of 16
+// rows when 16 does (their pages read a tile ahead), a per-thread cursor otherwise.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -40,9 +36,10 @@ namespace {
 
 using namespace detail;
 
-constexpr int kFwdBM = 128;       // queries per block
-constexpr int kFwdBN = 64;        // keys per tile
-constexpr int kFwdThreads = 128;  // 4 warps x 32 rows
+constexpr int kFwdBM = 128;  // queries per block (the selection's query tiles: a multiple)
+// The page size passed where a chunk has no earlier pages: any nonzero value (the loaders divide
+// by it).
+constexpr int kNoPageTokens = 64;
 
 struct FwdParams {
   const bf16* q;
@@ -60,323 +57,6 @@ struct FwdParams {
   int q_tiles;
   float scale_log2;
 };
-
-// The block's query rows q0 .. q0 + BM - 1 of head h, and rows kbase .. kbase + BN - 1 of the
-// chunk's own K or V (`own`, rows of kv_row elements, KV head hkv), into shared tiles with
-// cp.async; rows past the end zero-filled. offset(row, c): the byte offset of 16-byte chunk c of
-// row `row` in the tile layout. The mma.sync kernel's (the wgmma kernel loads both by TMA).
-template <int HD, int BM, int kThreads, typename Offset>
-__device__ __forceinline__ void LoadQueryRows(const FwdParams& prm, int q0, int h, uint32_t sQ,
-                                              Offset offset) {
-  constexpr int kChunks = HD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunks;
-  const int tid = threadIdx.x;
-  const int c = tid % kChunks;
-#pragma unroll
-  for (int i = 0; i < BM / kRowsPerPass; ++i) {
-    const int row = i * kRowsPerPass + tid / kChunks;
-    const int qi = q0 + row;
-    const bool valid = qi < prm.t;
-    const bf16* src = valid ? prm.q + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8 : prm.q;
-    CpAsync16(sQ + offset(row, c), src, valid);
-  }
-}
-
-template <int HD, int BN, int kThreads, typename Offset>
-__device__ __forceinline__ void LoadOwnRows(const bf16* own, int kbase, int own_end, int64_t kv_row,
-                                            int hkv, uint32_t dst, Offset offset) {
-  constexpr int kChunks = HD / 8;
-  constexpr int kRowsPerPass = kThreads / kChunks;
-  const int tid = threadIdx.x;
-  const int c = tid % kChunks;
-#pragma unroll
-  for (int i = 0; i < BN / kRowsPerPass; ++i) {
-    const int row = i * kRowsPerPass + tid / kChunks;
-    const int k = kbase + row;
-    const bool valid = k < own_end;
-    const bf16* src = valid ? own + k * kv_row + hkv * HD + c * 8 : own;
-    CpAsync16(dst + offset(row, c), src, valid);
-  }
-}
-
-template <int HD>
-__global__ void __launch_bounds__(kFwdThreads, 2) AttnFwdKernel(const FwdParams prm) {
-  constexpr int BM = kFwdBM, BN = kFwdBN;
-  constexpr int kChunks = HD / 8;  // 16-byte chunks per row
-  constexpr int kTileBytes = BN * HD * 2;
-  constexpr int kDn = HD / 8;  // n-tiles of the output
-  constexpr int kRowsPerPass = kFwdThreads / kChunks;
-
-  extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t sQ = SmemAddr(smem);
-  const uint32_t sK = sQ + BM * HD * 2;     // 2 buffers
-  const uint32_t sV = sK + 2 * kTileBytes;  // 2 buffers
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, tq = lane & 3;
-  const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
-  const int h = blockIdx.y, hkv = h / prm.group;
-  const int q0 = tile * BM;
-  const int t = prm.t;
-  const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
-
-  const int32_t* sel_list =
-      prm.sel ? prm.sel + static_cast<int64_t>(q0 / prm.query_tile) * prm.sel_stride : nullptr;
-  const int n_pages_b = prm.sel ? static_cast<int>(prm.sel_stride) : prm.num_pages;
-  const int n_e = n_pages_b * prm.p;  // earlier keys this block sees
-  const int own_end = min(q0 + BM, t);
-  const int ne_tiles = (n_e + BN - 1) / BN;
-  const int n_tiles = ne_tiles + (own_end + BN - 1) / BN;
-  const bool page_fast = (prm.p % BN) == 0;
-
-  // Slot of earlier tile j (fast path: the whole tile is in one page).
-  auto tile_slot = [&](int j) -> int {
-    if (!page_fast || j >= ne_tiles) return 0;
-    const int li = (j * BN) / prm.p;
-    const int page = sel_list ? __ldg(sel_list + li) : li;
-    return __ldg(prm.page_slot + page);
-  };
-
-  // Issue the copies of K (which = 0) or V (which = 1) of tile j into buffer buf.
-  auto load_kv = [&](int j, int buf, int which, int slot) {
-    const uint32_t dst_base = (which ? sV : sK) + buf * kTileBytes;
-    const int c = tid % kChunks;
-    if (j < ne_tiles) {
-      if (page_fast) {
-        const int off0 = (j * BN) % prm.p;
-        const bf16* base = prm.pool + static_cast<int64_t>(slot) * prm.page_elems +
-                           (static_cast<int64_t>(which) * prm.p + off0) * kv_row + hkv * HD + c * 8;
-#pragma unroll
-        for (int i = 0; i < BN / kRowsPerPass; ++i) {
-          const int row = i * kRowsPerPass + tid / kChunks;
-          CpAsync16(dst_base + SwzOffset<HD>(row, c), base + row * kv_row, true);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < BN / kRowsPerPass; ++i) {
-          const int row = i * kRowsPerPass + tid / kChunks;
-          const int v = j * BN + row;
-          const bool valid = v < n_e;
-          const bf16* src = prm.pool;
-          if (valid) {
-            const int li = v / prm.p, off = v - li * prm.p;
-            const int page = sel_list ? __ldg(sel_list + li) : li;
-            const int s = __ldg(prm.page_slot + page);
-            src = prm.pool + static_cast<int64_t>(s) * prm.page_elems +
-                  (static_cast<int64_t>(which) * prm.p + off) * kv_row + hkv * HD + c * 8;
-          }
-          CpAsync16(dst_base + SwzOffset<HD>(row, c), src, valid);
-        }
-      }
-    } else {
-      LoadOwnRows<HD, BN, kFwdThreads>(which ? prm.v_own : prm.k_own, (j - ne_tiles) * BN, own_end,
-                                       kv_row, hkv, dst_base,
-                                       [](int row, int c) { return SwzOffset<HD>(row, c); });
-    }
-  };
-
-  // --- prologue: Q and tile 0 ---
-  LoadQueryRows<HD, BM, kFwdThreads>(prm, q0, h, sQ,
-                                     [](int row, int c) { return SwzOffset<HD>(row, c); });
-  int slot_cur = tile_slot(0);
-  load_kv(0, 0, 0, slot_cur);
-  CpAsyncCommit();  // group: Q + K0
-  load_kv(0, 0, 1, slot_cur);
-  CpAsyncCommit();  // group: V0
-  int slot_next = tile_slot(1);
-
-  float o[2][kDn][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int dn = 0; dn < kDn; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][dn][e] = 0.0f;
-  float row_max[2][2], row_sum[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      row_max[mt][hf] = -INFINITY;
-      row_sum[mt][hf] = 0.0f;
-    }
-
-  const float scale_log2 = prm.scale_log2;
-  const int wr0 = warp * 32;
-  // Per-lane ldmatrix row/chunk parts.
-  const int a_row = lane & 15, a_chk = lane >> 4;                              // A (Q) x4
-  const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chk = (lane >> 3) & 1;  // B (K) x4
-  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chk = lane >> 4;  // B (V) x4.trans
-
-  for (int j = 0; j < n_tiles; ++j) {
-    const int buf = j & 1;
-    CpAsyncWait<1>();
-    __syncthreads();
-    if (j + 1 < n_tiles) load_kv(j + 1, buf ^ 1, 0, slot_next);
-    CpAsyncCommit();
-    if (j + 1 < n_tiles) load_kv(j + 1, buf ^ 1, 1, slot_next);
-    CpAsyncCommit();
-    slot_next = tile_slot(j + 2);
-
-    // S = Q K^T : [32 rows][64 keys] per warp.
-    float s[2][BN / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-    const uint32_t kbuf = sK + buf * kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      uint32_t qa[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-        Ldsm4(qa[mt], sQ + SwzOffset<HD>(wr0 + mt * 16 + a_row, kk * 2 + a_chk));
-#pragma unroll
-      for (int np = 0; np < BN / 16; ++np) {
-        uint32_t kb[4];
-        Ldsm4(kb, kbuf + SwzOffset<HD>(np * 16 + b_row, kk * 2 + b_chk));
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          Mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-          Mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
-        }
-      }
-    }
-
-    // Mask where needed.
-    if (j < ne_tiles) {
-      const int v0 = j * BN;
-      if (v0 + BN > n_e) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (v0 + nt * 8 + 2 * tq + (e & 1) >= n_e) s[mt][nt][e] = -INFINITY;
-      }
-    } else {
-      const int kbase = (j - ne_tiles) * BN;
-      if (kbase + BN > q0 + 1 || kbase + BN > t) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int k = kbase + nt * 8 + 2 * tq + (e & 1);
-              const int qi = q0 + wr0 + mt * 16 + g + (e >> 1) * 8;
-              if (k > qi || k >= t) s[mt][nt][e] = -INFINITY;
-            }
-      }
-    }
-
-    // Online softmax (rows g and g + 8 of each m-tile; a quad shares a row).
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[mt][hf], mx);
-        const float ms = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-        const float corr = Exp2(row_max[mt][hf] * scale_log2 - ms);
-        row_max[mt][hf] = m_new;
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = Exp2(fmaf(s[mt][nt][2 * hf + e], scale_log2, -ms));
-            s[mt][nt][2 * hf + e] = x;
-            rs += x;
-          }
-        }
-        row_sum[mt][hf] = row_sum[mt][hf] * corr + rs;
-#pragma unroll
-        for (int dn = 0; dn < kDn; ++dn) {
-          o[mt][dn][2 * hf] *= corr;
-          o[mt][dn][2 * hf + 1] *= corr;
-        }
-      }
-    }
-
-    CpAsyncWait<2>();
-    __syncthreads();
-
-    // O += P V.
-    const uint32_t vbuf = sV + buf * kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        pa[mt][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < HD / 16; ++dp) {
-        uint32_t vb[4];
-        Ldsm4T(vb, vbuf + SwzOffset<HD>(kk * 16 + v_row, dp * 2 + v_chk));
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          Mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-          Mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-        }
-      }
-    }
-  }
-  CpAsyncWait<0>();
-
-  // --- epilogue: normalise, LSE, O through the warp's own rows of the Q tile ---
-  __syncwarp();
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float l = row_sum[mt][hf];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row_local = wr0 + mt * 16 + g + hf * 8;
-      const int qi = q0 + row_local;
-      if (tq == 0 && qi < t) {
-        prm.lse[static_cast<int64_t>(qi) * prm.hq + h] =
-            (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2;
-      }
-#pragma unroll
-      for (int dn = 0; dn < kDn; ++dn) {
-        const uint32_t packed = PackBf16(o[mt][dn][2 * hf] * inv, o[mt][dn][2 * hf + 1] * inv);
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sQ + SwzOffset<HD>(row_local, dn) + tq * 4),
-                     "r"(packed)
-                     : "memory");
-      }
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
-    const int idx = i * 32 + lane;
-    const int row_local = wr0 + idx / kChunks, c = idx % kChunks;
-    const int qi = q0 + row_local;
-    if (qi < t) {
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(sQ + SwzOffset<HD>(row_local, c))
-                   : "memory");
-      *reinterpret_cast<uint4*>(prm.out + (static_cast<int64_t>(qi) * prm.hq + h) * HD + c * 8) = v;
-    }
-  }
-}
 
 // --- warp-specialised wgmma forward (sm_90a, FlashAttention-3 style) -----------------------------
 // One block = 128 queries of one head; keys in tiles of 128. Three warpgroups: warpgroup 0 only
@@ -850,11 +530,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-// CTXPLAN_ATTN_FWD=mma selects the mma.sync kernel (the FA2-style fallback, kept for comparison).
-bool UseMmaSyncForward() {
-  const char* v = std::getenv("CTXPLAN_ATTN_FWD");
-  return v != nullptr && std::strcmp(v, "mma") == 0;
-}
 // TMA groups where 32 divides p, cp.async groups of 16 rows where 16 does, the row cursor
 // otherwise; CTXPLAN_ATTN_FWD_PAGES=groups or =cursor picks that loader wherever it can serve,
 // for comparison (attention_bench, the tests).
@@ -891,14 +566,6 @@ FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader) {
 template <int HD>
 void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
   const dim3 grid(prm.q_tiles, prm.hq);
-  if (UseMmaSyncForward()) {
-    constexpr int smem = kFwdBM * HD * 2 + 4 * kFwdBN * HD * 2;
-    CTXPLAN_CUDA_CHECK(
-        cudaFuncSetAttribute(AttnFwdKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    AttnFwdKernel<HD><<<grid, kFwdThreads, smem, stream>>>(prm);
-    CTXPLAN_CUDA_CHECK_LAUNCH();
-    return;
-  }
   constexpr int smem = WsSmem<HD>::kBytes;
   const FwdPageLoader loader = ChooseFwdPageLoader(prm.p);
   const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader);
@@ -948,7 +615,7 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
   prm.hq = static_cast<int>(shape.num_heads);
   prm.hkv = static_cast<int>(shape.num_kv_heads);
   prm.group = prm.hq / prm.hkv;
-  prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kFwdBN;
+  prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kNoPageTokens;
   prm.num_pages = static_cast<int>(earlier.num_pages);
   prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kFwdBM;
   prm.q_tiles = static_cast<int>((shape.tokens + kFwdBM - 1) / kFwdBM);

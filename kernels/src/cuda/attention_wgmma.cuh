@@ -2,7 +2,8 @@
 // mbarriers, named barriers, and the TMA unit's bulk and tensor copies.
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, lane = 4 g + tq): d[4 i + e] is
 // row 16 w + g + 8 (e >> 1), column 8 i + 2 tq + (e & 1). The register A operand of a k16 step has
-// the mma.sync m16n8k16 A layout per warp (rows 16 w..16 w + 15).
+// the mma.sync m16n8k16 A layout per warp (rows 16 w..16 w + 15): a0 = (g, 2 tq..2 tq + 1),
+// a1 = (g + 8, 2 tq..), a2 = (g, 2 tq + 8..), a3 = (g + 8, 2 tq + 8..), two bf16 a register.
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,7 @@
 //
 // This header is plain C++ (g++ includes it; the kernels live in kernels/src/cuda/attention_*.cu
 // and page_select.cu). Kernels: Hopper wgmma (warpgroup MMA) forward and backward for head_dim
-// 64 and 128; FlashAttention-2-style mma.sync kernels kept for comparison (environment
-// CTXPLAN_ATTN_FWD=mma / CTXPLAN_ATTN_BWD=mma selects them).
+// 64 and 128.
 // Measured on an H200 (bf16, d_h 128, 28/4 heads, causal 64K, 2026-11-27): forward 579 TFLOP/s,
 // backward 470-479 (kernels/bench/attention_bench.cpp; PyTorch SDPA flash 350 / 324, cuDNN 598 /
 // 540 in the same run; kernels/PERF.md).
