@@ -388,8 +388,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     // serialise them all. Operands (Q, dO, LSE2, D) land by TMA on their buffer's mbarrier, two
     // items ahead, waited just before the item's S^T. dS^T alternates between two buffers. Item
     // n's whole dQ [64 q][d_h] is warpgroup n % 2's (its owner's), from both warpgroups' dS^T,
-    // and the owners pass one staging buffer between them. At head_dim 64 this ran 1.08x each
-    // warpgroup adding its own keys' share from its own staging (kernels/PERF.md).
+    // and the owners pass one staging buffer between them. At head_dim 64 this ran 1.08x the
+    // loop in which each warpgroup added its own keys' share from its own staging (PERF.md).
     // How the two warpgroups meet:
     //  - Without a block barrier (key blocks over own positions or pages): each warpgroup
     //    releases an operands buffer once its item's wgmmas are done (its own named barrier, then
