@@ -36,7 +36,6 @@ namespace {
 
 using namespace detail;
 
-constexpr int kFwdBM = 128;  // queries per block (the selection's query tiles: a multiple)
 // The page size passed where a chunk has no earlier pages: any nonzero value (the loaders divide
 // by it).
 constexpr int kNoPageTokens = 64;
@@ -595,7 +594,7 @@ void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
 void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_own,
                       const bf16* v_own, const PagedKv<const bf16>& earlier,
                       const PageSelection& selection, bf16* out, float* lse, cudaStream_t stream) {
-  static_assert(kFwdBM == 128, "the shared check wants query tiles a multiple of 128");
+  static_assert(kWsBM == 128, "the shared check wants query tiles a multiple of 128");
   RequireAttentionInputs(shape, shape.num_heads, earlier, selection);
   if (shape.tokens == 0) return;
   Require(q && k_own && v_own && out && lse, "null tensor");
@@ -617,8 +616,8 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
   prm.group = prm.hq / prm.hkv;
   prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kNoPageTokens;
   prm.num_pages = static_cast<int>(earlier.num_pages);
-  prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kFwdBM;
-  prm.q_tiles = static_cast<int>((shape.tokens + kFwdBM - 1) / kFwdBM);
+  prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kWsBM;
+  prm.q_tiles = static_cast<int>((shape.tokens + kWsBM - 1) / kWsBM);
   prm.scale_log2 = shape.scale * kLog2e;
   if (shape.head_dim == 128) {
     LaunchFwd<128>(prm, stream);
