@@ -624,15 +624,37 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       add_dq(h, q0);
       staging_owed = true;
     };
+    // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
+    // dQ at the top of item n, ahead of n's S^T and dP^T, and stages it once they are issued, so
+    // that the tensor cores run dQ while the loads and issues go on (head_dim 64 has the
+    // registers: 231; at 128 dQ's 64 would not fit beside S^T and dP^T). 1.085-1.090x on the
+    // sweep's dense rows (H100, kernels/PERF.md). Item n + 2's dS^T is still written only after
+    // dQ(n) is done: the owner waits for it before its softmax of n + 1, so before its arrival
+    // at n + 1's kDsReady, where the other warpgroup syncs before it reaches n + 2.
+    constexpr bool kDeferDq = HD == 64 && !kItemBarrier;
+    int prev_h = 0, prev_q0 = 0;
     for (int n = 0; n < n_items; ++n) {
       const int buf = n % L::kStages;
       int h, q0;
       item_at(cur, h, q0);
       next_item(cur);
       const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
+      const bool dq_owed = kDeferDq && n > 0 && ((n - 1) & 1) == wg;
+      if constexpr (kDeferDq) {
+        if (dq_owed) issue_dq(sdS + ((n - 1) & 1) * L::kdSBytes);
+      }
       wait_operands(n);
       issue_s_dp(buf);
       if constexpr (!kItemBarrier) signal_staging();
+      if constexpr (kDeferDq) {
+        WgmmaWait<2>();  // item n - 1's dQ (where this warpgroup owes it)
+        if (dq_owed) {
+          FenceAcc(dq);
+          if (n > 1) MbarWait(staging_free, (n - 2) & 1);
+          add_dq(prev_h, prev_q0);
+          staging_owed = true;
+        }
+      }
       WgmmaWait<1>();  // S^T done; dP^T may still run
       FenceAcc(s);
       softmax_backward(q0, buf, ds);
@@ -667,7 +689,18 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       next_item(ahead);
       if ((n & 1) == wg) {
         NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
-        whole_dq(n, h, q0, ds);
+        if constexpr (kDeferDq) {
+          prev_h = h;
+          prev_q0 = q0;
+        } else {
+          whole_dq(n, h, q0, ds);
+        }
+      }
+    }
+    if constexpr (kDeferDq) {
+      if (n_items > 0 && ((n_items - 1) & 1) == wg) {
+        signal_staging();
+        whole_dq(n_items - 1, prev_h, prev_q0, sdS + ((n_items - 1) & 1) * L::kdSBytes);
       }
     }
     if constexpr (!kItemBarrier) signal_staging();
