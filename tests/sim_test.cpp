@@ -673,7 +673,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // flushed exponentials of 2026-11-27T08:36Z, the own blocks first of T08:52Z, the TMA loads
   // of T14:10Z and the whole dQ of T16:20Z everywhere; the gathered sparse backward of T08:37Z at
   // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
-  // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z)
+  // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z and its
+  // deferred dQ of T23:20Z)
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 7u);
@@ -681,8 +682,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 8u);  // a multiple of 16 only now
   EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 6u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 7u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 7u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -701,16 +702,16 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 7u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 8u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 10u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 6u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 7u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 7u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 8u);  // and the morning's two
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 7u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
@@ -758,10 +759,21 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   const KernelChange& d64_blocks = KernelChanges()[12];
   EXPECT_EQ(d64_blocks.date, "2026-11-27T21:12Z");
   EXPECT_TRUE(d64_blocks.pages.empty());
-  ASSERT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64).size(), 1u);
+  ASSERT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64).size(), 2u);
   EXPECT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64)[0].date, d64_blocks.date);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 128, 64));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 128, 128));
+  // The owner's dQ under the next item's S and dP: head dim 64 only, so a profile of T21:22Z
+  // (the H200's of that evening) predates it at head dim 64 and not at 128.
+  const KernelChange& deferred_dq = KernelChanges()[13];
+  EXPECT_EQ(deferred_dq.date, "2026-11-27T23:20Z");
+  KernelProfile evening;
+  evening.date = "2026-11-27T21:22Z";
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(evening, 128, 64)[0].date, deferred_dq.date);
+  EXPECT_TRUE(ChangesAfterProfile(evening, 128, 128).empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:25:00Z", 128, 64));
 }
 
 }  // namespace
