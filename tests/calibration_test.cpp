@@ -387,6 +387,8 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.gemm_accumulate_tflops, b.gemm_accumulate_tflops));
     EXPECT_TRUE(near(a.attention_bwd_tflops_d64, b.attention_bwd_tflops_d64));
     EXPECT_TRUE(near(a.attention_bwd_item_us, b.attention_bwd_item_us));
+    EXPECT_TRUE(
+        near(a.attention_fwd_rows128_efficiency_d64, b.attention_fwd_rows128_efficiency_d64));
     EXPECT_TRUE(near(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)));
     EXPECT_TRUE(near(a.sparse_bwd_efficiency, b.sparse_bwd_efficiency));
     EXPECT_TRUE(near(a.sparse_bwd_page_efficiency.at(64), b.sparse_bwd_page_efficiency.at(64)));

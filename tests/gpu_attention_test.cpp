@@ -471,6 +471,25 @@ TEST(GpuAttention, EveryForwardPageLoader) {
   CheckProblem(sparse64, 24, /*backward=*/false);
   unsetenv("CTXPLAN_ATTN_FWD_PAGES");
 }
+// Head_dim 64 forward without a page selection on three consumer warpgroups and 192-query blocks
+// (CTXPLAN_ATTN_FWD_CONSUMERS=3: at these few blocks AttentionForwardQueryRows keeps 128): whole
+// and partial blocks, a page list ending inside a key tile, every page loader (16-row TMA boxes
+// where 16 divides p, cp.async groups under CTXPLAN_ATTN_FWD_PAGES=groups, the row cursor); and
+// the two-consumer blocks the rule takes elsewhere (page-sparse d_h 64 runs them always).
+TEST(GpuAttention, HeadDim64ForwardOnThreeConsumers) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_FWD_CONSUMERS", "3", 1);
+  CheckProblem(Make(576, 8, 2, 64, 128, 0), 70, /*backward=*/false);  // 3 whole blocks
+  CheckProblem(Make(1000, 8, 2, 64, 64, 3), 71, /*backward=*/false);  // 5 whole + 40 rows
+  CheckProblem(Make(450, 12, 4, 64, 48, 5), 72, /*backward=*/false);  // TMA boxes of 16 rows
+  CheckProblem(Make(390, 4, 4, 64, 40, 7), 73, /*backward=*/false);   // row cursor, 280 keys
+  setenv("CTXPLAN_ATTN_FWD_PAGES", "groups", 1);
+  CheckProblem(Make(450, 12, 4, 64, 48, 5), 75, /*backward=*/false);  // cp.async groups
+  unsetenv("CTXPLAN_ATTN_FWD_PAGES");
+  setenv("CTXPLAN_ATTN_FWD_CONSUMERS", "2", 1);
+  CheckProblem(Make(1000, 8, 2, 64, 64, 3), 74, /*backward=*/false);
+  unsetenv("CTXPLAN_ATTN_FWD_CONSUMERS");
+}
 // The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
 // whole dQ of an odd and an even last item, operands reloaded into both buffers), dense, over
 // earlier pages and gathered, rows past t, at both head dims.

@@ -657,6 +657,40 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_EQ(seconds(split, 2048), seconds(group, 2048));
 }
 
+// The forward's query rows a block: 192 (three consumers) at head_dim 64 without a page selection
+// where their 1.5x longer blocks fill the waves about as well, the rule the kernel and the time
+// model share; 128 elsewhere.
+TEST(KernelTimeModel, ForwardQueryRowsAtHeadDim64) {
+  EXPECT_EQ(AttentionForwardQueryRows(3072, 32, 64, false, 132), 192);  // 4 waves, not 6
+  EXPECT_EQ(AttentionForwardQueryRows(4096, 32, 64, false, 132), 192);  // 6 waves, not 8
+  EXPECT_EQ(AttentionForwardQueryRows(65536, 32, 64, false, 132), 192);
+  EXPECT_EQ(AttentionForwardQueryRows(1024, 32, 64, false, 132), 128);  // 2 waves either way
+  EXPECT_EQ(AttentionForwardQueryRows(2048, 14, 64, false, 132), 128);  // 2 waves either way
+  EXPECT_EQ(AttentionForwardQueryRows(2048, 14, 64, false, 78), 192);   // 2 waves, not 3
+  EXPECT_EQ(AttentionForwardQueryRows(4096, 32, 64, true, 132), 128);   // a page selection
+  EXPECT_EQ(AttentionForwardQueryRows(4096, 32, 128, false, 132), 128);
+  EXPECT_EQ(AttentionForwardQueryRows(0, 32, 64, false, 132), 128);
+  // The time model follows it where the profile's kernel did (a fitted 128-row fraction): blocks
+  // of 128 rows at 1024 tokens pay that fraction, blocks of 192 at 4096 do not (and, at one rate,
+  // take 6 waves of 1.5 blocks where 128 rows take 8 of 1, and 22 x 192 rows for 4096).
+  MachineSpec rows128 = H200(), by_waves = H200(), slower128 = H200();
+  for (MachineSpec* m : {&rows128, &by_waves, &slower128}) m->gpu.kernels.attention_fwd_item_us = 0;
+  rows128.gpu.kernels.attention_fwd_rows128_efficiency_d64 = 0;
+  by_waves.gpu.kernels.attention_fwd_rows128_efficiency_d64 = 1.0;
+  slower128.gpu.kernels.attention_fwd_rows128_efficiency_d64 = 0.8;
+  auto seconds = [](const MachineSpec& m, int64_t tokens) {
+    const int64_t earlier = 61440;
+    const OpCost cost = AttentionForwardCost(tokens * (earlier + (tokens + 1.0) / 2), tokens,
+                                             earlier, 32, 512, 64, false, 128, earlier / 128);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kFill));
+  };
+  EXPECT_EQ(seconds(by_waves, 1024), seconds(rows128, 1024));
+  EXPECT_NEAR(seconds(slower128, 1024) / seconds(rows128, 1024), 1.0 / 0.8,
+              0.01);  // a launch's cost aside
+  EXPECT_EQ(seconds(slower128, 4096), seconds(by_waves, 4096));
+  EXPECT_GT(seconds(by_waves, 4096), 1.1 * seconds(rows128, 4096));
+}
+
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for
 // the page sizes and head dims a change touched (sim/kernel_changes.h).
 TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
@@ -674,7 +708,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // of T14:10Z and the whole dQ of T16:20Z everywhere; the gathered sparse backward of T08:37Z at
   // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
   // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z and its
-  // deferred dQ of T23:20Z)
+  // deferred dQ of T23:20Z, the three-consumer forward of T23:50Z)
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 9u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 7u);
@@ -682,8 +716,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 8u);  // a multiple of 16 only now
   EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 7u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 7u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 8u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 8u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -702,16 +736,16 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 7u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 9u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 10u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 11u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 7u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 12u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 8u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 8u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 9u);  // and the morning's two
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 7u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
@@ -759,7 +793,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   const KernelChange& d64_blocks = KernelChanges()[12];
   EXPECT_EQ(d64_blocks.date, "2026-11-27T21:12Z");
   EXPECT_TRUE(d64_blocks.pages.empty());
-  ASSERT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64).size(), 2u);
+  ASSERT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64).size(), 3u);
   EXPECT_EQ(ChangesBetween(later, "2026-11-27T19:20:00Z", 48, 64)[0].date, d64_blocks.date);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T19:20:00Z", 128, 128));
@@ -769,11 +803,15 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(deferred_dq.date, "2026-11-27T23:20Z");
   KernelProfile evening;
   evening.date = "2026-11-27T21:22Z";
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 1u);
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 2u);
   EXPECT_EQ(ChangesAfterProfile(evening, 128, 64)[0].date, deferred_dq.date);
   EXPECT_TRUE(ChangesAfterProfile(evening, 128, 128).empty());
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:25:00Z", 128, 64));
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:25:00Z", 128, 64));
+  // The three-consumer forward: head dim 64 only; a run after it matches a later profile.
+  EXPECT_EQ(KernelChanges()[14].date, "2026-11-27T23:50Z");
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:55:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 128));
 }
 
 }  // namespace

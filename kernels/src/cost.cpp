@@ -283,4 +283,21 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
          (tokens * group * head_dim * 8 > kL2Budget || (own_only && tokens >= kOwnOnlyTokens));
 }
 
+int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_dim, bool selected,
+                                  int64_t sm_count) {
+  // At head_dim 64 a tile's exponentials keep the MUFU units as busy as its GEMMs keep the tensor
+  // cores, and two consumers' S -> softmax -> S chains left the pipes idle: three ran 1.20x at
+  // chunks of 3072 over earlier pages and 1.16x at 16K-64K causal (H200, 32 / 8 heads,
+  // kernels/PERF.md). Their blocks are 1.5x longer, so a launch of few waves loses to its last
+  // wave: 0.81x at 1024 tokens (192 blocks of 192 rows, two waves of 132, where 256 of 128 rows
+  // also take two). 192 rows where waves(192) * 1.5 / 1.2 <= waves(128).
+  constexpr int64_t kRows = 128, kRowsD64 = 192;
+  if (head_dim != 64 || selected || tokens <= 0 || heads <= 0 || sm_count <= 0) return kRows;
+  auto waves = [&](int64_t rows) {
+    const int64_t blocks = (tokens + rows - 1) / rows * heads;
+    return (blocks + sm_count - 1) / sm_count;
+  };
+  return waves(kRowsD64) * 5 <= waves(kRows) * 4 ? kRowsD64 : kRows;
+}
+
 }  // namespace ctxplan

@@ -510,6 +510,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "attention_bwd_tflops_d64",
                    "attention_fwd_item_us",
                    "attention_bwd_item_us",
+                   "attention_fwd_rows128_efficiency_d64",
                    "page_fwd_efficiency",
                    "page_bwd_efficiency",
                    "page_fwd_efficiency_d64",
@@ -584,6 +585,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.attention_bwd_tflops_d64 = f.Number("attention_bwd_tflops_d64", kTflopsLimit);
   k.attention_fwd_item_us = f.Number("attention_fwd_item_us", kFixedCostLimit);
   k.attention_bwd_item_us = f.Number("attention_bwd_item_us", kFixedCostLimit);
+  k.attention_fwd_rows128_efficiency_d64 =
+      f.OptionalNumber("attention_fwd_rows128_efficiency_d64", NumberLimit{2.0}).value_or(0.0);
   k.page_fwd_efficiency = ReadPageTable(f, "page_fwd_efficiency");
   k.page_bwd_efficiency = ReadPageTable(f, "page_bwd_efficiency");
   if (f.Has("page_fwd_efficiency_d64"))

@@ -125,6 +125,15 @@ std::string OwnBackwardBlocks() {
   return mode != nullptr && std::strcmp(mode, "off") == 0 ? "kv head" : "split";
 }
 
+// The forward's query rows a block at head dim 64 these samples time: as AttentionForwardQueryRows
+// says, unless CTXPLAN_ATTN_FWD_CONSUMERS fixes them.
+std::string ForwardRowsD64() {
+  const char* mode = std::getenv("CTXPLAN_ATTN_FWD_CONSUMERS");
+  if (mode != nullptr && std::strcmp(mode, "2") == 0) return "128";
+  if (mode != nullptr && std::strcmp(mode, "3") == 0) return "192";
+  return "by waves";
+}
+
 void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSampler& clocks) {
   cudaDeviceProp prop{};
   CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -156,7 +165,8 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# max_sm_clock_mhz: " << clocks.max_sm_clock_mhz() << "\n"
       << "# power_limit_w: " << clocks.power_limit_watts() << "\n"
       << "# sparse_bwd: " << SparseBackwardBlocks() << "\n"
-      << "# own_bwd: " << OwnBackwardBlocks() << "\n";
+      << "# own_bwd: " << OwnBackwardBlocks() << "\n"
+      << "# fwd_rows_d64: " << ForwardRowsD64() << "\n";
 }
 
 void WriteSamples(std::ostream& out, const std::vector<Sample>& samples) {

@@ -610,6 +610,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.samples = samples_name;
   k.sparse_bwd_gathered = header("sparse_bwd") == "gathered";
   k.own_bwd_split = header("own_bwd") == "split";
+  // 1 until fitted with the attention rates; 0: the forward ran 128-row blocks only.
+  k.attention_fwd_rows128_efficiency_d64 = header("fwd_rows_d64") == "by waves" ? 1.0 : 0.0;
   const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
                             ", ctxplan-measure at " + k.commit;
   auto measured = [&](SpecValue& v, double value, const std::string& what) {
@@ -830,17 +832,34 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       return backward ? (d64 ? p.attention_bwd_tflops_d64 : p.attention_bwd_tflops_d128)
                       : (d64 ? p.attention_fwd_tflops_d64 : p.attention_fwd_tflops_d128);
     };
-    Candidate best;
-    for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
-      KernelProfile trial = k;
-      (backward ? trial.attention_bwd_item_us : trial.attention_fwd_item_us) = item;
-      for (const bool d64 : {false, true})
-        rate(trial, d64) = ImpliedMedian(
-            gpu, trial, [&](KernelProfile& p, double x) { rate(p, d64) = x; }, d64 ? own64 : own128,
-            1, 1e5);
-      best.Consider(trial, Score(gpu, trial, own128) + Score(gpu, trial, own64));
+    auto fit_own = [&] {
+      Candidate best;
+      for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
+        KernelProfile trial = k;
+        (backward ? trial.attention_bwd_item_us : trial.attention_fwd_item_us) = item;
+        for (const bool d64 : {false, true})
+          rate(trial, d64) = ImpliedMedian(
+              gpu, trial, [&](KernelProfile& p, double x) { rate(p, d64) = x; },
+              d64 ? own64 : own128, 1, 1e5);
+        best.Consider(trial, Score(gpu, trial, own128) + Score(gpu, trial, own64));
+      }
+      k = best.profile;
+    };
+    fit_own();
+    if (!backward && k.attention_fwd_rows128_efficiency_d64 > 0) {
+      // The d_h 64 rate is the 192-row blocks' (the rule gives most own launches 192 rows): the
+      // launches it leaves at 128 rows imply their fraction, then the rate and item cost refit.
+      std::vector<const CalibrationSample*> rows128;
+      for (const CalibrationSample* s : own64)
+        if (AttentionForwardQueryRows(s->m, s->heads, 64, false, gpu.sm_count) == 128)
+          rows128.push_back(s);
+      if (!rows128.empty()) {
+        k.attention_fwd_rows128_efficiency_d64 = ImpliedMedian(
+            gpu, k, [](KernelProfile& p, double x) { p.attention_fwd_rows128_efficiency_d64 = x; },
+            rows128, 0.3, 2.0);
+        fit_own();
+      }
     }
-    k = best.profile;
 
     // One page table: each page size's fraction, the implied median of its rows with the other
     // sizes held (each starting at `start`). False when no row is of this head dim.
@@ -1050,6 +1069,9 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   o << "  attention_bwd_tflops_d128: " << k.attention_bwd_tflops_d128 << "\n";
   o << "  attention_bwd_tflops_d64: " << k.attention_bwd_tflops_d64 << "\n";
   o << "  attention_fwd_item_us: " << k.attention_fwd_item_us << "\n";
+  if (k.attention_fwd_rows128_efficiency_d64 > 0)
+    o << "  attention_fwd_rows128_efficiency_d64: " << k.attention_fwd_rows128_efficiency_d64
+      << "\n";
   o << "  attention_bwd_item_us: " << k.attention_bwd_item_us << "\n";
   o << "  page_fwd_efficiency: " << table(k.page_fwd_efficiency) << "\n";
   o << "  page_bwd_efficiency: " << table(k.page_bwd_efficiency) << "\n";

@@ -212,6 +212,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double kv_heads = std::max(1, s.kv_heads > 0 ? s.kv_heads : s.heads);
   const double group = heads / kv_heads;
   const double q_blocks = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
+  if (!backward) return AttentionForwardSeconds(cost, block, item, d64, sparse);
   // The chunk's own positions, causal. Over earlier pages the runtime runs them inside the paged
   // launch (`merged`, the own op launches nothing): the paged op's time carries their work.
   // The backward's items are key blocks over the whole GQA group, or (the kernels since
@@ -236,12 +237,6 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
   const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));
-  if (!backward) {
-    // An item a head and query block, over its own positions and its tile's pages.
-    const double work = own_work + heads * q_blocks * tile_blocks * paged_block;
-    const double longest = item + q_blocks * block + tile_blocks * paged_block;
-    return LaunchSeconds(work, longest, sms, own_items);
-  }
   if (sparse && k.sparse_bwd_gathered) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
@@ -262,6 +257,45 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double served = sparse ? q_blocks * std::min(1.0, s.tile_pages / key_pages) : q_blocks;
   const double longest = item + group * served * (keys_per_item / kAttentionBlock) * paged_block;
   return LaunchSeconds(work, longest, sms, own_items + items);
+}
+
+double KernelTimeModel::AttentionForwardSeconds(const OpCost& cost, double block, double item,
+                                                bool d64, bool sparse) const {
+  const KernelShape& s = cost.shape;
+  const double sms = static_cast<double>(sm_count_);
+  const int64_t heads_n = std::max(1, s.heads);
+  const double heads = static_cast<double>(heads_n);
+  // An item a head and block of query rows (128, or 192 at head_dim 64 where the kernel takes
+  // three consumers: AttentionForwardQueryRows), over its own positions in 128-key tiles, causal,
+  // and its tile's pages. `block` is one 128 x 128 block of (query, key) pairs.
+  const KernelProfile& k = profile_;
+  const bool selected = sparse && s.page_tokens > 0;
+  const bool by_waves = k.attention_fwd_rows128_efficiency_d64 > 0;  // the profile's kernel
+  const int64_t rows =
+      by_waves ? AttentionForwardQueryRows(s.rows, heads_n, s.head_dim > 0 ? s.head_dim : 128,
+                                           selected, sm_count_)
+               : 128;
+  const double row_blocks = static_cast<double>(rows) / kAttentionBlock;  // 1 or 1.5
+  // At head_dim 64 the rate is the 192-row blocks'; 128-row blocks reach a fraction of it.
+  if (d64 && by_waves && rows == 128) block /= k.attention_fwd_rows128_efficiency_d64;
+  const int64_t q_items = (s.rows + rows - 1) / std::max<int64_t>(rows, 1);
+  double own_tiles = 0;  // 128-key tiles the launch's items walk over own positions, one head
+  for (int64_t i = 0; i < q_items; ++i)
+    own_tiles += std::ceil(static_cast<double>(std::min((i + 1) * rows, s.rows)) / kAttentionBlock);
+  const double last_tiles = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
+  const double items = heads * static_cast<double>(q_items);
+  double work = items * item + heads * own_tiles * row_blocks * block;
+  double longest = item + last_tiles * row_blocks * block;
+  if (s.page_tokens == 0) {
+    if (s.merged) return 0.0;
+    return LaunchSeconds(work, longest, sms, items);
+  }
+  const double paged_block = block / PagedEfficiency(s.page_tokens, false, d64, sparse);
+  const double tile_blocks =
+      static_cast<double>(s.tile_pages) * static_cast<double>(s.page_tokens) / kAttentionBlock;
+  work += items * tile_blocks * row_blocks * paged_block;
+  longest += tile_blocks * row_blocks * paged_block;
+  return LaunchSeconds(work, longest, sms, items);
 }
 
 double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,

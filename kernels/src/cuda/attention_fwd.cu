@@ -8,13 +8,13 @@
 // the tiles that need it (the diagonal, the end of the chunk, a partial page list). Blocks are
 // launched heaviest first (the last query tiles see the most own keys).
 //
-// AttnFwdWarpSpecializedKernel: a loader warpgroup and two compute warpgroups x 64 query rows on
-// mbarriers, 128-key tiles, S = Q K^T and O += P V on wgmma (Hopper warpgroup MMA), P from
-// registers, the compute warpgroups taking turns on the tensor cores. (A FlashAttention-2 style
-// mma.sync kernel served as a fallback and comparison until 2026-11-27: kernels/PERF.md.)
-// A key tile of earlier positions is gathered page by page, rows p-contiguous with stride
-// H_kv * d_h within a page: TMA boxes of 32-128 rows when 32 divides p, cp.async groups of 16
-// rows when 16 does (their pages read a tile ahead), a per-thread cursor otherwise.
+// AttnFwdWarpSpecializedKernel: a loader warpgroup and two (or, at d_h 64, three) compute
+// warpgroups x 64 query rows on mbarriers, 128-key tiles, S = Q K^T and O += P V on wgmma (Hopper
+// warpgroup MMA), P from registers, the compute warpgroups taking turns on the tensor cores. (A
+// FlashAttention-2 style mma.sync kernel served as a fallback and comparison until 2026-11-27:
+// kernels/PERF.md.) A key tile of earlier positions is gathered page by page, rows p-contiguous
+// with stride H_kv * d_h within a page: TMA boxes of 32-128 rows when 32 divides p, cp.async groups
+// of 16 rows when 16 does (their pages read a tile ahead), a per-thread cursor otherwise.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,6 +26,7 @@
 
 #include "attention_common.cuh"
 #include "attention_wgmma.cuh"
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "page_row_cursor.h"
@@ -58,45 +59,58 @@ struct FwdParams {
 };
 
 // --- warp-specialised wgmma forward (sm_90a, FlashAttention-3 style) -----------------------------
-// One block = 128 queries of one head; keys in tiles of 128. Three warpgroups: warpgroup 0 only
+// One block = 64 queries a consumer of one head; keys in tiles of 128. Warpgroup 0 only
 // loads (Q, then K_j and V_j into two buffers each; a tile's `full` mbarrier completes when its
-// TMA bytes and its loader threads' cp.async copies have landed), warpgroups 1 and 2 only compute,
+// TMA bytes and its loader threads' cp.async copies have landed), warpgroups 1.. only compute,
 // 64 query rows each, and release a buffer through its `empty` mbarrier as soon as their GEMM on it
 // has completed; no block-wide barrier after the prologue. S = Q K^T and O += P V run on wgmma: Q
 // and K from shared memory (K-major), P from registers (the S accumulators converted in place to
 // the A-operand layout), V from shared memory as a transposed (MN-major) B operand. Tiles are [d_h
 // / 64][rows][64] with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7)), the
 // canonical wgmma layout. Per consumer, iteration j: issue S_j and P_{j-1} V_{j-1}, wait for S_j,
-// softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j; two named barriers make the
-// consumers take turns issuing ("ping-pong"), so one's softmax runs while the other's GEMMs use the
-// tensor cores. The loader gives registers to the consumers (setmaxnreg). Q and the chunk's own
-// keys come by TMA (one copy a 128-row, 64-column box), issued by loader warp 0. Earlier pages, by
-// the loader kind (FwdPageLoader): when 32 divides p, a TMA box a group of the largest power of two
-// dividing p (up to the tile), lane g of warp 0 reading group g's page a tile ahead; else when 16
-// divides p, eight 16-row groups copied by all four loader warps with cp.async, their row pointers
-// computed by lanes 0-7 from page-table reads issued a tile ahead and handed to the warp by
-// shuffle; other p (>= 16) walked by a cursor per thread (page_row_cursor.h) that reads the page
-// table once a page, a page ahead. The cp.async copies must stay cheap (a running pointer or a
-// shuffled one, not the row address recomputed per copy, and no page-table read waited on inside a
-// tile): the four loader warps were the bound otherwise; and loader warps with nothing to copy
-// leave rather than spin on the barriers. Numbers in kernels/PERF.md.
+// softmax while P_{j-1} V_{j-1} runs, then rescale O and pack P_j; a named barrier each makes the
+// consumers take turns issuing, in a ring ("ping-pong"), so one's softmax runs while the others'
+// GEMMs use the tensor cores. The loader gives registers to the consumers (setmaxnreg). Q and the
+// chunk's own keys come by TMA (one copy a block's rows or 128 keys, 64 columns, a box), issued by
+// loader warp 0. Earlier pages, by the loader kind (FwdPageLoader): when 32 divides p (16, under
+// three consumers), a TMA box a group of the largest power of two dividing p (up to the tile), lane
+// g of warp 0 reading group g's page a tile ahead; else when 16 divides p, eight 16-row groups
+// copied by all four loader warps with cp.async, their row pointers computed by lanes 0-7 from
+// page-table reads issued a tile ahead and handed to the warp by shuffle; other p (>= 16) walked by
+// a cursor per thread (page_row_cursor.h) that reads the page table once a page, a page ahead. The
+// cp.async copies must stay cheap (a running pointer or a shuffled one, not the row address
+// recomputed per copy, and no page-table read waited on inside a tile): the four loader warps were
+// the bound otherwise; and loader warps with nothing to copy leave rather than spin on the
+// barriers. Numbers in kernels/PERF.md. Consumers: two (128 queries a block), or three (192
+// queries) at d_h 64 without a page selection where their longer blocks still fill the waves
+// (AttentionForwardQueryRows, cost.h, the rule the planner shares). At d_h 64 a tile's exponentials
+// take the MUFU units as long as its GEMMs take the tensor cores, and each consumer's S -> softmax
+// -> next S chain must hide under the others' GEMMs: two left no slack (FlashAttention-3 takes 192
+// x 128 tiles at d_h 64 too). Three hold 160 registers a consumer thread (s, P and O alone are
+// 128), leaving the loader 32.
 constexpr int kWsBM = 128, kWsBN = 128;
-constexpr int kWsThreads = 384;
 constexpr int kWsLoaderThreads = 128;
-constexpr int kWsLoaderRegisters = 56;
-constexpr int kWsConsumerRegisters = 224;
-static_assert(kWsLoaderRegisters * kWsLoaderThreads +
-                      kWsConsumerRegisters * (kWsThreads - kWsLoaderThreads) <=
-                  65536,
-              "the register file holds both roles");
-constexpr int kTurnBarrier = 1;      // + consumer index: that consumer may issue its GEMMs
-constexpr int kEpilogueBarrier = 3;  // + consumer index: its 128 threads, around the O staging
+template <int NC>
+struct FwdRoles {
+  static constexpr int kBM = 64 * NC;  // query rows of a block, 64 a consumer
+  static constexpr int kThreads = kWsLoaderThreads + 128 * NC;
+  static constexpr int kLoaderRegisters = NC == 2 ? 56 : 32;
+  static constexpr int kConsumerRegisters = NC == 2 ? 224 : 160;
+  static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+  static_assert(kLoaderRegisters * kWsLoaderThreads +
+                        kConsumerRegisters * (kThreads - kWsLoaderThreads) <=
+                    65536,
+                "the register file holds both roles");
+};
+constexpr int kTurnBarrier = 1;    // + consumer index: that consumer may issue its GEMMs
+constexpr int kTurnThreads = 256;  // the consumer taking its turn and the one handing it over
+// kTurnBarrier + NC + consumer index: the consumer's 128 threads, around the O staging
 
-template <int HD>
+template <int HD, int BM>
 struct WsSmem {  // tiles [HD / 64][rows][64] bf16, 128-byte swizzle
-  static constexpr int kQBytes = kWsBM * HD * 2;
+  static constexpr int kQBytes = BM * HD * 2;
   static constexpr int kTile = kWsBN * HD * 2;
-  static constexpr int kQ = 0;                         // Q [HD / 64][128 queries][64]
+  static constexpr int kQ = 0;                         // Q [HD / 64][BM queries][64]
   static constexpr int kK = kQBytes;                   // K [2 buffers][HD / 64][128 keys][64]
   static constexpr int kV = kK + 2 * kTile;            // V [2 buffers][HD / 64][128 keys][64]
   static constexpr int kBars = kV + 2 * kTile;         // full K, full V, empty K, empty V: 2 each
@@ -121,15 +135,15 @@ struct FwdTensorMaps {
   CUtensorMap pool;   // [slots * 2][p][H_kv][d_h] (K of slot s at 2 s, V at 2 s + 1), box a group
 };
 
-template <int HD, FwdPageLoader kLoader>
-__global__ void __launch_bounds__(kWsThreads, 1)
+template <int HD, int NC, FwdPageLoader kLoader>
+__global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
     AttnFwdWarpSpecializedKernel(const FwdParams prm, const __grid_constant__ FwdTensorMaps maps) {
-  using L = WsSmem<HD>;
-  constexpr int BM = kWsBM, BN = kWsBN;
+  constexpr int BM = FwdRoles<NC>::kBM, BN = kWsBN;
+  using L = WsSmem<HD, BM>;
   constexpr int kChunks = HD / 8;
   constexpr int kRowsPerPass = kWsLoaderThreads / kChunks;
   constexpr int kOn = HD / 2;  // O accumulators per thread
-  constexpr int kConsumerThreads = kWsThreads - kWsLoaderThreads;
+  constexpr int kConsumerThreads = 128 * NC;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -140,7 +154,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto empty_v = [&](int b) { return base + L::kBars + 48 + 8 * b; };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int role = warp >> 2;                                       // 0 loader, 1 and 2 consumers
+  const int role = warp >> 2;                                       // 0 loader, 1.. consumers
   const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
   const int h = blockIdx.y, hkv = h / prm.group;
   const int q0 = tile * BM;
@@ -166,7 +180,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();
 
   if (role == 0) {  // --- loader ---
-    SetMaxRegistersDec<kWsLoaderRegisters>();
+    SetMaxRegistersDec<FwdRoles<NC>::kLoaderRegisters>();
     constexpr bool kTmaPages = kLoader == FwdPageLoader::kTmaGroups;
     const int pg = prm.p;
     // Q, the chunk's own K/V tiles and (kTmaGroups) earlier pages come by TMA: loader warp 0
@@ -341,7 +355,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   // --- consumers ---
-  SetMaxRegistersInc<kWsConsumerRegisters>();
+  SetMaxRegistersInc<FwdRoles<NC>::kConsumerRegisters>();
   const int cw = role - 1;
   const int wwarp = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
@@ -445,12 +459,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
-  // Strict alternation: each consumer takes n_tiles + 1 turns (S_0; S_j with P_{j-1} V_{j-1};
-  // the last P V), consumer 0 first; the last turn of consumer 1 hands over to nobody.
-  const int my_turn = kTurnBarrier + cw, other_turn = kTurnBarrier + 1 - cw;
-  auto take_turn = [&] { NamedBarrierSync(my_turn, kConsumerThreads); };
-  auto pass_turn = [&] { NamedBarrierArrive(other_turn, kConsumerThreads); };
-  if (cw == 1) pass_turn();
+  // Turns in a ring: each consumer takes n_tiles + 1 turns (S_0; S_j with P_{j-1} V_{j-1}; the
+  // last P V), consumer 0 first; the last turn of the last consumer hands over to nobody.
+  const int my_turn = kTurnBarrier + cw, next_turn = kTurnBarrier + (cw + 1) % NC;
+  auto take_turn = [&] { NamedBarrierSync(my_turn, kTurnThreads); };
+  auto pass_turn = [&] { NamedBarrierArrive(next_turn, kTurnThreads); };
+  if (cw == NC - 1) pass_turn();
 
   MbarWait(full_k(0), 0);
   FenceProxyAsync();  // the loader's cp.async writes, to the tensor cores' async proxy
@@ -487,7 +501,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   take_turn();
   WgmmaFence();
   issue_pv(last);
-  if (cw == 0) pass_turn();
+  if (cw != NC - 1) pass_turn();
   WgmmaWait<0>();
   FenceAcc(o);
 
@@ -511,7 +525,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                    : "memory");
     }
   }
-  NamedBarrierSync(kEpilogueBarrier + cw, 128);
+  NamedBarrierSync(kTurnBarrier + NC + cw, 128);
   constexpr int kRowsPerConsumerPass = 128 / kChunks;
   const int ctid = tid % 128;
 #pragma unroll
@@ -532,10 +546,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // TMA groups where 32 divides p, cp.async groups of 16 rows where 16 does, the row cursor
 // otherwise; CTXPLAN_ATTN_FWD_PAGES=groups or =cursor picks that loader wherever it can serve,
 // for comparison (attention_bench, the tests).
-FwdPageLoader ChooseFwdPageLoader(int p) {
+FwdPageLoader ChooseFwdPageLoader(int p, int consumers) {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD_PAGES");
   if (v != nullptr && std::strcmp(v, "cursor") == 0) return FwdPageLoader::kRowCursor;
   if (p % kGroupRows != 0) return FwdPageLoader::kRowCursor;
+  if (consumers == 3 && (v == nullptr || std::strcmp(v, "groups") != 0)) {
+    return FwdPageLoader::kTmaGroups;  // 16-row boxes too: cp.async groups spill at 32 registers
+  }
   if (p % kTmaMinGroupRows != 0 || (v != nullptr && std::strcmp(v, "groups") == 0)) {
     return FwdPageLoader::kGroupsOf16;
   }
@@ -547,9 +564,9 @@ FwdPageLoader ChooseFwdPageLoader(int p) {
 constexpr uint64_t kPoolRowsBound = uint64_t{1} << 30;
 
 template <int HD>
-FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader) {
+FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader, int query_rows) {
   FwdTensorMaps maps{};
-  maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, kWsBM);
+  maps.q = EncodeTokenHeadMap(prm.q, prm.t, prm.hq, HD, query_rows);
   maps.k_own = EncodeTokenHeadMap(prm.k_own, prm.t, prm.hkv, HD, kWsBN);
   maps.v_own = EncodeTokenHeadMap(prm.v_own, prm.t, prm.hkv, HD, kWsBN);
   if (prm.num_pages > 0 && loader == FwdPageLoader::kTmaGroups) {
@@ -562,29 +579,45 @@ FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader) {
   return maps;
 }
 
-template <int HD>
-void LaunchFwd(const FwdParams& prm, cudaStream_t stream) {
+// Three consumers where AttentionForwardQueryRows says 192; CTXPLAN_ATTN_FWD_CONSUMERS=2 or =3
+// takes that count wherever it can serve (d_h 64 without a page selection), for comparison
+// (attention_bench, the tests).
+int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
+  const bool selected = prm.sel != nullptr;
+  if (head_dim != 64 || selected) return 2;
+  const char* v = std::getenv("CTXPLAN_ATTN_FWD_CONSUMERS");
+  if (v != nullptr && (std::strcmp(v, "2") == 0 || std::strcmp(v, "3") == 0)) return v[0] - '0';
+  int device = 0, sms = 0;
+  CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return AttentionForwardQueryRows(prm.t, prm.hq, head_dim, selected, sms) == 192 ? 3 : 2;
+}
+
+template <int HD, int NC>
+void LaunchFwd(FwdParams prm, cudaStream_t stream) {
+  constexpr int kBM = FwdRoles<NC>::kBM;
+  prm.q_tiles = (prm.t + kBM - 1) / kBM;
   const dim3 grid(prm.q_tiles, prm.hq);
-  constexpr int smem = WsSmem<HD>::kBytes;
-  const FwdPageLoader loader = ChooseFwdPageLoader(prm.p);
-  const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader);
+  constexpr int smem = WsSmem<HD, kBM>::kBytes;
+  const FwdPageLoader loader = ChooseFwdPageLoader(prm.p, NC);
+  const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader, kBM);
   auto launch = [&](auto kernel) {
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, kWsThreads, smem, stream>>>(prm, maps);
+    kernel<<<grid, FwdRoles<NC>::kThreads, smem, stream>>>(prm, maps);
     CTXPLAN_CUDA_CHECK_LAUNCH();
   };
   // A page walk's step must not cross two pages' ends: p >= the loader's rows per pass.
   static_assert(kWsLoaderThreads / (HD / 8) <= 16, "pages of 16 rows and up are walked");
   switch (loader) {
     case FwdPageLoader::kTmaGroups:
-      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kTmaGroups>);
+      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups>);
       break;
     case FwdPageLoader::kGroupsOf16:
-      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kGroupsOf16>);
+      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kGroupsOf16>);
       break;
     case FwdPageLoader::kRowCursor:
-      launch(AttnFwdWarpSpecializedKernel<HD, FwdPageLoader::kRowCursor>);
+      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kRowCursor>);
       break;
   }
 }
@@ -617,12 +650,13 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
   prm.p = earlier.num_pages > 0 ? static_cast<int>(earlier.shape.page_tokens) : kNoPageTokens;
   prm.num_pages = static_cast<int>(earlier.num_pages);
   prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kWsBM;
-  prm.q_tiles = static_cast<int>((shape.tokens + kWsBM - 1) / kWsBM);
   prm.scale_log2 = shape.scale * kLog2e;
   if (shape.head_dim == 128) {
-    LaunchFwd<128>(prm, stream);
+    LaunchFwd<128, 2>(prm, stream);
+  } else if (ChooseFwdConsumers(prm, 64) == 3) {
+    LaunchFwd<64, 3>(prm, stream);
   } else {
-    LaunchFwd<64>(prm, stream);
+    LaunchFwd<64, 2>(prm, stream);
   }
 }
 

@@ -179,6 +179,12 @@ OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 // 128-query block.
 bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, bool own_only);
+// Query rows a block of the attention forward takes (kernels/src/cuda/attention_fwd.cu): 192, three
+// consumer warpgroups, at head_dim 64 without a page selection where the launch's blocks fill the
+// multiprocessors' waves about as well as 128-row blocks would; else 128. (Over a page selection
+// a block's queries must share one query tile's pages, tiles of a multiple of 128.)
+int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_dim, bool selected,
+                                  int64_t sm_count);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
 // The fused loss's logits tile: kLossVocabTile vocabulary columns (fp32) a pass, so the [t][V]

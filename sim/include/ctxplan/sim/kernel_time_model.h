@@ -107,6 +107,9 @@ class KernelTimeModel {
   double LossGemmSeconds(const OpCost& cost) const;
   // Seconds of an attention op's compute (no launch, no memory bound).
   double AttentionComputeSeconds(const OpCost& cost) const;
+  // The forward: one 128 x 128 block of pairs takes `block` seconds, an item `item`.
+  double AttentionForwardSeconds(const OpCost& cost, double block, double item, bool d64,
+                                 bool sparse) const;
   // The fraction of the contiguous rate reached over pages of `page_tokens` (1 for 0).
   static double PageEfficiency(const std::map<int64_t, double>& table, int64_t page_tokens);
 
