@@ -378,6 +378,8 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     auto near = [](double x, double y) {
       return std::abs(x - y) <= 1e-4 * std::max(1.0, std::abs(y));
     };
+    // Page tables are written to 4 significant digits: within half their last digit.
+    auto near_table = [](double x, double y) { return std::abs(x - y) <= 5e-4 * std::abs(y); };
     EXPECT_TRUE(near(a.gemm_tflops, b.gemm_tflops)) << a.gemm_tflops << " " << b.gemm_tflops;
     EXPECT_EQ(a.gemm_tile_cols, b.gemm_tile_cols);
     // The samples say which backward they timed (own_bwd: split): the yaml carries it.
@@ -389,16 +391,18 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.attention_bwd_item_us, b.attention_bwd_item_us));
     EXPECT_TRUE(
         near(a.attention_fwd_rows128_efficiency_d64, b.attention_fwd_rows128_efficiency_d64));
-    EXPECT_TRUE(near(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)));
+    EXPECT_TRUE(near_table(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)))
+        << a.page_fwd_efficiency.at(96) << " " << b.page_fwd_efficiency.at(96);
     EXPECT_TRUE(near(a.sparse_bwd_efficiency, b.sparse_bwd_efficiency));
-    EXPECT_TRUE(near(a.sparse_bwd_page_efficiency.at(64), b.sparse_bwd_page_efficiency.at(64)));
+    EXPECT_TRUE(
+        near_table(a.sparse_bwd_page_efficiency.at(64), b.sparse_bwd_page_efficiency.at(64)));
     EXPECT_TRUE(near(a.page_topk_fixed_us, b.page_topk_fixed_us));
     EXPECT_TRUE(near(a.host_adamw_gparams, b.host_adamw_gparams));
     EXPECT_TRUE(near(a.gemm_w, b.gemm_w)) << a.gemm_w << " " << b.gemm_w;
     EXPECT_TRUE(near(a.power_limit_w, b.power_limit_w));
     EXPECT_TRUE(near(a.nvml_clock_speed_error, b.nvml_clock_speed_error));
     EXPECT_TRUE(near(a.lora_efficiency, b.lora_efficiency));
-    EXPECT_TRUE(near(a.page_fwd_efficiency_d64.at(96), b.page_fwd_efficiency_d64.at(96)));
+    EXPECT_TRUE(near_table(a.page_fwd_efficiency_d64.at(96), b.page_fwd_efficiency_d64.at(96)));
     EXPECT_TRUE(near(committed.host_h2d_gbs.value, fit.gpu.host_h2d_gbs.value));
     EXPECT_TRUE(near(a.page_score_ns_per_tile_element, b.page_score_ns_per_tile_element));
     ASSERT_EQ(a.memory_kernel_fixed_us.size(), b.memory_kernel_fixed_us.size());
