@@ -42,6 +42,7 @@ KernelProfile TruthProfile() {
   k.attention_bwd_tflops_d64 = 210;
   k.attention_fwd_item_us = 3.0;
   k.attention_bwd_item_us = 5.0;
+  k.attention_bwd_own_item_us = 20.0;  // own launches: heaviest first, their own item cost
   k.page_fwd_efficiency = {{32, 0.5}, {64, 0.95}, {96, 0.6}, {128, 1.02}};
   k.page_bwd_efficiency = {{32, 0.4}, {64, 0.9}, {96, 0.55}, {128, 1.0}};
   k.sparse_fwd_efficiency = 0.85;
@@ -172,9 +173,11 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
                      : AttentionForwardCost(pairs, t, t, heads, kv_heads * d, d),
             phase);
       }
-      for (const int64_t p : {32, 64, 96, 128}) {
+      // Page 128 at three chunk sizes besides: the items over pages have their own fixed cost.
+      for (const auto& [p, t] : std::vector<std::pair<int64_t, int64_t>>{
+               {32, 4096}, {64, 4096}, {96, 4096}, {128, 4096}, {128, 1024}, {128, 16384}}) {
         CalibrationSample s = Row(op);
-        const int64_t t = 4096, pages = 32768 / p;
+        const int64_t pages = 32768 / p;
         s.m = t, s.heads = heads, s.kv_heads = kv_heads, s.head_dim = d, s.grad_bytes = 2;
         s.page_tokens = p, s.pages = pages;
         const double own = t * (t + 1.0) / 2.0, paged = t * 32768.0;
@@ -300,6 +303,7 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(k.gemm_accumulate_tflops / truth.gemm_accumulate_tflops, 1.0, 0.01);
   EXPECT_NEAR(k.attention_fwd_item_us, truth.attention_fwd_item_us, 1e-9);
   EXPECT_NEAR(k.attention_bwd_item_us, truth.attention_bwd_item_us, 1e-9);
+  EXPECT_NEAR(k.attention_bwd_own_item_us, truth.attention_bwd_own_item_us, 1e-9);
   EXPECT_NEAR(k.loss_efficiency / truth.loss_efficiency, 1.0, 0.01);
   EXPECT_NEAR(k.loss_ns_per_logit / truth.loss_ns_per_logit, 1.0, 0.01);
   EXPECT_NEAR(k.attention_fwd_tflops_d128 / truth.attention_fwd_tflops_d128, 1.0, 0.01);
@@ -389,6 +393,7 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.gemm_accumulate_tflops, b.gemm_accumulate_tflops));
     EXPECT_TRUE(near(a.attention_bwd_tflops_d64, b.attention_bwd_tflops_d64));
     EXPECT_TRUE(near(a.attention_bwd_item_us, b.attention_bwd_item_us));
+    EXPECT_TRUE(near(a.attention_bwd_own_item_us, b.attention_bwd_own_item_us));
     EXPECT_TRUE(
         near(a.attention_fwd_rows128_efficiency_d64, b.attention_fwd_rows128_efficiency_d64));
     EXPECT_TRUE(near_table(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)))

@@ -34,7 +34,10 @@ constexpr std::array<std::pair<int64_t, int64_t>, 4> kGemmTiles = {
 constexpr int64_t kGemmSplitMax = 4;
 constexpr double kGemmWaveUsMax = 3.0, kGemmWaveUsStep = 0.25;
 constexpr double kAccumulateWaveUsMax = 6.0, kAccumulateWaveUsStep = 0.25;  // per output byte
-constexpr double kAttentionItemUsMax = 12.0, kAttentionItemUsStep = 0.5;
+// An item's fixed cost: up to 40 us (the backward's own launches, modelled heaviest first, fit
+// 20-32 us at both head dims).
+constexpr double kAttentionItemUsMax = 40.0, kAttentionItemUsStep = 0.5;
+constexpr double kGatheredItemUsMax = 48.0;
 constexpr double kLaunchUsStep = 0.1;
 // A fitted power exponent outside this range is a failed measurement, not physics.
 constexpr double kPowerExponentMin = 1.0, kPowerExponentMax = 4.0;
@@ -836,7 +839,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       Candidate best;
       for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
         KernelProfile trial = k;
-        (backward ? trial.attention_bwd_item_us : trial.attention_fwd_item_us) = item;
+        (backward ? trial.attention_bwd_own_item_us : trial.attention_fwd_item_us) = item;
         for (const bool d64 : {false, true})
           rate(trial, d64) = ImpliedMedian(
               gpu, trial, [&](KernelProfile& p, double x) { rate(p, d64) = x; },
@@ -882,9 +885,26 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     const auto dense = Select(samples, [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile == 0;
     });
-    for (const bool d64 : {false, true})
-      if (!fit_page_table(d64, false, dense, 1.0) && !d64)
-        throw InputError("calibration samples have no dense paged " + op + " rows");
+    auto fit_dense = [&] {
+      for (const bool d64 : {false, true})
+        if (!fit_page_table(d64, false, dense, 1.0) && !d64)
+          throw InputError("calibration samples have no dense paged " + op + " rows");
+    };
+    if (backward) {
+      // The backward's items over pages: their own fixed cost, the grid value whose page tables
+      // explain the dense paged rows best (its own launches fitted theirs above).
+      const KernelProfile before = k;
+      Candidate best_paged;
+      for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
+        k = before;
+        k.attention_bwd_item_us = item;
+        fit_dense();
+        best_paged.Consider(k, Score(gpu, k, dense));
+      }
+      k = best_paged.profile;
+    } else {
+      fit_dense();
+    }
     const auto sparse = Select(samples, [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
     });
@@ -912,7 +932,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       // rows best.
       const KernelProfile before = k;
       Candidate best_gathered;
-      for (const double item : Grid(4 * kAttentionItemUsMax, kAttentionItemUsStep)) {
+      for (const double item : Grid(kGatheredItemUsMax, kAttentionItemUsStep)) {
         k = before;
         k.attention_bwd_gathered_item_us = item;
         fit_sparse();
@@ -1085,6 +1105,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   if (k.own_bwd_split) o << "  own_bwd_split: true\n";
   if (k.attention_bwd_gathered_item_us > 0)
     o << "  attention_bwd_gathered_item_us: " << k.attention_bwd_gathered_item_us << "\n";
+  if (k.attention_bwd_own_item_us > 0)
+    o << "  attention_bwd_own_item_us: " << k.attention_bwd_own_item_us << "\n";
   if (!k.sparse_fwd_page_efficiency.empty())
     o << "  sparse_fwd_page_efficiency: " << table(k.sparse_fwd_page_efficiency) << "\n";
   if (!k.sparse_bwd_page_efficiency.empty())

@@ -86,6 +86,10 @@ struct KernelProfile {
   // atomics, its few items' pipeline filled), fitted on the page-sparse rows; 0: the backward's
   // item cost. A GQA group of 4 gives a block 8 items where 7 gives 14, so this cost shows there.
   double attention_bwd_gathered_item_us = 0;
+  // The backward's items over a chunk's own positions (a launch started heaviest first; split own
+  // blocks add their dK/dV by fp32 atomics), fitted on the own-only launches; 0: the backward's
+  // item cost, which is then fitted there too.
+  double attention_bwd_own_item_us = 0;
   // Memory-bound kernels: fraction of the device copy bandwidth.
   double memory_efficiency = 0.8;
   // The memory-bound kernels measured apart (cost.h MemoryKernelName -> value): each one's fixed
