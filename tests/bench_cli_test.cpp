@@ -47,6 +47,12 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
                      {"--heads", "H_qxH_kv"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--head-dim", "96"}, dir), "attention_bench", 2,
                      {"--head-dim", "96"});
+  for (const char* family : {"chunked", "last"}) {  // head_dim 128 families: not silently ignored
+    ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", family, "--head-dim", "64"}, dir),
+                       "attention_bench", 2, {"--head-dim", "--only sweep or --only full"});
+  }
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--head-dim", "64"}, dir), "attention_bench", 2,
+                     {"--head-dim"});
   const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
                      2, {"--csv", csv.string()});

@@ -779,6 +779,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attention_bench: %s; see attention_bench --help\n", e.what());
     return 2;
   }
+  if (head_dim != 0 && only != "sweep" && only != "full") {
+    std::fprintf(stderr,
+                 "attention_bench: --head-dim %lld: accepted with --only sweep or --only full (the "
+                 "chunked and last families run Qwen2.5-7B's head_dim 128)\n",
+                 static_cast<long long>(head_dim));
+    return 2;
+  }
   std::optional<ctxplan::AtomicFileWriter> csv_file;
   try {
     if (!csv.empty()) csv_file.emplace(csv);
