@@ -543,15 +543,16 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   }
 }
 
-// TMA groups where 32 divides p, cp.async groups of 16 rows where 16 does, the row cursor
-// otherwise; CTXPLAN_ATTN_FWD_PAGES=groups or =cursor picks that loader wherever it can serve,
-// for comparison (attention_bench, the tests).
+// TMA groups where 32 divides p (16, under three consumers: there the cp.async groups spill at the
+// loader's 32 registers), cp.async groups of 16 rows where 16 does, the row cursor otherwise;
+// CTXPLAN_ATTN_FWD_PAGES=groups or =cursor picks that loader wherever it can serve, for comparison
+// (attention_bench, the tests).
 FwdPageLoader ChooseFwdPageLoader(int p, int consumers) {
   const char* v = std::getenv("CTXPLAN_ATTN_FWD_PAGES");
   if (v != nullptr && std::strcmp(v, "cursor") == 0) return FwdPageLoader::kRowCursor;
   if (p % kGroupRows != 0) return FwdPageLoader::kRowCursor;
   if (consumers == 3 && (v == nullptr || std::strcmp(v, "groups") != 0)) {
-    return FwdPageLoader::kTmaGroups;  // 16-row boxes too: cp.async groups spill at 32 registers
+    return FwdPageLoader::kTmaGroups;
   }
   if (p % kTmaMinGroupRows != 0 || (v != nullptr && std::strcmp(v, "groups") == 0)) {
     return FwdPageLoader::kGroupsOf16;
