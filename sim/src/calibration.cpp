@@ -890,18 +890,23 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
         if (!fit_page_table(d64, false, dense, 1.0) && !d64)
           throw InputError("calibration samples have no dense paged " + op + " rows");
     };
-    if (backward) {
-      // The backward's items over pages: their own fixed cost, the grid value whose page tables
-      // explain the dense paged rows best (its own launches fitted theirs above).
+    // A fixed cost: the grid value whose fit (the rest implied by `fit`) explains `rows` best.
+    auto fit_fixed_cost = [&](double KernelProfile::*cost, double max, const auto& fit,
+                              const std::vector<const CalibrationSample*>& rows) {
       const KernelProfile before = k;
-      Candidate best_paged;
-      for (const double item : Grid(kAttentionItemUsMax, kAttentionItemUsStep)) {
+      Candidate best;
+      for (const double us : Grid(max, kAttentionItemUsStep)) {
         k = before;
-        k.attention_bwd_item_us = item;
-        fit_dense();
-        best_paged.Consider(k, Score(gpu, k, dense));
+        k.*cost = us;
+        fit();
+        best.Consider(k, Score(gpu, k, rows));
       }
-      k = best_paged.profile;
+      k = best.profile;
+    };
+    if (backward) {
+      // The backward's items over pages: their own fixed cost, with the page tables that explain
+      // the dense paged rows (its own launches fitted theirs above).
+      fit_fixed_cost(&KernelProfile::attention_bwd_item_us, kAttentionItemUsMax, fit_dense, dense);
     } else {
       fit_dense();
     }
@@ -928,17 +933,9 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       for (const CalibrationSample* s : sparse)
         if (s->head_dim == 128 && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
     if (groups.size() >= 2) {
-      // Gathered blocks: their own fixed cost, the grid value whose fractions explain the sparse
-      // rows best.
-      const KernelProfile before = k;
-      Candidate best_gathered;
-      for (const double item : Grid(kGatheredItemUsMax, kAttentionItemUsStep)) {
-        k = before;
-        k.attention_bwd_gathered_item_us = item;
-        fit_sparse();
-        best_gathered.Consider(k, Score(gpu, k, sparse));
-      }
-      k = best_gathered.profile;
+      // Gathered blocks: their own fixed cost, with the fractions that explain the sparse rows.
+      fit_fixed_cost(&KernelProfile::attention_bwd_gathered_item_us, kGatheredItemUsMax, fit_sparse,
+                     sparse);
     } else {
       fit_sparse();
     }
