@@ -218,23 +218,23 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   const double block = (backward ? 10.0 : 4.0) * kAttentionBlock * kAttentionBlock * head_dim /
                        (tflops * 1e12 / sms);
   const double item = (backward ? k.attention_bwd_item_us : k.attention_fwd_item_us) * 1e-6;
+  if (!backward) return AttentionForwardSeconds(cost, block, item, d64, sparse);
   const double heads = std::max(1, s.heads);
   const double kv_heads = std::max(1, s.kv_heads > 0 ? s.kv_heads : s.heads);
   const double group = heads / kv_heads;
   const double q_blocks = std::ceil(static_cast<double>(s.rows) / kAttentionBlock);
-  if (!backward) return AttentionForwardSeconds(cost, block, item, d64, sparse);
   // The chunk's own positions, causal. Over earlier pages the runtime runs them inside the paged
   // launch (`merged`, the own op launches nothing): the paged op's time carries their work.
   // The backward's items are key blocks over the whole GQA group, or (the kernels since
   // 2026-11-27T16:20Z at long chunks, and since 2026-11-27T19:15Z a first chunk's own-only
   // launch from 4096 tokens, AttentionBackwardSplitsOwnHeads) one a query head, as the
   // forward's are.
-  const bool own_by_group = backward && !(k.own_bwd_split && AttentionBackwardSplitsOwnHeads(
-                                                                 s.rows, s.heads, s.kv_heads,
-                                                                 s.head_dim, s.page_tokens == 0));
+  const bool own_by_group =
+      !(k.own_bwd_split && AttentionBackwardSplitsOwnHeads(s.rows, s.heads, s.kv_heads, s.head_dim,
+                                                           s.page_tokens == 0));
   // A profile with an own-launch item cost times the backward's own items by it (and their launch
   // as started heaviest first); one without, by the shared item cost in fixed waves.
-  const bool own_fit = backward && k.attention_bwd_own_item_us > 0;
+  const bool own_fit = k.attention_bwd_own_item_us > 0;
   const double own_item = own_fit ? k.attention_bwd_own_item_us * 1e-6 : item;
   const double own_units = own_by_group ? kv_heads : heads;
   const double unit_heads = own_by_group ? group : 1.0;
@@ -248,7 +248,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
                    : LaunchSeconds(own_work, longest, sms, own_items);
   }
   const double p = static_cast<double>(s.page_tokens);
-  const double paged_block = block / PagedEfficiency(s.page_tokens, backward, d64, sparse);
+  const double paged_block = block / PagedEfficiency(s.page_tokens, true, d64, sparse);
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
   const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));

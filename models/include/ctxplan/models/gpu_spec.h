@@ -57,8 +57,9 @@ struct KernelProfile {
   double attention_bwd_tflops_d128 = 0, attention_bwd_tflops_d64 = 0;
   double attention_fwd_item_us = 0, attention_bwd_item_us = 0;
   // The forward the profile timed runs blocks of 192 queries at head dim 64 without a page
-  // selection where AttentionForwardQueryRows says (ctxtrain from 2026-11-28 on; the d_h 64 rate
-  // is then theirs), 128-row blocks reaching this fraction of that rate; 0: 128 rows everywhere.
+  // selection where AttentionForwardQueryRows says (ctxtrain from 2026-11-27T23:50Z on; the d_h 64
+  // rate is then theirs), 128-row blocks reaching this fraction of that rate; 0: 128 rows
+  // everywhere.
   double attention_fwd_rows128_efficiency_d64 = 0;
   std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
   // The same at head dim 64 (its own kernel path; empty: the head dim 128 tables).
