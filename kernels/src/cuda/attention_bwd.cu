@@ -599,7 +599,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       if (tid == 0 && b < n_items) load_cursor(ahead, b);
       next_item(ahead);
     }
-    CpAsyncWait<0>();  // the key block
+    // The key block's copies in a group of their own: cp.async.wait_group waits for committed
+    // groups only, and without the commit a block could read K and V before they had landed (dK
+    // and dV at d_h 128 then differed run to run, DenseBackwardRepeatsItself).
+    CpAsyncCommit();
+    CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();  // the key block; the mbarriers initialised
 
