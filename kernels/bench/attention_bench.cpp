@@ -18,7 +18,8 @@
 //             backward, dense (every earlier page) and page-sparse (each 128-query tile attends
 //             6144 earlier tokens: the sink page and 6144/p - 1 random pages, so the attended pairs
 //             are the same at every page size). A table per (head_dim, chunk) gives each rate's
-//             ratio to page 128's (bound: within 10%) and, for head_dim 64, to head_dim 128's at
+//             ratio to page 128's, the two timed alternately repeat by repeat so that a drifting
+//             clock cancels (bound: within 10%) and, for head_dim 64, to head_dim 128's at
 //             the same chunk and page (bound: within 15%), and marks the ratios outside.
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
@@ -142,6 +143,42 @@ double TimeMs(const std::function<void()>& fn, int reps, int warmup = 1) {
   CTXPLAN_CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// a and b timed alternately, a repeat of each in turn after `warmup` of each: their medians. A GPU
+// whose clock drifts over a run (the H100's, by its temperature and power) gives both the same
+// clocks, so their ratio holds where two runs of TimeMs apart differ by up to 10%.
+std::pair<double, double> TimePairMs(const std::function<void()>& a, const std::function<void()>& b,
+                                     int reps, int warmup = 1) {
+  for (int i = 0; i < warmup; ++i) {
+    a();
+    b();
+  }
+  CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1, e2;
+  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e0));
+  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e1));
+  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e2));
+  std::vector<double> ms_a, ms_b;
+  for (int i = 0; i < reps; ++i) {
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(e0));
+    a();
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(e1));
+    b();
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(e2));
+    CTXPLAN_CUDA_CHECK(cudaEventSynchronize(e2));
+    float x = 0.0f, y = 0.0f;
+    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&y, e1, e2));
+    ms_a.push_back(x);
+    ms_b.push_back(y);
+  }
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e0));
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e1));
+  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e2));
+  std::sort(ms_a.begin(), ms_a.end());
+  std::sort(ms_b.begin(), ms_b.end());
+  return {ms_a[ms_a.size() / 2], ms_b[ms_b.size() / 2]};
 }
 
 struct Row {
@@ -528,6 +565,9 @@ struct SweepPoint {
   bool sparse;
   int64_t pages_per_tile;  // sparse: the pages a tile selects; dense: every earlier page
   Row row;
+  // Page 128's point (same head_dim, chunk and mode) timed alternately with this one (TimePairMs):
+  // its attended pairs and times, from which the /p128 ratios come. Zero at page 128 itself.
+  double ref_pairs = 0, ref_fwd_ms = 0, ref_bwd_ms = 0;
   // Sparse: the backward with its earlier keys in key blocks over the union's pages
   // (CTXPLAN_ATTN_BWD_SPARSE=union), which gathered blocks replace where pages are not whole
   // 128-key blocks.
@@ -549,7 +589,10 @@ struct SweepRatios {
 
 SweepRatios RatiosOf(const SweepPoint& x, const std::vector<SweepPoint>& points) {
   SweepRatios r;
-  if (const SweepPoint* ref = FindPoint(points, x.hd, x.chunk, kRefPage, x.sparse)) {
+  if (x.ref_fwd_ms > 0) {
+    r.fwd_page = (x.row.pairs / x.row.fwd_ms) / (x.ref_pairs / x.ref_fwd_ms);
+    r.bwd_page = (x.row.pairs / x.row.bwd_ms) / (x.ref_pairs / x.ref_bwd_ms);
+  } else if (const SweepPoint* ref = FindPoint(points, x.hd, x.chunk, kRefPage, x.sparse)) {
     r.fwd_page = x.row.FwdTflops() / ref->row.FwdTflops();
     r.bwd_page = x.row.BwdTflops() / ref->row.BwdTflops();
   }
@@ -645,6 +688,28 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
                            std::to_string(s.hkv) + "_c" + std::to_string(c);
   const size_t first = points.size();
   std::optional<Chunked> ch;  // one per (head_dim, chunk), re-paged per page size
+  // Page 128's, timed beside each other page size's point (TimePairMs): dense, and sparse with
+  // its own selection of kSparseTokens a tile.
+  Chunked ref(s, context, kRefPage, /*shuffled=*/true);
+  const int64_t ref_pages = earlier / kRefPage;
+  const int64_t ref_per_tile = std::min(kSparseTokens / kRefPage, ref_pages);
+  const DeviceSelection ref_sel(RandomSelection(tiles, ref_pages, ref_per_tile, 3), tile,
+                                ref_per_tile);
+  const PageSelection dense{};
+  // x's forward and backward, alternately with page 128's where p is not 128.
+  auto time_point = [&](SweepPoint& x, const PageSelection& sel, const PageSelection& r_sel,
+                        double r_pairs) {
+    if (x.page == kRefPage) {
+      x.row.fwd_ms = TimeMs([&] { ch->Forward(last, sel); }, reps, 2);
+      x.row.bwd_ms = TimeMs([&] { ch->Backward(last, sel); }, reps, 2);
+      return;
+    }
+    x.ref_pairs = r_pairs;
+    std::tie(x.row.fwd_ms, x.ref_fwd_ms) =
+        TimePairMs([&] { ch->Forward(last, sel); }, [&] { ref.Forward(last, r_sel); }, reps, 2);
+    std::tie(x.row.bwd_ms, x.ref_bwd_ms) =
+        TimePairMs([&] { ch->Backward(last, sel); }, [&] { ref.Backward(last, r_sel); }, reps, 2);
+  };
   for (const int64_t p : kSweepPages) {
     if (c % p != 0) continue;
     if (ch) {
@@ -659,9 +724,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     d.row.hq = s.hq;
     d.row.hd = s.hd;
     d.row.pairs = own_pairs + static_cast<double>(c) * earlier;
-    const PageSelection dense{};
-    d.row.fwd_ms = TimeMs([&] { ch->Forward(last, dense); }, reps, 2);
-    d.row.bwd_ms = TimeMs([&] { ch->Backward(last, dense); }, reps, 2);
+    time_point(d, dense, dense, d.row.pairs);
     Report(d.row);
     points.push_back(d);
 
@@ -674,8 +737,8 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     sp.row.hq = s.hq;
     sp.row.hd = s.hd;
     sp.row.pairs = own_pairs + static_cast<double>(c) * per_tile * p;
-    sp.row.fwd_ms = TimeMs([&] { ch->Forward(last, sel.view); }, reps, 2);
-    sp.row.bwd_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
+    time_point(sp, sel.view, ref_sel.view,
+               own_pairs + static_cast<double>(c) * ref_per_tile * kRefPage);
     {
       const char* was = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
       const std::string before = was != nullptr ? was : "";
