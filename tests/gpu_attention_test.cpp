@@ -511,6 +511,27 @@ TEST(GpuAttention, TwoWarpgroupBackwardAtEveryItemCount) {
   sparse.sel = {1, 4, 8, 0, 2, 6};
   CheckProblem(sparse, 27);
 }
+// The two-warpgroup backward over dense key blocks with its producer warpgroup (the default) and
+// without (CTXPLAN_ATTN_BWD_PRODUCER=off): every small item count (each operands buffer reloaded
+// after both warpgroups' releases, the last staged dQ of an odd and an even item), own blocks one
+// a KV head and one a query head, earlier pages over every position, rows past t, both head dims.
+TEST(GpuAttention, TwoWarpgroupBackwardWithAndWithoutProducer) {
+  SKIP_WITHOUT_GPU();
+  for (const char* producer : {"on", "off"}) {
+    setenv("CTXPLAN_ATTN_BWD_PRODUCER", producer, 1);
+    for (const char* split : {"off", "on"}) {
+      setenv("CTXPLAN_ATTN_BWD_SPLIT", split, 1);
+      for (const int64_t t : {64, 128, 192, 256, 320, 448}) {
+        SCOPED_TRACE(std::string(producer) + " " + split + " " + std::to_string(t));
+        CheckProblem(Make(t, 2, 2, 128, 128, 0), 70 + t / 64);
+        CheckProblem(Make(t - 5, 14, 2, 128, 128, 2), 80 + t / 64);
+        CheckProblem(Make(t - 3, 8, 2, 64, 64, 1), 90 + t / 64);
+      }
+    }
+  }
+  unsetenv("CTXPLAN_ATTN_BWD_SPLIT");
+  unsetenv("CTXPLAN_ATTN_BWD_PRODUCER");
+}
 // dK, dV and the dKV pages of dense key blocks (no atomics) repeat bit for bit, run after run: a
 // block reading its K and V before they had landed (a cp.async group never committed) made them
 // differ in 16 of 40 runs at d_h 128 (H100).

@@ -32,12 +32,14 @@
 //     reduces in the two-warpgroup kernel (a tiled accumulator, DqTileOffset; one 16 KB (head_dim
 //     64) or 32 KB reduce an item), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
-// An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ), not by its
-// loads: the forward's loader-warpgroup structure measured slower here (kernels/PERF.md). With two
-// warpgroups (operands loaded two items ahead; no block barrier an item but in gathered blocks)
-// an item's whole dQ is one warpgroup's, alternating, while the other starts the next item. The
-// blocks resident together walk the queries side by side (ItemOrder), so that Q, dO and dQ are
-// served by the L2.
+// An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ). With two
+// computing warpgroups (operands loaded two items ahead; no block barrier an item but in gathered
+// blocks) an item's whole dQ is one warpgroup's, alternating, while the other starts the next
+// item. Dense key blocks run a third, producer warpgroup beside them (kProducer, cuDNN's layout):
+// it issues the operands' loads and the dQ bulk reduces, so that the computing warpgroups wait on
+// no bulk copy and no barrier of their own; 1.03-1.05x on 64K causal, 1.07-1.09x on the sweep's
+// dense rows (kernels/PERF.md; gathered blocks keep their item barrier). The blocks resident
+// together walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -233,8 +235,10 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   static constexpr int kBars = kD + kStages * kBwdBM * 4;  // [kStages] operands-landed mbarriers
   static constexpr int kStagingBar = kBars + 8 * kStages;  // the dQ staging read
   static constexpr int kRelease = kStagingBar + 8;         // [kStages] uint32 release counts
-  static constexpr int kUnion =
-      kPipelined ? kRelease + 4 * kStages : kBars;  // uint32 union, int32 count
+  // With a producer warpgroup: [kStages] operands-released mbarriers, then dQ-staged.
+  static constexpr int kEmptyBars = (kRelease + 4 * kStages + 7) & ~7;
+  static constexpr int kStagedBar = kEmptyBars + 8 * kStages;
+  static constexpr int kUnion = kPipelined ? kStagedBar + 8 : kBars;  // uint32 union, int32 count
   // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
   // (a chunk of 16384 tokens page-sparse), 32-bit in the one-warpgroup kernel as it was measured.
   using TileIndex = std::conditional_t<kPipelined, uint16_t, int32_t>;
@@ -260,15 +264,25 @@ struct BwdTensorMaps {
   CUtensorMap d_out;
 };
 
-template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
+// kProducer (head_dim 128 dense key blocks): a third warpgroup (threads 256-383) only loads each
+// item's operands (warp 8, on an empty mbarrier a buffer that each computing warpgroup arrives on
+// once its item's wgmmas are done) and adds the staged dQ into the accumulator (warp 9, on a
+// staged mbarrier the owner's 128 threads arrive on); it gives its registers to the two
+// computing warpgroups (setmaxnreg 24 / 240), which then never wait on a named barrier of their
+// own nor on a bulk copy (cuDNN's backward does the same, ncu, kernels/PERF.md).
+template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
+          bool kProducer = false>
+__global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm, const __grid_constant__ BwdTensorMaps maps) {
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
   static_assert(!kSplitOwn || (NWG == 2 && !kOverUnion), "split own blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
+  static_assert(!kProducer || (NWG == 2 && !kOverUnion && !kGather),
+                "a producer warpgroup: two computing warpgroups over key blocks");
   // Gathered blocks (a few items each) keep a block barrier an item (kItemBarrier, below).
   constexpr bool kItemBarrier = kGather;
   using L = WbSmem<HD, NWG, kItemBarrier>;
+  static_assert(!kProducer || L::kStages == 2, "the producer preloads two items");
   constexpr int kWbThreads = 128 * NWG;
   constexpr int BN = 64 * NWG, BM = kBwdBM;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -301,7 +315,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
   const bool gathered = kGather && earlier;
   // Selection masks (bit i: the block's page first_page + i) for key blocks over positions.
-  const bool sparse = !kGather && earlier && prm.sel != nullptr;
+  // (kProducer serves dense launches only.)
+  const bool sparse = !kProducer && !kGather && earlier && prm.sel != nullptr;
   const int first_page = earlier && !kGather ? kb0 / prm.p : 0;
 
   uint32_t union_mask = 0xffffffffu;
@@ -327,9 +342,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
   }
 
-  LoadKeyBlockKv<HD, BN, kWbThreads>(
-      prm, kb0, earlier, region_end, union_mask, first_page, hkv, kv_row, sK, sV,
-      [](int row, int c) { return Sw128<BN>(row, c); }, block.gathered);
+  if (!kProducer || tid < kWbThreads) {
+    LoadKeyBlockKv<HD, BN, kWbThreads>(
+        prm, kb0, earlier, region_end, union_mask, first_page, hkv, kv_row, sK, sV,
+        [](int row, int c) { return Sw128<BN>(row, c); }, block.gathered);
+  }
 
   // Items: every query head of the group times the block's query tiles (ascending: all from
   // qt_begin, or the selected ones). Item (hl, i) is head hkv * group + hl, tile tile_at(i). The
@@ -401,18 +418,28 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     //    of item n waits on staging_free for item n - 1's reduce to have read the staging, which
     //    that owner's issuing thread signals once its next S^T and dP^T are issued. 1.03x the
     //    block barrier's rate on 64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
+    //  - kProducer (dense key blocks): the same, but the producer's thread 256 loads item n + 2
+    //    once every computing thread has arrived on the buffer's empty mbarrier, and its thread
+    //    288 issues item n's reduce once the owner's 128 threads have arrived on dq_staged, then
+    //    signals staging_free when the reduce has read the staging.
     //  - kItemBarrier (gathered blocks, a selection tile's 2 x group items each): one block
     //    barrier an item (both dS^T written, the staging read, item n - 1 done); thread 0 then
     //    loads item n + 2 into item n - 1's buffer, of three. Without the barrier these blocks
     //    ran 0.92x (two buffers) and 0.85x (three).
     const uint32_t item_bars = base + L::kBars, staging_free = base + L::kStagingBar;
+    const uint32_t empty_bars = base + L::kEmptyBars, dq_staged = base + L::kStagedBar;
     uint32_t* s_release = reinterpret_cast<uint32_t*>(smem + L::kRelease);
-    if (tid == 0) {
+    // The thread that loads the items' operands (the producer's first, kProducer) initialises the
+    // barriers and issues the first two items' loads under the key block's.
+    const int loader_tid = kProducer ? kWbThreads : 0;
+    if (tid == loader_tid) {
       for (int b = 0; b < L::kStages; ++b) {
         MbarInit(item_bars + 8 * b, 1);
+        MbarInit(empty_bars + 8 * b, kWbThreads);  // every computing thread
         s_release[b] = 0;
       }
       MbarInit(staging_free, 1);
+      MbarInit(dq_staged, 128);
       FenceMbarInit();
       TmaPrefetchMap(&maps.q);
       TmaPrefetchMap(&maps.d_out);
@@ -586,6 +613,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
         StShared4(dq_stage_mine + (c >> 3) * L::kdQBytes + (c & 7) * 128 * 16, dq[4 * c],
                   dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
       FenceProxyAsync();
+      if constexpr (kProducer) {
+        MbarArrive(dq_staged);  // the producer's warp 9 issues the reduce
+        return;
+      }
       NamedBarrierSync(1 + wg, 128);
       if (dq_issuer) {
         BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0), base + L::kdQ,
@@ -596,7 +627,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 
     ItemCursor cur = order.first, ahead = order.first;  // items n and n + 2
     for (int b = 0; b < 2; ++b) {
-      if (tid == 0 && b < n_items) load_cursor(ahead, b);
+      if (tid == loader_tid && b < n_items) load_cursor(ahead, b);
       next_item(ahead);
     }
     // The key block's copies in a group of their own: cp.async.wait_group waits for committed
@@ -606,6 +637,40 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();  // the key block; the mbarriers initialised
+
+    if constexpr (kProducer) {
+      if (tid >= kWbThreads) {
+        SetMaxRegistersDec<24>();
+        if (tid == loader_tid) {
+          // Item n's operands into buffer n % 2 once both warpgroups have released item n - 2.
+          ItemCursor c = ahead;
+          for (int n = L::kStages; n < n_items; ++n) {
+            const int b = n % L::kStages;
+            MbarWait(empty_bars + 8 * b, ((n - L::kStages) / L::kStages) & 1);
+            load_cursor(c, b);
+            next_item(c);
+          }
+        } else if (warp == 9 && lane == 0) {
+          // Item m's dQ, once its owner has staged it, into the accumulator; the staging is free
+          // again once read.
+          ItemCursor c = order.first;
+          for (int m = 0; m < n_items; ++m) {
+            int h, q0;
+            item_at(c, h, q0);
+            next_item(c);
+            MbarWait(dq_staged, m & 1);
+            BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
+                             base + L::kdQ, HD / 64 * L::kdQBytes);
+            BulkCommit();
+            BulkWaitRead<0>();
+            MbarArrive(staging_free);
+          }
+          BulkWait<0>();  // the reduces done before the block's shared memory goes
+        }
+        return;
+      }
+      SetMaxRegistersInc<240>();
+    }
 
     // Without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled read
     // (staging_free).
@@ -626,7 +691,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceAcc(dq);
       if (!kItemBarrier && m > 0) MbarWait(staging_free, (m - 1) & 1);
       add_dq(h, q0);
-      staging_owed = true;
+      staging_owed = !kProducer;
     };
     // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
     // dQ at the top of item n, ahead of n's S^T and dP^T, and stages it once they are issued, so
@@ -656,7 +721,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
           FenceAcc(dq);
           if (n > 1) MbarWait(staging_free, (n - 2) & 1);
           add_dq(prev_h, prev_q0);
-          staging_owed = true;
+          staging_owed = !kProducer;
         }
       }
       WgmmaWait<1>();  // S^T done; dP^T may still run
@@ -682,8 +747,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       FenceAcc(dv);
       FenceAcc(dk);
       // Release the operands buffer; the second warpgroup to do so loads item n + 2 into it.
-      NamedBarrierSync(1 + wg, 128);
-      if (dq_issuer) {
+      // kProducer: every thread, its reads of the buffer's LSE2 and D done (the wgmmas that read
+      // Q and dO are), arrives on the buffer's empty mbarrier, which the producer waits on (one
+      // thread a warp after __syncwarp is as safe, but racecheck cannot follow it).
+      if constexpr (kProducer) {
+        MbarArrive(empty_bars + 8 * buf);
+      } else {
+        NamedBarrierSync(1 + wg, 128);
+      }
+      if (!kProducer && dq_issuer) {
         __threadfence_block();
         if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
           __threadfence_block();
@@ -708,7 +780,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       }
     }
     if constexpr (!kItemBarrier) signal_staging();
-    if (dq_issuer) BulkWait<0>();  // the reduces done before the block's shared memory goes
+    if (!kProducer && dq_issuer) BulkWait<0>();  // the reduces done before the shared memory goes
   } else {
     // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
     // item's wgmmas waited within it. Written out apart from the pipelined loop's pieces: built
@@ -1028,8 +1100,14 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // own blocks go one a query head instead, hq / hkv times as many, on the
   // kSplitOwn instantiation, their dK/dV accumulator zeroed first.
   bool own_split = false;
+  // A producer warpgroup beside the two computing ones (kProducer) over dense key blocks;
+  // CTXPLAN_ATTN_BWD_PRODUCER=off keeps the two warpgroups alone, to compare.
+  const char* producer_env = std::getenv("CTXPLAN_ATTN_BWD_PRODUCER");
+  const bool producer = producer_env == nullptr || std::strcmp(producer_env, "off") != 0;
   auto launch_two_warpgroups = [&](auto gather, const BwdParams& q, int64_t blocks, int smem) {
     constexpr bool kGather = decltype(gather)::value;
+    constexpr bool kCanProduce = !kGather;
+    const bool with_producer = kCanProduce && producer && q.sel == nullptr;
     if (split_own && q.own_first) {
       const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
       blocks += own_blocks * (prm.hq - prm.hkv);
@@ -1038,9 +1116,23 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       CTXPLAN_CUDA_CHECK(
           cudaMemsetAsync(prm.own_dkv_acc, 0,
                           2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
+      if constexpr (kCanProduce) {
+        if (with_producer) {
+          launch(AttnBwdWgmmaKernel<HD, 2, false, false, true, true>,
+                 dim3(static_cast<unsigned>(blocks)), 384, smem, q);
+          return;
+        }
+      }
       launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true>, dim3(static_cast<unsigned>(blocks)),
              256, smem, q);
       return;
+    }
+    if constexpr (kCanProduce) {
+      if (with_producer) {
+        launch(AttnBwdWgmmaKernel<HD, 2, false, false, false, true>,
+               dim3(static_cast<unsigned>(blocks)), 384, smem, q);
+        return;
+      }
     }
     launch(AttnBwdWgmmaKernel<HD, 2, false, kGather>, dim3(static_cast<unsigned>(blocks)), 256,
            smem, q);
