@@ -264,10 +264,10 @@ struct BwdTensorMaps {
   CUtensorMap d_out;
 };
 
-// kProducer (head_dim 128 dense key blocks): a third warpgroup (threads 256-383) only loads each
-// item's operands (warp 8, on an empty mbarrier a buffer that each computing warpgroup arrives on
-// once its item's wgmmas are done) and adds the staged dQ into the accumulator (warp 9, on a
-// staged mbarrier the owner's 128 threads arrive on); it gives its registers to the two
+// kProducer (dense key blocks, either head dim): a third warpgroup (threads 256-383) only loads
+// each item's operands (thread 256, on an empty mbarrier a buffer that every computing thread
+// arrives on once its item's wgmmas are done) and adds the staged dQ into the accumulator (thread
+// 288, on a staged mbarrier the owner's 128 threads arrive on); it gives its registers to the two
 // computing warpgroups (setmaxnreg 24 / 240), which then never wait on a named barrier of their
 // own nor on a bulk copy (cuDNN's backward does the same, ncu, kernels/PERF.md).
 template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
