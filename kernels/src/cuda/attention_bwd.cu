@@ -630,11 +630,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       if (tid == loader_tid && b < n_items) load_cursor(ahead, b);
       next_item(ahead);
     }
-    // The key block's copies in a group of their own: cp.async.wait_group waits for committed
-    // groups only, and without the commit a block could read K and V before they had landed (dK
-    // and dV at d_h 128 then differed run to run, DenseBackwardRepeatsItself).
-    CpAsyncCommit();
-    CpAsyncWait<0>();
+    CpAsyncWait<0>();  // the key block (LoadKeyBlockKv commits its copies)
     FenceProxyAsync();
     __syncthreads();  // the key block; the mbarriers initialised
 

@@ -150,6 +150,9 @@ __device__ __forceinline__ int EarlierPage(const BwdParams& prm, const int32_t* 
 // from k_own / v_own, earlier ones through the page table (gathered: the tile's selected
 // positions); rows past the region or on pages no tile of the block selected are zero-filled.
 // offset(row, c): the byte offset of 16-byte chunk c of row `row` in the kernel's tile layout.
+// The copies are committed as a group of their own: cp.async.wait_group waits for committed
+// groups only (uncommitted, a block read K and V before they had landed, and dK and dV at d_h 128
+// differed run to run: GpuAttention.DenseBackwardRepeatsItself).
 template <int HD, int BN, int kThreads, typename Offset>
 __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bool earlier,
                                                int region_end, uint32_t union_mask, int first_page,
@@ -183,6 +186,7 @@ __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bo
     CpAsync16(sK + offset(row, c), ksrc, valid);
     CpAsync16(sV + offset(row, c), vsrc, valid);
   }
+  CpAsyncCommit();
 }
 
 // One item's operands into buffer `buf`: the Q and dO rows of the 64 queries from q0 of query head
