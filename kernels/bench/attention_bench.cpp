@@ -122,63 +122,42 @@ void FillRandom(bf16* dst, size_t n, uint64_t seed, float scale = 1.0f) {
   }
 }
 
-// Median time (ms) of fn over reps after warm-up; fn enqueues work on the default stream.
-double TimeMs(const std::function<void()>& fn, int reps, int warmup = 1) {
-  for (int i = 0; i < warmup; ++i) fn();
+// Median time (ms) of each of fns over reps after warm-up, timed in turn, a repeat of each
+// before the next repeat; each fn enqueues work on the default stream. Several are timed in turn
+// so that a GPU whose clock drifts over a run (the H100's, by its temperature and power) gives
+// them the same clocks: their ratio holds where two timings apart differ by up to 10%.
+std::vector<double> TimeInTurnMs(const std::vector<std::function<void()>>& fns, int reps,
+                                 int warmup = 1) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& fn : fns) fn();
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CTXPLAN_CUDA_CHECK(cudaEventCreate(&a));
-  CTXPLAN_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
+  std::vector<cudaEvent_t> marks(fns.size() + 1);
+  for (cudaEvent_t& e : marks) CTXPLAN_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<std::vector<double>> ms(fns.size());
   for (int i = 0; i < reps; ++i) {
-    CTXPLAN_CUDA_CHECK(cudaEventRecord(a));
-    fn();
-    CTXPLAN_CUDA_CHECK(cudaEventRecord(b));
-    CTXPLAN_CUDA_CHECK(cudaEventSynchronize(b));
-    float x = 0.0f;
-    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&x, a, b));
-    ms.push_back(x);
+    CTXPLAN_CUDA_CHECK(cudaEventRecord(marks[0]));
+    for (size_t f = 0; f < fns.size(); ++f) {
+      fns[f]();
+      CTXPLAN_CUDA_CHECK(cudaEventRecord(marks[f + 1]));
+    }
+    CTXPLAN_CUDA_CHECK(cudaEventSynchronize(marks.back()));
+    for (size_t f = 0; f < fns.size(); ++f) {
+      float x = 0.0f;
+      CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&x, marks[f], marks[f + 1]));
+      ms[f].push_back(x);
+    }
   }
-  CTXPLAN_CUDA_CHECK(cudaEventDestroy(a));
-  CTXPLAN_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  for (cudaEvent_t e : marks) CTXPLAN_CUDA_CHECK(cudaEventDestroy(e));
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) {
+    std::sort(m.begin(), m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
 }
 
-// a and b timed alternately, a repeat of each in turn after `warmup` of each: their medians. A GPU
-// whose clock drifts over a run (the H100's, by its temperature and power) gives both the same
-// clocks, so their ratio holds where two runs of TimeMs apart differ by up to 10%.
-std::pair<double, double> TimePairMs(const std::function<void()>& a, const std::function<void()>& b,
-                                     int reps, int warmup = 1) {
-  for (int i = 0; i < warmup; ++i) {
-    a();
-    b();
-  }
-  CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1, e2;
-  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e0));
-  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e1));
-  CTXPLAN_CUDA_CHECK(cudaEventCreate(&e2));
-  std::vector<double> ms_a, ms_b;
-  for (int i = 0; i < reps; ++i) {
-    CTXPLAN_CUDA_CHECK(cudaEventRecord(e0));
-    a();
-    CTXPLAN_CUDA_CHECK(cudaEventRecord(e1));
-    b();
-    CTXPLAN_CUDA_CHECK(cudaEventRecord(e2));
-    CTXPLAN_CUDA_CHECK(cudaEventSynchronize(e2));
-    float x = 0.0f, y = 0.0f;
-    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-    CTXPLAN_CUDA_CHECK(cudaEventElapsedTime(&y, e1, e2));
-    ms_a.push_back(x);
-    ms_b.push_back(y);
-  }
-  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e0));
-  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e1));
-  CTXPLAN_CUDA_CHECK(cudaEventDestroy(e2));
-  std::sort(ms_a.begin(), ms_a.end());
-  std::sort(ms_b.begin(), ms_b.end());
-  return {ms_a[ms_a.size() / 2], ms_b[ms_b.size() / 2]};
+double TimeMs(const std::function<void()>& fn, int reps, int warmup = 1) {
+  return TimeInTurnMs({fn}, reps, warmup)[0];
 }
 
 struct Row {
@@ -565,8 +544,9 @@ struct SweepPoint {
   bool sparse;
   int64_t pages_per_tile;  // sparse: the pages a tile selects; dense: every earlier page
   Row row;
-  // Page 128's point (same head_dim, chunk and mode) timed alternately with this one (TimePairMs):
-  // its attended pairs and times, from which the /p128 ratios come. Zero at page 128 itself.
+  // Page 128's point (same head_dim, chunk and mode) timed alternately with this one
+  // (TimeInTurnMs): its attended pairs and times, from which the /p128 ratios come. Zero at page
+  // 128 itself.
   double ref_pairs = 0, ref_fwd_ms = 0, ref_bwd_ms = 0;
   // Sparse: the backward with its earlier keys in key blocks over the union's pages
   // (CTXPLAN_ATTN_BWD_SPARSE=union), which gathered blocks replace where pages are not whole
@@ -688,7 +668,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
                            std::to_string(s.hkv) + "_c" + std::to_string(c);
   const size_t first = points.size();
   std::optional<Chunked> ch;  // one per (head_dim, chunk), re-paged per page size
-  // Page 128's, timed beside each other page size's point (TimePairMs): dense, and sparse with
+  // Page 128's, timed beside each other page size's point (TimeInTurnMs): dense, and sparse with
   // its own selection of kSparseTokens a tile.
   Chunked ref(s, context, kRefPage, /*shuffled=*/true);
   const int64_t ref_pages = earlier / kRefPage;
@@ -705,10 +685,14 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
       return;
     }
     x.ref_pairs = r_pairs;
-    std::tie(x.row.fwd_ms, x.ref_fwd_ms) =
-        TimePairMs([&] { ch->Forward(last, sel); }, [&] { ref.Forward(last, r_sel); }, reps, 2);
-    std::tie(x.row.bwd_ms, x.ref_bwd_ms) =
-        TimePairMs([&] { ch->Backward(last, sel); }, [&] { ref.Backward(last, r_sel); }, reps, 2);
+    const std::vector<double> fwd =
+        TimeInTurnMs({[&] { ch->Forward(last, sel); }, [&] { ref.Forward(last, r_sel); }}, reps, 2);
+    x.row.fwd_ms = fwd[0];
+    x.ref_fwd_ms = fwd[1];
+    const std::vector<double> bwd = TimeInTurnMs(
+        {[&] { ch->Backward(last, sel); }, [&] { ref.Backward(last, r_sel); }}, reps, 2);
+    x.row.bwd_ms = bwd[0];
+    x.ref_bwd_ms = bwd[1];
   };
   for (const int64_t p : kSweepPages) {
     if (c % p != 0) continue;
