@@ -511,13 +511,14 @@ TEST(GpuAttention, TwoWarpgroupBackwardAtEveryItemCount) {
   sparse.sel = {1, 4, 8, 0, 2, 6};
   CheckProblem(sparse, 27);
 }
-// The two-warpgroup backward over dense key blocks with its producer warpgroup (the default) and
-// without (CTXPLAN_ATTN_BWD_PRODUCER=off): every small item count (each operands buffer reloaded
-// after both warpgroups' releases, the last staged dQ of an odd and an even item), own blocks one
-// a KV head and one a query head, earlier pages over every position, rows past t, both head dims.
+// The two-warpgroup backward with its producer warpgroup (the default; =dense keeps gathered blocks
+// without one) and without (CTXPLAN_ATTN_BWD_PRODUCER=off): every small item
+// count (each operands buffer reloaded after both warpgroups' releases, the last staged dQ of an
+// odd and an even item), own blocks one a KV head and one a query head, earlier pages over every
+// position, rows past t, both head dims, and gathered blocks.
 TEST(GpuAttention, TwoWarpgroupBackwardWithAndWithoutProducer) {
   SKIP_WITHOUT_GPU();
-  for (const char* producer : {"on", "off"}) {
+  for (const char* producer : {"on", "off", "dense"}) {
     setenv("CTXPLAN_ATTN_BWD_PRODUCER", producer, 1);
     for (const char* split : {"off", "on"}) {
       setenv("CTXPLAN_ATTN_BWD_SPLIT", split, 1);
@@ -527,6 +528,20 @@ TEST(GpuAttention, TwoWarpgroupBackwardWithAndWithoutProducer) {
         CheckProblem(Make(t - 5, 14, 2, 128, 128, 2), 80 + t / 64);
         CheckProblem(Make(t - 3, 8, 2, 64, 64, 1), 90 + t / 64);
       }
+      // Gathered page-sparse blocks (a producer but under =dense and =off): pages of 96 and 128,
+      // both head dims.
+      Problem sparse = Make(256, 8, 2, 128, 96, 9);
+      sparse.per_tile = 3;
+      sparse.sel = {1, 4, 8, 0, 2, 6};
+      CheckProblem(sparse, 100);
+      Problem sparse128 = Make(448, 14, 2, 128, 128, 6);
+      sparse128.per_tile = 3;
+      sparse128.sel = {0, 2, 5, 1, 3, 4, 0, 4, 5, 1, 2, 3};
+      CheckProblem(sparse128, 101);
+      Problem sparse64 = Make(200, 8, 4, 64, 64, 4);
+      sparse64.per_tile = 2;
+      sparse64.sel = {0, 3, 1, 2};
+      CheckProblem(sparse64, 102);
     }
   }
   unsetenv("CTXPLAN_ATTN_BWD_SPLIT");

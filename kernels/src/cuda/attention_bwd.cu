@@ -33,13 +33,13 @@
 //     64) or 32 KB reduce an item), by fp32 atomics in the others.
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ). With two
-// computing warpgroups (operands loaded two items ahead; no block barrier an item but in gathered
-// blocks) an item's whole dQ is one warpgroup's, alternating, while the other starts the next
-// item. Dense key blocks run a third, producer warpgroup beside them (kProducer, cuDNN's layout):
-// it issues the operands' loads and the dQ bulk reduces, so that the computing warpgroups wait on
-// no bulk copy and no barrier of their own; 1.03-1.05x on 64K causal, 1.07-1.09x on the sweep's
-// dense rows (kernels/PERF.md; gathered blocks keep their item barrier). The blocks resident
-// together walk the queries side by side (ItemOrder), so that Q, dO and dQ are served by the L2.
+// computing warpgroups (operands loaded two items ahead; no block barrier an item) an item's
+// whole dQ is one warpgroup's, alternating, while the other starts the next item. A third,
+// producer warpgroup runs beside them (kProducer, cuDNN's layout): it issues the operands' loads
+// and the dQ bulk reduces, so that the computing warpgroups wait on no bulk copy and no barrier
+// of their own; 1.03-1.05x on 64K causal, 1.07-1.09x on the sweep's dense rows, 1.03x on its
+// page-sparse ones (kernels/PERF.md). The blocks resident together walk the queries side by side
+// (ItemOrder), so that Q, dO and dQ are served by the L2.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -264,7 +264,8 @@ struct BwdTensorMaps {
   CUtensorMap d_out;
 };
 
-// kProducer (dense key blocks, either head dim): a third warpgroup (threads 256-383) only loads
+// kProducer (key blocks and gathered blocks, either head dim): a third warpgroup (threads 256-383)
+// only loads
 // each item's operands (thread 256, on an empty mbarrier a buffer that every computing thread
 // arrives on once its item's wgmmas are done) and adds the staged dQ into the accumulator (thread
 // 288, on a staged mbarrier the owner's 128 threads arrive on); it gives its registers to the two
@@ -277,10 +278,11 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
   static_assert(!kSplitOwn || (NWG == 2 && !kOverUnion), "split own blocks: two warpgroups");
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
-  static_assert(!kProducer || (NWG == 2 && !kOverUnion && !kGather),
-                "a producer warpgroup: two computing warpgroups over key blocks");
-  // Gathered blocks (a few items each) keep a block barrier an item (kItemBarrier, below).
-  constexpr bool kItemBarrier = kGather;
+  static_assert(!kProducer || (NWG == 2 && !kOverUnion),
+                "a producer warpgroup: two computing warpgroups");
+  // Gathered blocks (a few items each) keep a block barrier an item (kItemBarrier, below) unless
+  // a producer loads their items.
+  constexpr bool kItemBarrier = kGather && !kProducer;
   using L = WbSmem<HD, NWG, kItemBarrier>;
   static_assert(!kProducer || L::kStages == 2, "the producer preloads two items");
   constexpr int kWbThreads = 128 * NWG;
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
   const bool gathered = kGather && earlier;
   // Selection masks (bit i: the block's page first_page + i) for key blocks over positions.
-  // (kProducer serves dense launches only.)
+  // (kProducer: dense launches' key blocks and gathered blocks, never selection masks.)
   const bool sparse = !kProducer && !kGather && earlier && prm.sel != nullptr;
   const int first_page = earlier && !kGather ? kb0 / prm.p : 0;
 
@@ -418,14 +420,17 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     //    of item n waits on staging_free for item n - 1's reduce to have read the staging, which
     //    that owner's issuing thread signals once its next S^T and dP^T are issued. 1.03x the
     //    block barrier's rate on 64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
-    //  - kProducer (dense key blocks): the same, but the producer's thread 256 loads item n + 2
+    //  - kProducer (key blocks over own positions or every page, gathered blocks): the same,
+    //    but the producer's thread 256 loads item n + 2
     //    once every computing thread has arrived on the buffer's empty mbarrier, and its thread
     //    288 issues item n's reduce once the owner's 128 threads have arrived on dq_staged, then
     //    signals staging_free when the reduce has read the staging.
-    //  - kItemBarrier (gathered blocks, a selection tile's 2 x group items each): one block
-    //    barrier an item (both dS^T written, the staging read, item n - 1 done); thread 0 then
-    //    loads item n + 2 into item n - 1's buffer, of three. Without the barrier these blocks
-    //    ran 0.92x (two buffers) and 0.85x (three).
+    //  - kItemBarrier (gathered blocks without a producer, CTXPLAN_ATTN_BWD_PRODUCER=dense or
+    //    =off): one block barrier an item (both dS^T written, the staging read, item n - 1 done);
+    //    thread 0 then loads item n + 2 into item n - 1's buffer, of three. Without the barrier
+    //    (and the producer) these blocks ran 0.92x (two buffers) and 0.85x (three). Beside the
+    //    producer the barrier cost registers: at head_dim 128 ptxas serialised the wgmmas
+    //    (C7512) and the blocks ran 0.87x (kernels/PERF.md).
     const uint32_t item_bars = base + L::kBars, staging_free = base + L::kStagingBar;
     const uint32_t empty_bars = base + L::kEmptyBars, dq_staged = base + L::kStagedBar;
     uint32_t* s_release = reinterpret_cast<uint32_t*>(smem + L::kRelease);
@@ -1096,14 +1101,16 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // own blocks go one a query head instead, hq / hkv times as many, on the
   // kSplitOwn instantiation, their dK/dV accumulator zeroed first.
   bool own_split = false;
-  // A producer warpgroup beside the two computing ones (kProducer) over dense key blocks;
-  // CTXPLAN_ATTN_BWD_PRODUCER=off keeps the two warpgroups alone, to compare.
+  // A producer warpgroup beside the two computing ones (kProducer) over dense key blocks and
+  // gathered ones; CTXPLAN_ATTN_BWD_PRODUCER=dense keeps gathered blocks on their item barrier
+  // and =off every block on two warpgroups alone, to compare.
   const char* producer_env = std::getenv("CTXPLAN_ATTN_BWD_PRODUCER");
   const bool producer = producer_env == nullptr || std::strcmp(producer_env, "off") != 0;
+  const bool producer_gathered =
+      producer && (producer_env == nullptr || std::strcmp(producer_env, "dense") != 0);
   auto launch_two_warpgroups = [&](auto gather, const BwdParams& q, int64_t blocks, int smem) {
     constexpr bool kGather = decltype(gather)::value;
-    constexpr bool kCanProduce = !kGather;
-    const bool with_producer = kCanProduce && producer && q.sel == nullptr;
+    const bool with_producer = kGather ? producer_gathered : producer && q.sel == nullptr;
     if (split_own && q.own_first) {
       const int64_t own_blocks = (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
       blocks += own_blocks * (prm.hq - prm.hkv);
@@ -1112,23 +1119,19 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
       CTXPLAN_CUDA_CHECK(
           cudaMemsetAsync(prm.own_dkv_acc, 0,
                           2 * static_cast<size_t>(prm.t) * prm.hkv * HD * sizeof(float), stream));
-      if constexpr (kCanProduce) {
-        if (with_producer) {
-          launch(AttnBwdWgmmaKernel<HD, 2, false, false, true, true>,
-                 dim3(static_cast<unsigned>(blocks)), 384, smem, q);
-          return;
-        }
+      if (with_producer) {
+        launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true, true>,
+               dim3(static_cast<unsigned>(blocks)), 384, smem, q);
+        return;
       }
       launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, true>, dim3(static_cast<unsigned>(blocks)),
              256, smem, q);
       return;
     }
-    if constexpr (kCanProduce) {
-      if (with_producer) {
-        launch(AttnBwdWgmmaKernel<HD, 2, false, false, false, true>,
-               dim3(static_cast<unsigned>(blocks)), 384, smem, q);
-        return;
-      }
+    if (with_producer) {
+      launch(AttnBwdWgmmaKernel<HD, 2, false, kGather, false, true>,
+             dim3(static_cast<unsigned>(blocks)), 384, smem, q);
+      return;
     }
     launch(AttnBwdWgmmaKernel<HD, 2, false, kGather>, dim3(static_cast<unsigned>(blocks)), 256,
            smem, q);
