@@ -720,16 +720,16 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
   // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z and its
   // deferred dQ of T23:20Z, the three-consumer forward of T23:50Z; the backward's producer
-  // warpgroup of 2026-11-28T02:25Z everywhere)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 10u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 10u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 8u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 9u);
+  // warpgroup of 2026-11-28T02:25Z and its gathered blocks of T04:45Z everywhere)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 9u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 10u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 9u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 8u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 9u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 10u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 10u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 10u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -747,18 +747,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 8u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 9u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 12u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 13u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 9u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 14u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 10u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 10u);  // and the morning's two
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 8u);  // and the gathered blocks
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 11u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 9u);   // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
@@ -815,9 +815,9 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(deferred_dq.date, "2026-11-27T23:20Z");
   KernelProfile evening;
   evening.date = "2026-11-27T21:22Z";
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 3u);
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 4u);
   EXPECT_EQ(ChangesAfterProfile(evening, 128, 64)[0].date, deferred_dq.date);
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 128).size(), 1u);  // the producer warpgroup
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 128).size(), 2u);  // the producer warpgroup, twice
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:25:00Z", 128, 64));
   // The three-consumer forward: head dim 64 only; a run after it matches a later profile.
@@ -832,10 +832,20 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_TRUE(producer.pages.empty() && producer.head_dims.empty());
   KernelProfile night;
   night.date = "2026-11-28T02:30Z";
-  EXPECT_TRUE(ChangesAfterProfile(night, 96, 64).empty());
-  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 1u);  // the gathered blocks' producer
+  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 2u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:00:00Z", 96, 128));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:40:00Z", 96, 128));
+  // The gathered blocks beside the producer: every head dim and page size. A profile of T04:50Z
+  // has it; a run of T04:00Z under that profile differs, one of T04:55Z does not.
+  const KernelChange& gathered_producer = KernelChanges()[16];
+  EXPECT_EQ(gathered_producer.date, "2026-11-28T04:45Z");
+  EXPECT_TRUE(gathered_producer.pages.empty() && gathered_producer.head_dims.empty());
+  KernelProfile dawn;
+  dawn.date = "2026-11-28T04:50Z";
+  EXPECT_TRUE(ChangesAfterProfile(dawn, 64, 128).empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:00:00Z", 64, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:55:00Z", 64, 128));
 }
 
 }  // namespace

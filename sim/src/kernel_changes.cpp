@@ -113,6 +113,12 @@ const std::vector<KernelChange>& KernelChanges() {
        "64K causal 1.03-1.05x, the sweep's dense rows 1.07x at head dim 128, 1.09x at 64)",
        {},
        {}},
+      {"2026-11-28T04:45Z",
+       "the attention backward's gathered page-sparse blocks (and a page-sparse launch's own "
+       "positions) came to run beside the producer warpgroup too, without their item barrier "
+       "(the sweep's page-sparse rows 1.03x on both GPUs at both head dims)",
+       {},
+       {}},
   };
   return changes;
 }
