@@ -552,8 +552,8 @@ TEST(GpuAttention, TwoWarpgroupBackwardWithAndWithoutProducer) {
 // differ in 16 of 40 runs at d_h 128 (H100).
 TEST(GpuAttention, DenseBackwardRepeatsItself) {
   SKIP_WITHOUT_GPU();
-  for (const Problem base : {Make(384, 28, 4, 128, 192, 3), Make(1000, 28, 4, 128, 128, 4),
-                             Make(700, 32, 8, 64, 64, 5)}) {
+  for (const Problem& base : {Make(384, 28, 4, 128, 192, 3), Make(1000, 28, 4, 128, 128, 4),
+                              Make(700, 32, 8, 64, 64, 5)}) {
     Problem pr = base;
     pr.Generate(21);
     const DeviceProblem dp(pr);
