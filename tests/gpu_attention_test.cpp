@@ -511,11 +511,11 @@ TEST(GpuAttention, TwoWarpgroupBackwardAtEveryItemCount) {
   sparse.sel = {1, 4, 8, 0, 2, 6};
   CheckProblem(sparse, 27);
 }
-// The two-warpgroup backward with its producer warpgroup (the default; =dense keeps gathered blocks
-// without one) and without (CTXPLAN_ATTN_BWD_PRODUCER=off): every small item
-// count (each operands buffer reloaded after both warpgroups' releases, the last staged dQ of an
-// odd and an even item), own blocks one a KV head and one a query head, earlier pages over every
-// position, rows past t, both head dims, and gathered blocks.
+// The two-warpgroup backward with its producer warpgroup (the default; =dense keeps gathered
+// blocks without one) and without (CTXPLAN_ATTN_BWD_PRODUCER=off): every small item count (each
+// operands buffer reloaded after both warpgroups' releases, the last staged dQ of an odd and an
+// even item), own blocks one a KV head and one a query head, earlier pages over every position,
+// rows past t, both head dims, and gathered blocks.
 TEST(GpuAttention, TwoWarpgroupBackwardWithAndWithoutProducer) {
   SKIP_WITHOUT_GPU();
   for (const char* producer : {"on", "off", "dense"}) {

@@ -264,13 +264,13 @@ struct BwdTensorMaps {
   CUtensorMap d_out;
 };
 
-// kProducer (key blocks and gathered blocks, either head dim): a third warpgroup (threads 256-383)
-// only loads
-// each item's operands (thread 256, on an empty mbarrier a buffer that every computing thread
-// arrives on once its item's wgmmas are done) and adds the staged dQ into the accumulator (thread
-// 288, on a staged mbarrier the owner's 128 threads arrive on); it gives its registers to the two
-// computing warpgroups (setmaxnreg 24 / 240), which then never wait on a named barrier of their
-// own nor on a bulk copy (cuDNN's backward does the same, ncu, kernels/PERF.md).
+// kProducer (key blocks and gathered blocks, either head dim): a third warpgroup (threads
+// 256-383) only loads each item's operands (thread 256, on an empty mbarrier a buffer that every
+// computing thread arrives on once its item's wgmmas are done) and adds the staged dQ into the
+// accumulator (thread 288, on a staged mbarrier the owner's 128 threads arrive on); it gives its
+// registers to the two computing warpgroups (setmaxnreg 24 / 240), which then never wait on a
+// named barrier of their own nor on a bulk copy (cuDNN's backward does the same, ncu,
+// kernels/PERF.md).
 template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
           bool kProducer = false>
 __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
@@ -421,10 +421,10 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     //    that owner's issuing thread signals once its next S^T and dP^T are issued. 1.03x the
     //    block barrier's rate on 64K causal, 1.035x on the sweep's dense rows (kernels/PERF.md).
     //  - kProducer (key blocks over own positions or every page, gathered blocks): the same,
-    //    but the producer's thread 256 loads item n + 2
-    //    once every computing thread has arrived on the buffer's empty mbarrier, and its thread
-    //    288 issues item n's reduce once the owner's 128 threads have arrived on dq_staged, then
-    //    signals staging_free when the reduce has read the staging.
+    //    but the producer's thread 256 loads item n + 2 once every computing thread has arrived
+    //    on the buffer's empty mbarrier, and its thread 288 issues item n's reduce once the
+    //    owner's 128 threads have arrived on dq_staged, then signals staging_free when the
+    //    reduce has read the staging.
     //  - kItemBarrier (gathered blocks without a producer, CTXPLAN_ATTN_BWD_PRODUCER=dense or
     //    =off): one block barrier an item (both dS^T written, the staging read, item n - 1 done);
     //    thread 0 then loads item n + 2 into item n - 1's buffer, of three. Without the barrier
