@@ -21,12 +21,15 @@
 //             ratio to page 128's, the two timed alternately repeat by repeat so that a drifting
 //             clock cancels (bound: within 10%) and, for head_dim 64, to head_dim 128's at
 //             the same chunk and page (bound: within 15%), and marks the ratios outside.
+//             --heads sets the head_dim 64 rows' heads (32x8 unless given; 28x4 compares the two
+//             head dims at one GQA group).
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last|sweep]
-//                        [--heads HQxHKV (the full family's; default 28x4)]
+//                        [--heads HQxHKV (the full family's, default 28x4; the sweep's d_h 64
+//                        rows', default 32x8)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -741,11 +744,14 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
 }
 
 // Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
-// of the chunk), then the ratios outside the bounds. head_dim: only that head_dim's rows (0: both).
-void RunSweep(int64_t tokens, int reps, int64_t head_dim) {
+// of the chunk), then the ratios outside the bounds. head_dim: only that head_dim's rows (0: both);
+// heads64: the head_dim 64 rows' (H_q, H_kv), else kSweepHeads'.
+void RunSweep(int64_t tokens, int reps, int64_t head_dim,
+              std::optional<std::pair<int64_t, int64_t>> heads64) {
   std::vector<SweepPoint> points;
   for (BenchShape s : kSweepHeads) {
     if (head_dim != 0 && s.hd != head_dim) continue;
+    if (s.hd == 64 && heads64) std::tie(s.hq, s.hkv) = *heads64;
     for (const int64_t c : kSweepChunks) {
       s.chunk = c;
       const int64_t context = tokens / c * c;
@@ -803,7 +809,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"full", "chunked", "last", "sweep"}));
   app.add_option("--heads", heads,
                  "the full family's H_q x H_kv (GQA group H_q / H_kv); its rows are named "
-                 "full_<n>k_h<H_q>x<H_kv> unless 28x4 (Qwen2.5-7B)")
+                 "full_<n>k_h<H_q>x<H_kv> unless 28x4 (Qwen2.5-7B); sweep: the head_dim 64 "
+                 "rows' (32x8 unless given)")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](const std::string& v) {
@@ -858,7 +865,7 @@ int main(int argc, char** argv) {
     }
     if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
     if (only == "sweep") {
-      RunSweep(n, reps, head_dim);
+      RunSweep(n, reps, head_dim, app.count("--heads") > 0 ? ParseHeads(heads) : std::nullopt);
     } else {
       BenchShape full_heads = kQwen7B;
       std::tie(full_heads.hq, full_heads.hkv) = *ParseHeads(heads);  // validated by the parser
