@@ -23,11 +23,18 @@
 //             the same chunk and page (bound: within 15%), and marks the ratios outside.
 //             --heads sets the head_dim 64 rows' heads (32x8 unless given; 28x4 compares the two
 //             head dims at one GQA group).
+//   qtile     (only with --only qtile) the page-sparse last chunk (4096 queries over 61440 earlier
+//             tokens, pages of 128, 48 pages a tile) at query tiles of 128, 256 and 512 queries a
+//             page selection, head_dim 128 (28/4) and 64 (32/8): a gathered backward block runs a
+//             selection tile's queries, so a larger tile gives a block more items for its fixed
+//             cost (its keys gathered, its dK/dV added by atomics). Each rate against query tile
+//             128's, timed alternately.
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
 //
-// usage: attention_bench [--reps N] [--tokens N] [--csv FILE] [--only full|chunked|last|sweep]
+// usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
+//                        [--only full|chunked|last|sweep|qtile]
 //                        [--heads HQxHKV (the full family's, default 28x4; the sweep's d_h 64
 //                        rows', default 32x8)]
 #include <cuda_runtime_api.h>
@@ -767,6 +774,71 @@ void RunSweep(int64_t tokens, int reps, int64_t head_dim,
   PrintSweepSummary(points);
 }
 
+// --- qtile: the page-sparse rate against the query tile (a page selection's queries) ---------
+
+// The last 4096-query chunk of `tokens` (at least two chunks) over pages of 128, each query tile
+// attending the sink and 47 random pages (6144 tokens, as the sweep), at query tiles of 128, 256
+// and 512: forward and backward rates, each against query tile 128's timed alternately with it.
+void RunQueryTiles(int64_t tokens, int reps) {
+  constexpr int64_t kChunk = 4096, kPage = 128, kPerTile = kSparseTokens / kPage;
+  constexpr int64_t kTiles[] = {128, 256, 512};
+  const int64_t context = tokens / kChunk * kChunk, last = context / kChunk - 1;
+  const int64_t earlier = last * kChunk, earlier_pages = earlier / kPage;
+  if (last < 1 || earlier_pages < kPerTile) {
+    std::printf("QTILE: skipped, --tokens %lld leaves under %lld earlier pages\n",
+                static_cast<long long>(tokens), static_cast<long long>(kPerTile));
+    return;
+  }
+  const double pairs = static_cast<double>(kChunk) * (kChunk + 1) / 2.0 +
+                       static_cast<double>(kChunk) * kSparseTokens;
+  for (BenchShape s : kSweepHeads) {
+    s.chunk = kChunk;
+    Chunked ch(s, context, kPage, /*shuffled=*/true);
+    auto selection = [&](int64_t query_tile) {
+      return DeviceSelection(RandomSelection(kChunk / query_tile, earlier_pages, kPerTile, 3),
+                             query_tile, kPerTile);
+    };
+    const DeviceSelection ref = selection(kTiles[0]);
+    std::printf(
+        "\nQTILE d_h %lld, %lld/%lld heads: the last chunk of %lld tokens, %lld earlier "
+        "tokens a tile in pages of %lld\n%-10s | %8s %8s %6s | %8s %8s %6s\n",
+        static_cast<long long>(s.hd), static_cast<long long>(s.hq), static_cast<long long>(s.hkv),
+        static_cast<long long>(context), static_cast<long long>(kSparseTokens),
+        static_cast<long long>(kPage), "query tile", "fwd ms", "fwd TF/s", "/q128", "bwd ms",
+        "bwd TF/s", "/q128");
+    for (const int64_t query_tile : kTiles) {
+      const DeviceSelection sel = selection(query_tile);
+      Row row;
+      row.shape = "qtile_d" + std::to_string(s.hd) + "_h" + std::to_string(s.hq) + "x" +
+                  std::to_string(s.hkv) + "_c" + std::to_string(kChunk) + "_p" +
+                  std::to_string(kPage) + "_q" + std::to_string(query_tile) + "_e" +
+                  std::to_string(kSparseTokens) + "of" + std::to_string(earlier);
+      row.hq = s.hq;
+      row.hd = s.hd;
+      row.pairs = pairs;
+      double fwd_ratio = 1, bwd_ratio = 1;
+      if (query_tile == kTiles[0]) {
+        row.fwd_ms = TimeMs([&] { ch.Forward(last, sel.view); }, reps, 2);
+        row.bwd_ms = TimeMs([&] { ch.Backward(last, sel.view); }, reps, 2);
+      } else {
+        const std::vector<double> fwd = TimeInTurnMs(
+            {[&] { ch.Forward(last, sel.view); }, [&] { ch.Forward(last, ref.view); }}, reps, 2);
+        const std::vector<double> bwd = TimeInTurnMs(
+            {[&] { ch.Backward(last, sel.view); }, [&] { ch.Backward(last, ref.view); }}, reps, 2);
+        row.fwd_ms = fwd[0];
+        row.bwd_ms = bwd[0];
+        fwd_ratio = fwd[1] / fwd[0];  // the same pairs: the rate ratio is the time's inverse
+        bwd_ratio = bwd[1] / bwd[0];
+      }
+      Report(row);
+      std::printf("%10lld | %8.3f %8.1f %6.2f | %8.3f %8.1f %6.2f\n",
+                  static_cast<long long>(query_tile), row.fwd_ms, row.FwdTflops(), fwd_ratio,
+                  row.bwd_ms, row.BwdTflops(), bwd_ratio);
+    }
+    std::fflush(stdout);
+  }
+}
+
 // --heads "H_qxH_kv": H_kv dividing H_q, H_q at most 128; nullopt for anything else.
 std::optional<std::pair<int64_t, int64_t>> ParseHeads(const std::string& v) {
   long long hq = 0, hkv = 0;
@@ -805,8 +877,9 @@ int main(int argc, char** argv) {
           "MULTIPLE OF 4096"));
   app.add_option("--only", only,
                  "one family of shapes; sweep: page size x head_dim x chunk, run only when asked "
-                 "(about a minute on an H100)")
-      ->check(CLI::IsMember({"full", "chunked", "last", "sweep"}));
+                 "(about a minute on an H100); qtile: the page-sparse rate against the query "
+                 "tile, also only when asked")
+      ->check(CLI::IsMember({"full", "chunked", "last", "sweep", "qtile"}));
   app.add_option("--heads", heads,
                  "the full family's H_q x H_kv (GQA group H_q / H_kv); its rows are named "
                  "full_<n>k_h<H_q>x<H_kv> unless 28x4 (Qwen2.5-7B); sweep: the head_dim 64 "
@@ -853,9 +926,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CTXPLAN_CUDA_CHECK(cudaGetDevice(&dev));
     CTXPLAN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    if (only == "sweep") {
-      std::printf("device: %s, %d SMs, L2 %d MB; sweep of the last chunk, n=%lld\n", prop.name,
-                  prop.multiProcessorCount, prop.l2CacheSize >> 20, static_cast<long long>(n));
+    if (only == "sweep" || only == "qtile") {
+      std::printf("device: %s, %d SMs, L2 %d MB; %s of the last chunk, n=%lld\n", prop.name,
+                  prop.multiProcessorCount, prop.l2CacheSize >> 20, only.c_str(),
+                  static_cast<long long>(n));
     } else {
       std::printf(
           "device: %s, %d SMs, L2 %d MB; shape H_q=%lld H_kv=%lld d_h=%lld (full: %s), n=%lld\n",
@@ -864,7 +938,9 @@ int main(int argc, char** argv) {
           static_cast<long long>(kQwen7B.hd), heads.c_str(), static_cast<long long>(n));
     }
     if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
-    if (only == "sweep") {
+    if (only == "qtile") {
+      RunQueryTiles(n, reps);
+    } else if (only == "sweep") {
       RunSweep(n, reps, head_dim, app.count("--heads") > 0 ? ParseHeads(heads) : std::nullopt);
     } else {
       BenchShape full_heads = kQwen7B;
