@@ -531,6 +531,31 @@ void RunFamilies(const std::string& only, int64_t n, int reps, const BenchShape&
   }
 }
 
+// Forward and backward times (ms) of chunk `last` of ch over sel, each timed in turn with the same
+// on ref over ref_sel when ref is given (TimeInTurnMs: the ratio of the two holds where the clock
+// drifts), alone otherwise (ref times 0).
+struct TurnTimes {
+  double fwd_ms = 0, bwd_ms = 0, ref_fwd_ms = 0, ref_bwd_ms = 0;
+};
+TurnTimes TimeFwdBwd(Chunked& ch, int64_t last, const PageSelection& sel, int reps,
+                     Chunked* ref = nullptr, const PageSelection& ref_sel = {}) {
+  TurnTimes t;
+  if (ref == nullptr) {
+    t.fwd_ms = TimeMs([&] { ch.Forward(last, sel); }, reps, 2);
+    t.bwd_ms = TimeMs([&] { ch.Backward(last, sel); }, reps, 2);
+    return t;
+  }
+  const std::vector<double> fwd =
+      TimeInTurnMs({[&] { ch.Forward(last, sel); }, [&] { ref->Forward(last, ref_sel); }}, reps, 2);
+  const std::vector<double> bwd = TimeInTurnMs(
+      {[&] { ch.Backward(last, sel); }, [&] { ref->Backward(last, ref_sel); }}, reps, 2);
+  t.fwd_ms = fwd[0];
+  t.ref_fwd_ms = fwd[1];
+  t.bwd_ms = bwd[0];
+  t.ref_bwd_ms = bwd[1];
+  return t;
+}
+
 // --- sweep: the per-FLOP rate against page size, head_dim and chunk (issue 14) -------------
 
 // The heads swept (the chunk is set per point): Qwen2.5-7B's head_dim 128 first, as the
@@ -689,20 +714,13 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
   // x's forward and backward, alternately with page 128's where p is not 128.
   auto time_point = [&](SweepPoint& x, const PageSelection& sel, const PageSelection& r_sel,
                         double r_pairs) {
-    if (x.page == kRefPage) {
-      x.row.fwd_ms = TimeMs([&] { ch->Forward(last, sel); }, reps, 2);
-      x.row.bwd_ms = TimeMs([&] { ch->Backward(last, sel); }, reps, 2);
-      return;
-    }
-    x.ref_pairs = r_pairs;
-    const std::vector<double> fwd =
-        TimeInTurnMs({[&] { ch->Forward(last, sel); }, [&] { ref.Forward(last, r_sel); }}, reps, 2);
-    x.row.fwd_ms = fwd[0];
-    x.ref_fwd_ms = fwd[1];
-    const std::vector<double> bwd = TimeInTurnMs(
-        {[&] { ch->Backward(last, sel); }, [&] { ref.Backward(last, r_sel); }}, reps, 2);
-    x.row.bwd_ms = bwd[0];
-    x.ref_bwd_ms = bwd[1];
+    const bool alone = x.page == kRefPage;
+    const TurnTimes t = TimeFwdBwd(*ch, last, sel, reps, alone ? nullptr : &ref, r_sel);
+    x.row.fwd_ms = t.fwd_ms;
+    x.row.bwd_ms = t.bwd_ms;
+    x.ref_fwd_ms = t.ref_fwd_ms;
+    x.ref_bwd_ms = t.ref_bwd_ms;
+    if (!alone) x.ref_pairs = r_pairs;
   };
   for (const int64_t p : kSweepPages) {
     if (c % p != 0) continue;
@@ -798,7 +816,7 @@ void RunQueryTiles(int64_t tokens, int reps) {
       return DeviceSelection(RandomSelection(kChunk / query_tile, earlier_pages, kPerTile, 3),
                              query_tile, kPerTile);
     };
-    const DeviceSelection ref = selection(kTiles[0]);
+    const DeviceSelection ref = selection(kTiles[0]);  // query tile 128's, timed beside the others
     std::printf(
         "\nQTILE d_h %lld, %lld/%lld heads: the last chunk of %lld tokens, %lld earlier "
         "tokens a tile in pages of %lld\n%-10s | %8s %8s %6s | %8s %8s %6s\n",
@@ -807,7 +825,14 @@ void RunQueryTiles(int64_t tokens, int reps) {
         static_cast<long long>(kPage), "query tile", "fwd ms", "fwd TF/s", "/q128", "bwd ms",
         "bwd TF/s", "/q128");
     for (const int64_t query_tile : kTiles) {
-      const DeviceSelection sel = selection(query_tile);
+      const bool alone = query_tile == kTiles[0];
+      TurnTimes t;
+      if (alone) {
+        t = TimeFwdBwd(ch, last, ref.view, reps);
+      } else {
+        const DeviceSelection sel = selection(query_tile);
+        t = TimeFwdBwd(ch, last, sel.view, reps, &ch, ref.view);
+      }
       Row row;
       row.shape = "qtile_d" + std::to_string(s.hd) + "_h" + std::to_string(s.hq) + "x" +
                   std::to_string(s.hkv) + "_c" + std::to_string(kChunk) + "_p" +
@@ -816,20 +841,11 @@ void RunQueryTiles(int64_t tokens, int reps) {
       row.hq = s.hq;
       row.hd = s.hd;
       row.pairs = pairs;
-      double fwd_ratio = 1, bwd_ratio = 1;
-      if (query_tile == kTiles[0]) {
-        row.fwd_ms = TimeMs([&] { ch.Forward(last, sel.view); }, reps, 2);
-        row.bwd_ms = TimeMs([&] { ch.Backward(last, sel.view); }, reps, 2);
-      } else {
-        const std::vector<double> fwd = TimeInTurnMs(
-            {[&] { ch.Forward(last, sel.view); }, [&] { ch.Forward(last, ref.view); }}, reps, 2);
-        const std::vector<double> bwd = TimeInTurnMs(
-            {[&] { ch.Backward(last, sel.view); }, [&] { ch.Backward(last, ref.view); }}, reps, 2);
-        row.fwd_ms = fwd[0];
-        row.bwd_ms = bwd[0];
-        fwd_ratio = fwd[1] / fwd[0];  // the same pairs: the rate ratio is the time's inverse
-        bwd_ratio = bwd[1] / bwd[0];
-      }
+      row.fwd_ms = t.fwd_ms;
+      row.bwd_ms = t.bwd_ms;
+      // The same pairs: the rate ratio is the time's inverse.
+      const double fwd_ratio = alone ? 1.0 : t.ref_fwd_ms / t.fwd_ms;
+      const double bwd_ratio = alone ? 1.0 : t.ref_bwd_ms / t.bwd_ms;
       Report(row);
       std::printf("%10lld | %8.3f %8.1f %6.2f | %8.3f %8.1f %6.2f\n",
                   static_cast<long long>(query_tile), row.fwd_ms, row.FwdTflops(), fwd_ratio,
