@@ -612,6 +612,13 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // (DqTileOffset). The staging buffer is free again once the bulk copy has read it: its issuing
     // thread waits for that before the next item's barrier (kItemBarrier) or its signal on
     // staging_free.
+    // The staging's reduce into item (h, q0)'s dQ tile, committed (by the owner's issuing thread,
+    // or the producer's thread 288).
+    auto reduce_staged_dq = [&](int h, int q0) {
+      BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0), base + L::kdQ,
+                       HD / 64 * L::kdQBytes);
+      BulkCommit();
+    };
     auto add_dq = [&](int h, int q0) {
 #pragma unroll
       for (int c = 0; c < kDqRegs / 4; ++c)
@@ -623,11 +630,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         return;
       }
       NamedBarrierSync(1 + wg, 128);
-      if (dq_issuer) {
-        BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0), base + L::kdQ,
-                         HD / 64 * L::kdQBytes);
-        BulkCommit();
-      }
+      if (dq_issuer) reduce_staged_dq(h, q0);
     };
 
     ItemCursor cur = order.first, ahead = order.first;  // items n and n + 2
@@ -660,9 +663,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
             item_at(c, h, q0);
             next_item(c);
             MbarWait(dq_staged, m & 1);
-            BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
-                             base + L::kdQ, HD / 64 * L::kdQBytes);
-            BulkCommit();
+            reduce_staged_dq(h, q0);
             BulkWaitRead<0>();
             MbarArrive(staging_free);
           }
