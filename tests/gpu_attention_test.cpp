@@ -490,6 +490,34 @@ TEST(GpuAttention, HeadDim64ForwardOnThreeConsumers) {
   CheckProblem(Make(1000, 8, 2, 64, 64, 3), 74, /*backward=*/false);
   unsetenv("CTXPLAN_ATTN_FWD_CONSUMERS");
 }
+// Page-sparse head_dim 64 forward on three consumers over query-head slices
+// (CTXPLAN_ATTN_FWD_SLICES=on): GQA groups 1-5 and 7 (blocks of two and three 64-query slices
+// of one tile, from two heads), a partial last tile, a selection of 256 queries (two 128-query
+// tiles on one page list), TMA boxes of 64 and 16 rows and the row cursor.
+TEST(GpuAttention, HeadDim64SparseForwardOnQueryHeadSlices) {
+  SKIP_WITHOUT_GPU();
+  setenv("CTXPLAN_ATTN_FWD_SLICES", "on", 1);
+  auto sparse = [](int64_t t, int64_t group, int64_t p, int64_t pages, int64_t query_tile) {
+    Problem pr = Make(t, 2 * group, 2, 64, p, pages);
+    pr.query_tile = query_tile;
+    pr.per_tile = 3;
+    for (int64_t i = 0; i < (t + query_tile - 1) / query_tile; ++i) {
+      std::vector<int32_t> tile;  // 3 distinct pages (pages is not a multiple of 3)
+      for (int64_t j = 0; j < pr.per_tile; ++j) tile.push_back((i + 3 * j) % pages);
+      std::sort(tile.begin(), tile.end());
+      pr.sel.insert(pr.sel.end(), tile.begin(), tile.end());
+    }
+    return pr;
+  };
+  for (const int64_t group : {1, 2, 3, 4, 5, 7}) {
+    SCOPED_TRACE(group);
+    CheckProblem(sparse(300, group, 64, 7, 128), 110 + group, /*backward=*/false);
+  }
+  CheckProblem(sparse(500, 4, 128, 5, 256), 120, /*backward=*/false);  // selections of 256
+  CheckProblem(sparse(260, 3, 48, 8, 128), 121, /*backward=*/false);   // 16-row TMA boxes
+  CheckProblem(sparse(200, 4, 40, 10, 128), 122, /*backward=*/false);  // the row cursor
+  unsetenv("CTXPLAN_ATTN_FWD_SLICES");
+}
 // The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
 // whole dQ of an odd and an even last item, operands reloaded into both buffers), dense, over
 // earlier pages and gathered, rows past t, at both head dims.

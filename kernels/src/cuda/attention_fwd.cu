@@ -55,6 +55,7 @@ struct FwdParams {
   int t, hq, hkv, group;
   int p, num_pages, query_tile;
   int q_tiles;
+  int slice_blocks;  // kSlices: blocks a KV head of a 128-query tile, ceil(2 group / 3)
   float scale_log2;
 };
 
@@ -135,15 +136,21 @@ struct FwdTensorMaps {
   CUtensorMap pool;   // [slots * 2][p][H_kv][d_h] (K of slot s at 2 s, V at 2 s + 1), box a group
 };
 
-template <int HD, int NC, FwdPageLoader kLoader>
+// kSlices (d_h 64 page-sparse, three consumers): a block's consumers take 64-query slices of one
+// 128-query tile (so one page selection) from different query heads of one GQA group: the
+// group's 2 x group slices of a tile in ceil(2 group / 3) blocks of two or three, consumer c of
+// block b taking slice 2 b + min(b, extra) + c (extra: the blocks of three), a slice s the query
+// head group x hkv + s / 2, rows 64 (s % 2) of the tile. The keys (the tile's pages, then the
+// own positions to the tile's end) are the same for every slice, loaded once for the block.
+template <int HD, int NC, FwdPageLoader kLoader, bool kSlices = false>
 __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
     AttnFwdWarpSpecializedKernel(const FwdParams prm, const __grid_constant__ FwdTensorMaps maps) {
+  static_assert(!kSlices || (HD == 64 && NC == 3), "query-head slices: d_h 64, three consumers");
   constexpr int BM = FwdRoles<NC>::kBM, BN = kWsBN;
   using L = WsSmem<HD, BM>;
   constexpr int kChunks = HD / 8;
   constexpr int kRowsPerPass = kWsLoaderThreads / kChunks;
   constexpr int kOn = HD / 2;  // O accumulators per thread
-  constexpr int kConsumerThreads = 128 * NC;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -156,8 +163,20 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int role = warp >> 2;                                       // 0 loader, 1.. consumers
   const int tile = prm.q_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest first
-  const int h = blockIdx.y, hkv = h / prm.group;
-  const int q0 = tile * BM;
+  // The block's query rows: BM of head h, or (kSlices) 64-row slices of one 128-query tile.
+  constexpr int kTileRows = kSlices ? kWsBM : BM;
+  const int hkv = kSlices ? static_cast<int>(blockIdx.y) / prm.slice_blocks
+                          : static_cast<int>(blockIdx.y) / prm.group;
+  const int slice_block = kSlices ? static_cast<int>(blockIdx.y) % prm.slice_blocks : 0;
+  const int slices_of_three = 2 * prm.group - 2 * prm.slice_blocks;
+  const int active = kSlices ? 2 + (slice_block < slices_of_three ? 1 : 0) : NC;
+  const int first_slice = 2 * slice_block + min(slice_block, slices_of_three);
+  // Consumer c's query head and first row within the tile.
+  auto head_of = [&](int c) {
+    return kSlices ? hkv * prm.group + (first_slice + c) / 2 : static_cast<int>(blockIdx.y);
+  };
+  auto rows_of = [&](int c) { return kSlices ? 64 * ((first_slice + c) & 1) : 64 * c; };
+  const int q0 = tile * kTileRows;
   const int t = prm.t;
   const int64_t kv_row = static_cast<int64_t>(prm.hkv) * HD;
 
@@ -165,7 +184,7 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
       prm.sel ? prm.sel + static_cast<int64_t>(q0 / prm.query_tile) * prm.sel_stride : nullptr;
   const int n_pages_b = prm.sel ? static_cast<int>(prm.sel_stride) : prm.num_pages;
   const int n_e = n_pages_b * prm.p;
-  const int own_end = min(q0 + BM, t);
+  const int own_end = min(q0 + kTileRows, t);
   const int ne_tiles = (n_e + BN - 1) / BN;
   const int n_tiles = ne_tiles + (own_end + BN - 1) / BN;
 
@@ -173,8 +192,8 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
     for (int b = 0; b < 2; ++b) {
       MbarInit(full_k(b), kWsLoaderThreads);
       MbarInit(full_v(b), kWsLoaderThreads);
-      MbarInit(empty_k(b), kConsumerThreads);
-      MbarInit(empty_v(b), kConsumerThreads);
+      MbarInit(empty_k(b), 128 * active);
+      MbarInit(empty_v(b), 128 * active);
     }
   }
   __syncthreads();
@@ -325,11 +344,18 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
       take_pending();  // the first tile waits on its read once
       fetch_group(1);
     }
-    if (tid == 0) {  // Q, on K_0's barrier
-      MbarExpectTx(full_k(0), L::kQBytes);
+    if (tid == 0) {  // Q, on K_0's barrier (kSlices: a 64-row box a consumer)
+      if constexpr (kSlices) {
+        MbarExpectTx(full_k(0), active * 64 * HD * 2);
+        for (int c = 0; c < active; ++c) {
+          TmaLoad3d(sQ + c * 64 * 128, &maps.q, full_k(0), 0, head_of(c), q0 + rows_of(c));
+        }
+      } else {
+        MbarExpectTx(full_k(0), L::kQBytes);
 #pragma unroll
-      for (int cb = 0; cb < HD / 64; ++cb) {
-        TmaLoad3d(sQ + cb * (BM * 128), &maps.q, full_k(0), cb * 64, h, q0);
+        for (int cb = 0; cb < HD / 64; ++cb) {
+          TmaLoad3d(sQ + cb * (BM * 128), &maps.q, full_k(0), cb * 64, head_of(0), q0);
+        }
       }
     }
     load_kv(0, 0, full_k(0));
@@ -357,6 +383,8 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   // --- consumers ---
   SetMaxRegistersInc<FwdRoles<NC>::kConsumerRegisters>();
   const int cw = role - 1;
+  if (cw >= active) return;  // kSlices: a block of two slices
+  const int h = head_of(cw);
   const int wwarp = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
   float o[kOn];
@@ -371,7 +399,8 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float corr[2] = {1.0f, 1.0f};
   const float scale_log2 = prm.scale_log2;
-  const int row_local0 = cw * 64 + wwarp * 16 + g;           // + 8 * hf
+  const int row_local0 = cw * 64 + wwarp * 16 + g;           // + 8 * hf, in the Q tile
+  const int q_row0 = rows_of(cw) + wwarp * 16 + g;           // + 8 * hf, from q0
   const SmemTileDesc queries(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's 64 rows
 
   auto issue_s = [&](int j) {  // S_j = Q K_j^T : [64 rows][128 keys] per warpgroup
@@ -413,7 +442,7 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int k = kbase + i * 8 + 2 * tq + (e & 1);
-            const int qi = q0 + row_local0 + (e >> 1) * 8;
+            const int qi = q0 + q_row0 + (e >> 1) * 8;
             if (k > qi || k >= t) s[4 * i + e] = -INFINITY;
           }
       }
@@ -461,10 +490,10 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   };
   // Turns in a ring: each consumer takes n_tiles + 1 turns (S_0; S_j with P_{j-1} V_{j-1}; the
   // last P V), consumer 0 first; the last turn of the last consumer hands over to nobody.
-  const int my_turn = kTurnBarrier + cw, next_turn = kTurnBarrier + (cw + 1) % NC;
+  const int my_turn = kTurnBarrier + cw, next_turn = kTurnBarrier + (cw + 1) % active;
   auto take_turn = [&] { NamedBarrierSync(my_turn, kTurnThreads); };
   auto pass_turn = [&] { NamedBarrierArrive(next_turn, kTurnThreads); };
-  if (cw == NC - 1) pass_turn();
+  if (cw == active - 1) pass_turn();
 
   MbarWait(full_k(0), 0);
   FenceProxyAsync();  // the loader's cp.async writes, to the tensor cores' async proxy
@@ -501,7 +530,7 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   take_turn();
   WgmmaFence();
   issue_pv(last);
-  if (cw != NC - 1) pass_turn();
+  if (cw != active - 1) pass_turn();
   WgmmaWait<0>();
   FenceAcc(o);
 
@@ -513,7 +542,7 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int row_local = row_local0 + hf * 8;
-    const int qi = q0 + row_local;
+    const int qi = q0 + q_row0 + hf * 8;
     if (tq == 0 && qi < t) {
       prm.lse[static_cast<int64_t>(qi) * prm.hq + h] = (row_max[hf] * scale_log2 + log2f(l)) * kLn2;
     }
@@ -531,7 +560,7 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64 / kRowsPerConsumerPass; ++i) {
     const int row = cw * 64 + i * kRowsPerConsumerPass + ctid / kChunks, c = ctid % kChunks;
-    const int qi = q0 + row;
+    const int qi = q0 + rows_of(cw) + (row - cw * 64);
     if (qi < t) {
       uint4 v;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -583,9 +612,17 @@ FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader, int quer
 // Three consumers where AttentionForwardQueryRows says 192; CTXPLAN_ATTN_FWD_CONSUMERS=2 or =3
 // takes that count wherever it can serve (d_h 64 without a page selection), for comparison
 // (attention_bench, the tests).
+// Page-sparse d_h 64 on three consumers over query-head slices (kSlices): not yet measured, so
+// only under CTXPLAN_ATTN_FWD_SLICES=on.
+bool FwdSlices() {
+  const char* v = std::getenv("CTXPLAN_ATTN_FWD_SLICES");
+  return v != nullptr && std::strcmp(v, "on") == 0;
+}
+
 int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
   const bool selected = prm.sel != nullptr;
-  if (head_dim != 64 || selected) return 2;
+  if (head_dim != 64) return 2;
+  if (selected) return FwdSlices() ? 3 : 2;
   const char* v = std::getenv("CTXPLAN_ATTN_FWD_CONSUMERS");
   if (v != nullptr && (std::strcmp(v, "2") == 0 || std::strcmp(v, "3") == 0)) return v[0] - '0';
   int device = 0, sms = 0;
@@ -594,14 +631,17 @@ int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
   return AttentionForwardQueryRows(prm.t, prm.hq, head_dim, selected, sms) == 192 ? 3 : 2;
 }
 
-template <int HD, int NC>
+template <int HD, int NC, bool kSlices = false>
 void LaunchFwd(FwdParams prm, cudaStream_t stream) {
   constexpr int kBM = FwdRoles<NC>::kBM;
-  prm.q_tiles = (prm.t + kBM - 1) / kBM;
-  const dim3 grid(prm.q_tiles, prm.hq);
+  // kSlices: a 128-query tile's 2 x group slices of 64 rows in blocks of two or three.
+  constexpr int kTileRows = kSlices ? kWsBM : kBM;
+  prm.q_tiles = (prm.t + kTileRows - 1) / kTileRows;
+  prm.slice_blocks = (2 * prm.group + 2) / 3;
+  const dim3 grid(prm.q_tiles, kSlices ? prm.hkv * prm.slice_blocks : prm.hq);
   constexpr int smem = WsSmem<HD, kBM>::kBytes;
   const FwdPageLoader loader = ChooseFwdPageLoader(prm.p, NC);
-  const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader, kBM);
+  const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader, kSlices ? 64 : kBM);
   auto launch = [&](auto kernel) {
     CTXPLAN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -612,13 +652,17 @@ void LaunchFwd(FwdParams prm, cudaStream_t stream) {
   static_assert(kWsLoaderThreads / (HD / 8) <= 16, "pages of 16 rows and up are walked");
   switch (loader) {
     case FwdPageLoader::kTmaGroups:
-      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups>);
+      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups, kSlices>);
       break;
     case FwdPageLoader::kGroupsOf16:
-      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kGroupsOf16>);
+      if constexpr (kSlices) {  // two instantiations, not three: the TMA boxes serve p % 16 == 0
+        launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups, kSlices>);
+      } else {
+        launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kGroupsOf16>);
+      }
       break;
     case FwdPageLoader::kRowCursor:
-      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kRowCursor>);
+      launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kRowCursor, kSlices>);
       break;
   }
 }
@@ -655,7 +699,11 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
   if (shape.head_dim == 128) {
     LaunchFwd<128, 2>(prm, stream);
   } else if (ChooseFwdConsumers(prm, 64) == 3) {
-    LaunchFwd<64, 3>(prm, stream);
+    if (prm.sel != nullptr) {
+      LaunchFwd<64, 3, true>(prm, stream);
+    } else {
+      LaunchFwd<64, 3>(prm, stream);
+    }
   } else {
     LaunchFwd<64, 2>(prm, stream);
   }
