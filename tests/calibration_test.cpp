@@ -396,6 +396,7 @@ TEST(Calibration, CommittedProfilesAreTheFitOfTheirSamples) {
     EXPECT_TRUE(near(a.attention_bwd_own_item_us, b.attention_bwd_own_item_us));
     EXPECT_TRUE(
         near(a.attention_fwd_rows128_efficiency_d64, b.attention_fwd_rows128_efficiency_d64));
+    EXPECT_EQ(a.attention_fwd_slices_d64, b.attention_fwd_slices_d64);
     EXPECT_TRUE(near_table(a.page_fwd_efficiency.at(96), b.page_fwd_efficiency.at(96)))
         << a.page_fwd_efficiency.at(96) << " " << b.page_fwd_efficiency.at(96);
     EXPECT_TRUE(near(a.sparse_bwd_efficiency, b.sparse_bwd_efficiency));

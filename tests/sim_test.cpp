@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "ctxplan/models/units.h"
 #include "ctxplan/runtime/plan/step_plan.h"
 #include "ctxplan/sim/analytic_model.h"
+#include "ctxplan/sim/calibration.h"
 #include "ctxplan/sim/capacity.h"
 #include "ctxplan/sim/event_simulator.h"
 #include "ctxplan/sim/gpu_tier.h"
@@ -700,6 +702,62 @@ TEST(KernelTimeModel, ForwardQueryRowsAtHeadDim64) {
               0.01);  // a launch's cost aside
   EXPECT_EQ(seconds(slower128, 4096), seconds(by_waves, 4096));
   EXPECT_GT(seconds(by_waves, 4096), 1.1 * seconds(rows128, 4096));
+}
+
+// The page-sparse head_dim 64 forward over query-head slices (CTXPLAN_ATTN_FWD_SLICES=on): every
+// GQA group's 2 x group slices of a tile, once each and in order, in blocks of two or three.
+TEST(KernelTimeModel, ForwardSliceBlocksCoverTheGroup) {
+  for (int group = 1; group <= 16; ++group) {
+    SCOPED_TRACE(group);
+    int next = 0, threes = 0;
+    ASSERT_EQ(ForwardSliceBlocks(group), (2 * group + 2) / 3);
+    for (int b = 0; b < ForwardSliceBlocks(group); ++b) {
+      const ForwardSliceBlock sb = ForwardSliceBlockAt(group, b);
+      EXPECT_EQ(sb.first_slice, next);
+      EXPECT_TRUE(sb.slices == 2 || sb.slices == 3);
+      if (sb.slices == 3) {
+        EXPECT_EQ(threes++, b);  // the blocks of three first
+      }
+      next += sb.slices;
+    }
+    EXPECT_EQ(next, 2 * group);
+  }
+  EXPECT_EQ(ForwardSliceBlocks(4), 3);  // 32 / 8 heads: blocks of 3, 3 and 2 slices
+  EXPECT_EQ(ForwardSliceBlockAt(4, 2).first_slice, 6);
+  EXPECT_EQ(ForwardSliceBlockAt(4, 2).slices, 2);
+}
+
+// The time model follows the slices where the profile's kernel ran them: the same pairs, its
+// blocks of three at the 192-row rate and of two at the 128-row fraction of it, where one head's
+// 128 queries took the fraction for all (32 / 8 heads: 6 of 8 slices faster). A profile without
+// them is unchanged, and head dim 128 and dense launches ignore the flag.
+TEST(KernelTimeModel, ForwardSlicesAtHeadDim64) {
+  MachineSpec heads = H200(), slices = H200();
+  for (MachineSpec* m : {&heads, &slices}) {
+    m->gpu.kernels.attention_fwd_item_us = 0;
+    m->gpu.kernels.attention_fwd_rows128_efficiency_d64 = 0.85;
+  }
+  slices.gpu.kernels.attention_fwd_slices_d64 = true;
+  auto seconds = [](const MachineSpec& m, int64_t head_dim, bool sparse) {
+    const int64_t tokens = 16384, earlier = 49152, tile_pages = 48;
+    const int64_t attended = sparse ? tile_pages * 128 : earlier;
+    const OpCost cost = AttentionForwardCost(tokens * (attended + (tokens + 1.0) / 2), tokens,
+                                             earlier, 32, head_dim == 64 ? 512 : 1024, head_dim,
+                                             sparse, 128, sparse ? tile_pages : earlier / 128);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kFill));
+  };
+  const double ratio = seconds(slices, 64, true) / seconds(heads, 64, true);
+  EXPECT_NEAR(ratio, (6 + 2 / 0.85) / (8 / 0.85), 0.03);  // 0.8875, a launch's tail aside
+  EXPECT_EQ(seconds(slices, 64, false), seconds(heads, 64, false));
+  EXPECT_EQ(seconds(slices, 128, true), seconds(heads, 128, true));
+  // The flag travels through the profile's yaml.
+  const std::string path = ::testing::TempDir() + "ctxplan-slices-profile.yaml";
+  {
+    std::ofstream out(path);
+    out << GpuProfileYaml(slices.gpu);
+  }
+  EXPECT_TRUE(LoadGpu(path).kernels.attention_fwd_slices_d64);
+  std::remove(path.c_str());
 }
 
 // Which kernel changes a profile predates, and which runs a profile cannot judge: by date, for

@@ -511,6 +511,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "attention_fwd_item_us",
                    "attention_bwd_item_us",
                    "attention_fwd_rows128_efficiency_d64",
+                   "attention_fwd_slices_d64",
                    "page_fwd_efficiency",
                    "page_bwd_efficiency",
                    "page_fwd_efficiency_d64",
@@ -604,6 +605,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
     k.sparse_fwd_page_efficiency_d64 = ReadPageTable(f, "sparse_fwd_page_efficiency_d64");
   if (f.Has("sparse_bwd_page_efficiency_d64"))
     k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
+  k.attention_fwd_slices_d64 = f.OptionalBool("attention_fwd_slices_d64").value_or(false);
   k.sparse_bwd_gathered = f.OptionalBool("sparse_bwd_gathered").value_or(false);
   k.own_bwd_split = f.OptionalBool("own_bwd_split").value_or(false);
   k.attention_bwd_gathered_item_us =

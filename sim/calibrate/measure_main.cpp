@@ -125,6 +125,13 @@ std::string OwnBackwardBlocks() {
   return mode != nullptr && std::strcmp(mode, "off") == 0 ? "kv head" : "split";
 }
 
+// The page-sparse forward's blocks at head dim 64 these samples time: query-head slices under
+// CTXPLAN_ATTN_FWD_SLICES=on (attention_fwd.cu), else one head's 128 queries.
+std::string ForwardSparseD64() {
+  const char* mode = std::getenv("CTXPLAN_ATTN_FWD_SLICES");
+  return mode != nullptr && std::strcmp(mode, "on") == 0 ? "slices" : "heads";
+}
+
 // The forward's query rows a block at head dim 64 these samples time: as AttentionForwardQueryRows
 // says, unless CTXPLAN_ATTN_FWD_CONSUMERS fixes them.
 std::string ForwardRowsD64() {
@@ -166,7 +173,8 @@ void WriteHeader(std::ostream& out, int device, bool quick, const GpuClockSample
       << "# power_limit_w: " << clocks.power_limit_watts() << "\n"
       << "# sparse_bwd: " << SparseBackwardBlocks() << "\n"
       << "# own_bwd: " << OwnBackwardBlocks() << "\n"
-      << "# fwd_rows_d64: " << ForwardRowsD64() << "\n";
+      << "# fwd_rows_d64: " << ForwardRowsD64() << "\n"
+      << "# fwd_sparse_d64: " << ForwardSparseD64() << "\n";
 }
 
 void WriteSamples(std::ostream& out, const std::vector<Sample>& samples) {

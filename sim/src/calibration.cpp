@@ -615,6 +615,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.own_bwd_split = header("own_bwd") == "split";
   // 1 until fitted with the attention rates; 0: the forward ran 128-row blocks only.
   k.attention_fwd_rows128_efficiency_d64 = header("fwd_rows_d64") == "by waves" ? 1.0 : 0.0;
+  k.attention_fwd_slices_d64 = header("fwd_sparse_d64") == "slices";
   const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
                             ", ctxplan-measure at " + k.commit;
   auto measured = [&](SpecValue& v, double value, const std::string& what) {
@@ -1089,6 +1090,7 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   if (k.attention_fwd_rows128_efficiency_d64 > 0)
     o << "  attention_fwd_rows128_efficiency_d64: " << k.attention_fwd_rows128_efficiency_d64
       << "\n";
+  if (k.attention_fwd_slices_d64) o << "  attention_fwd_slices_d64: true\n";
   o << "  attention_bwd_item_us: " << k.attention_bwd_item_us << "\n";
   o << "  page_fwd_efficiency: " << table(k.page_fwd_efficiency) << "\n";
   o << "  page_bwd_efficiency: " << table(k.page_bwd_efficiency) << "\n";

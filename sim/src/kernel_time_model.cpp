@@ -308,6 +308,34 @@ double KernelTimeModel::AttentionForwardSeconds(const OpCost& cost, double block
   const double paged_block = block / PagedEfficiency(s.page_tokens, false, d64, sparse);
   const double tile_blocks =
       static_cast<double>(s.tile_pages) * static_cast<double>(s.page_tokens) / kAttentionBlock;
+  if (d64 && selected && k.attention_fwd_slices_d64 && by_waves) {
+    // Query-head slices (ForwardSliceBlockAt): a KV head's 128-query tile in blocks of two or
+    // three 64-query slices of its query heads, each walking the tile's pages and its own keys;
+    // three at the 192-row blocks' rate, two at the 128-row fraction of it (`block` here is the
+    // 128-row blocks' when rows is 128).
+    const int64_t kv_heads_n = std::max<int64_t>(1, s.kv_heads);
+    const int group = static_cast<int>(std::max<int64_t>(1, heads_n / kv_heads_n));
+    const double kv_heads = static_cast<double>(kv_heads_n);
+    const double rows128 = k.attention_fwd_rows128_efficiency_d64;
+    const double block3 = rows == 128 ? block * rows128 : block;
+    const double rows_n = static_cast<double>(s.rows);
+    const double tiles = std::ceil(rows_n / kAttentionBlock);
+    double slice_work = 0, slice_longest = 0, slice_items = 0;
+    for (int b = 0; b < ForwardSliceBlocks(group); ++b) {
+      const ForwardSliceBlock sb = ForwardSliceBlockAt(group, b);
+      const double at = sb.slices == 3 ? block3 : block3 / rows128;
+      const double at_paged = at / PagedEfficiency(s.page_tokens, false, d64, sparse);
+      const double slice_rows = sb.slices * 64.0 / kAttentionBlock;
+      for (double i = 0; i < tiles; ++i) {
+        const double own = std::ceil(std::min((i + 1) * kAttentionBlock, rows_n) / kAttentionBlock);
+        const double one = item + slice_rows * (own * at + tile_blocks * at_paged);
+        slice_work += kv_heads * one;
+        slice_longest = std::max(slice_longest, one);
+        slice_items += kv_heads;
+      }
+    }
+    return LaunchSeconds(slice_work, slice_longest, sms, slice_items);
+  }
   work += items * tile_blocks * row_blocks * paged_block;
   longest += tile_blocks * row_blocks * paged_block;
   return LaunchSeconds(work, longest, sms, items);

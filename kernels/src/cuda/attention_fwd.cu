@@ -55,7 +55,7 @@ struct FwdParams {
   int t, hq, hkv, group;
   int p, num_pages, query_tile;
   int q_tiles;
-  int slice_blocks;  // kSlices: blocks a KV head of a 128-query tile, ceil(2 group / 3)
+  int slice_blocks;  // kSlices: blocks a KV head of a 128-query tile (ForwardSliceBlocks)
   float scale_log2;
 };
 
@@ -137,11 +137,10 @@ struct FwdTensorMaps {
 };
 
 // kSlices (d_h 64 page-sparse, three consumers): a block's consumers take 64-query slices of one
-// 128-query tile (so one page selection) from different query heads of one GQA group: the
-// group's 2 x group slices of a tile in ceil(2 group / 3) blocks of two or three, consumer c of
-// block b taking slice 2 b + min(b, extra) + c (extra: the blocks of three), a slice s the query
-// head group x hkv + s / 2, rows 64 (s % 2) of the tile. The keys (the tile's pages, then the
-// own positions to the tile's end) are the same for every slice, loaded once for the block.
+// 128-query tile (so one page selection) from the query heads of one GQA group, blocks of two or
+// three (ForwardSliceBlockAt, cost.h), consumer c taking the block's slice c. The keys (the
+// tile's pages, then the own positions to the tile's end) are the same for every slice, loaded
+// once for the block.
 template <int HD, int NC, FwdPageLoader kLoader, bool kSlices = false>
 __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
     AttnFwdWarpSpecializedKernel(const FwdParams prm, const __grid_constant__ FwdTensorMaps maps) {
@@ -167,10 +166,10 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   constexpr int kTileRows = kSlices ? kWsBM : BM;
   const int hkv = kSlices ? static_cast<int>(blockIdx.y) / prm.slice_blocks
                           : static_cast<int>(blockIdx.y) / prm.group;
-  const int slice_block = kSlices ? static_cast<int>(blockIdx.y) % prm.slice_blocks : 0;
-  const int slices_of_three = 2 * prm.group - 2 * prm.slice_blocks;
-  const int active = kSlices ? 2 + (slice_block < slices_of_three ? 1 : 0) : NC;
-  const int first_slice = 2 * slice_block + min(slice_block, slices_of_three);
+  const ForwardSliceBlock slices =
+      kSlices ? ForwardSliceBlockAt(prm.group, static_cast<int>(blockIdx.y) % prm.slice_blocks)
+              : ForwardSliceBlock{0, NC};
+  const int active = slices.slices, first_slice = slices.first_slice;
   // Consumer c's query head and first row within the tile.
   auto head_of = [&](int c) {
     return kSlices ? hkv * prm.group + (first_slice + c) / 2 : static_cast<int>(blockIdx.y);
@@ -637,7 +636,7 @@ void LaunchFwd(FwdParams prm, cudaStream_t stream) {
   // kSlices: a 128-query tile's 2 x group slices of 64 rows in blocks of two or three.
   constexpr int kTileRows = kSlices ? kWsBM : kBM;
   prm.q_tiles = (prm.t + kTileRows - 1) / kTileRows;
-  prm.slice_blocks = (2 * prm.group + 2) / 3;
+  prm.slice_blocks = ForwardSliceBlocks(prm.group);
   const dim3 grid(prm.q_tiles, kSlices ? prm.hkv * prm.slice_blocks : prm.hq);
   constexpr int smem = WsSmem<HD, kBM>::kBytes;
   const FwdPageLoader loader = ChooseFwdPageLoader(prm.p, NC);

@@ -185,6 +185,21 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 // a block's queries must share one query tile's pages, tiles of a multiple of 128.)
 int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_dim, bool selected,
                                   int64_t sm_count);
+// The page-sparse head_dim 64 forward on three consumers over query-head slices
+// (kernels/src/cuda/attention_fwd.cu, kSlices): a 128-query tile's 2 x group slices of 64 queries
+// of one KV head's query heads (slice s: head s / 2 of the group, rows 64 (s % 2) of the tile) go
+// in ForwardSliceBlocks(group) blocks of two or three, the blocks of three first. Shared by the
+// kernel and the time model, so both count the same blocks.
+struct ForwardSliceBlock {
+  int first_slice = 0, slices = 0;
+};
+constexpr int ForwardSliceBlocks(int group) {
+  return (2 * group + 2) / 3;
+}
+constexpr ForwardSliceBlock ForwardSliceBlockAt(int group, int block) {
+  const int threes = 2 * group - 2 * ForwardSliceBlocks(group);  // blocks of three slices
+  return {2 * block + (block < threes ? block : threes), block < threes ? 3 : 2};
+}
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
 // The fused loss's logits tile: kLossVocabTile vocabulary columns (fp32) a pass, so the [t][V]

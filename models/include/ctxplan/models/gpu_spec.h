@@ -61,6 +61,11 @@ struct KernelProfile {
   // rate is then theirs), 128-row blocks reaching this fraction of that rate; 0: 128 rows
   // everywhere.
   double attention_fwd_rows128_efficiency_d64 = 0;
+  // The forward the profile timed runs page-sparse head dim 64 on three consumers over query-head
+  // slices (blocks of two or three 64-query slices of one tile, ForwardSliceBlockAt): blocks of
+  // three at the 192-row rate, of two at the 128-row fraction of it. false: one head's 128
+  // queries a block.
+  bool attention_fwd_slices_d64 = false;
   std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
   // The same at head dim 64 (its own kernel path; empty: the head dim 128 tables).
   std::map<int64_t, double> page_fwd_efficiency_d64, page_bwd_efficiency_d64;
