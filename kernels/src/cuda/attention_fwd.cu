@@ -639,7 +639,9 @@ void LaunchFwd(FwdParams prm, cudaStream_t stream) {
   prm.slice_blocks = ForwardSliceBlocks(prm.group);
   const dim3 grid(prm.q_tiles, kSlices ? prm.hkv * prm.slice_blocks : prm.hq);
   constexpr int smem = WsSmem<HD, kBM>::kBytes;
-  const FwdPageLoader loader = ChooseFwdPageLoader(prm.p, NC);
+  FwdPageLoader loader = ChooseFwdPageLoader(prm.p, NC);
+  // kSlices: two instantiations, not three: the TMA boxes serve every p % 16 == 0.
+  if (kSlices && loader == FwdPageLoader::kGroupsOf16) loader = FwdPageLoader::kTmaGroups;
   const FwdTensorMaps maps = EncodeFwdMaps<HD>(prm, loader, kSlices ? 64 : kBM);
   auto launch = [&](auto kernel) {
     CTXPLAN_CUDA_CHECK(
@@ -654,11 +656,8 @@ void LaunchFwd(FwdParams prm, cudaStream_t stream) {
       launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups, kSlices>);
       break;
     case FwdPageLoader::kGroupsOf16:
-      if constexpr (kSlices) {  // two instantiations, not three: the TMA boxes serve p % 16 == 0
-        launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kTmaGroups, kSlices>);
-      } else {
+      if constexpr (!kSlices)
         launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kGroupsOf16>);
-      }
       break;
     case FwdPageLoader::kRowCursor:
       launch(AttnFwdWarpSpecializedKernel<HD, NC, FwdPageLoader::kRowCursor, kSlices>);
