@@ -516,6 +516,9 @@ TEST(GpuAttention, HeadDim64SparseForwardOnQueryHeadSlices) {
   CheckProblem(sparse(500, 4, 128, 5, 256), 120, /*backward=*/false);  // selections of 256
   CheckProblem(sparse(260, 3, 48, 8, 128), 121, /*backward=*/false);   // 16-row TMA boxes
   CheckProblem(sparse(200, 4, 40, 10, 128), 122, /*backward=*/false);  // the row cursor
+  setenv("CTXPLAN_ATTN_FWD_PAGES", "groups", 1);  // the slices take TMA boxes even so
+  CheckProblem(sparse(260, 3, 48, 8, 128), 123, /*backward=*/false);
+  unsetenv("CTXPLAN_ATTN_FWD_PAGES");
   unsetenv("CTXPLAN_ATTN_FWD_SLICES");
 }
 // The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
