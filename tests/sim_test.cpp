@@ -704,7 +704,7 @@ TEST(KernelTimeModel, ForwardQueryRowsAtHeadDim64) {
   EXPECT_GT(seconds(by_waves, 4096), 1.1 * seconds(rows128, 4096));
 }
 
-// The page-sparse head_dim 64 forward over query-head slices (CTXPLAN_ATTN_FWD_SLICES=on): every
+// The page-sparse head_dim 64 forward over query-head slices (AttentionForwardSlices): every
 // GQA group's 2 x group slices of a tile, once each and in order, in blocks of two or three.
 TEST(KernelTimeModel, ForwardSliceBlocksCoverTheGroup) {
   for (int group = 1; group <= 16; ++group) {
@@ -725,6 +725,19 @@ TEST(KernelTimeModel, ForwardSliceBlocksCoverTheGroup) {
   EXPECT_EQ(ForwardSliceBlocks(4), 3);  // 32 / 8 heads: blocks of 3, 3 and 2 slices
   EXPECT_EQ(ForwardSliceBlockAt(4, 2).first_slice, 6);
   EXPECT_EQ(ForwardSliceBlockAt(4, 2).slices, 2);
+}
+
+// The slices where their blocks fill two waves or more (g11 / g12 measurements, kernels/PERF.md).
+TEST(KernelTimeModel, ForwardSlicesByWaves) {
+  EXPECT_FALSE(AttentionForwardSlices(1024, 32, 8, 64, true, 132));   // 192 blocks: 1.5 waves
+  EXPECT_TRUE(AttentionForwardSlices(1024, 64, 16, 64, true, 132));   // 384: 2.9 waves
+  EXPECT_TRUE(AttentionForwardSlices(3072, 32, 8, 64, true, 132));    // 576
+  EXPECT_FALSE(AttentionForwardSlices(1024, 28, 4, 64, true, 132));   // 5 blocks a group: 160
+  EXPECT_TRUE(AttentionForwardSlices(1024, 28, 4, 64, true, 78));     // 160 on 78
+  EXPECT_FALSE(AttentionForwardSlices(4096, 32, 8, 128, true, 132));  // head dim 128
+  EXPECT_FALSE(AttentionForwardSlices(4096, 32, 8, 64, false, 132));  // no page selection
+  EXPECT_FALSE(AttentionForwardSlices(4096, 30, 8, 64, true, 132));   // not a GQA shape
+  EXPECT_FALSE(AttentionForwardSlices(0, 32, 8, 64, true, 132));
 }
 
 // The time model follows the slices where the profile's kernel ran them: the same pairs, its
@@ -750,6 +763,15 @@ TEST(KernelTimeModel, ForwardSlicesAtHeadDim64) {
   EXPECT_NEAR(ratio, (6 + 2 / 0.85) / (8 / 0.85), 0.03);  // 0.8875, a launch's tail aside
   EXPECT_EQ(seconds(slices, 64, false), seconds(heads, 64, false));
   EXPECT_EQ(seconds(slices, 128, true), seconds(heads, 128, true));
+  // Where the slice blocks would fill under two waves the kernel keeps one head's queries, and
+  // so does the model (1024 tokens: 192 blocks on 132 multiprocessors).
+  auto short_chunk = [](const MachineSpec& m) {
+    const int64_t tokens = 1024, earlier = 64512, tile_pages = 48;
+    const OpCost cost = AttentionForwardCost(tokens * (tile_pages * 128 + (tokens + 1.0) / 2),
+                                             tokens, earlier, 32, 512, 64, true, 128, tile_pages);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kFill));
+  };
+  EXPECT_EQ(short_chunk(slices), short_chunk(heads));
   // The flag travels through the profile's yaml.
   const std::string path = ::testing::TempDir() + "ctxplan-slices-profile.yaml";
   {

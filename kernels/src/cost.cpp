@@ -300,4 +300,18 @@ int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_di
   return waves(kRowsD64) * 5 <= waves(kRows) * 4 ? kRowsD64 : kRows;
 }
 
+bool AttentionForwardSlices(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            bool selected, int64_t sm_count) {
+  // Three consumers over slices ran 1.06-1.24x one head's 128 queries on two wherever the launch
+  // had 2.9 waves of slice blocks or more, and 0.80-0.85x at 1.5 (chunk 1024, 32 / 8 heads: 192
+  // blocks on 132 multiprocessors, where 256 of 128 queries take two waves too; H100 and H200,
+  // kernels/PERF.md).
+  if (head_dim != 64 || !selected || tokens <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
+      sm_count <= 0)
+    return false;
+  const int64_t tiles = (tokens + 127) / 128;
+  const int64_t blocks = tiles * kv_heads * ForwardSliceBlocks(static_cast<int>(heads / kv_heads));
+  return blocks >= 2 * sm_count;
+}
+
 }  // namespace ctxplan

@@ -125,11 +125,13 @@ std::string OwnBackwardBlocks() {
   return mode != nullptr && std::strcmp(mode, "off") == 0 ? "kv head" : "split";
 }
 
-// The page-sparse forward's blocks at head dim 64 these samples time: query-head slices under
-// CTXPLAN_ATTN_FWD_SLICES=on (attention_fwd.cu), else one head's 128 queries.
+// The page-sparse forward's blocks at head dim 64 these samples time: query-head slices as
+// AttentionForwardSlices says, unless CTXPLAN_ATTN_FWD_SLICES takes them (=on, every launch: not
+// a kernel a profile can describe) or leaves them (=off: one head's 128 queries a block).
 std::string ForwardSparseD64() {
   const char* mode = std::getenv("CTXPLAN_ATTN_FWD_SLICES");
-  return mode != nullptr && std::strcmp(mode, "on") == 0 ? "slices" : "heads";
+  if (mode != nullptr && std::strcmp(mode, "on") == 0) return "slices everywhere";
+  return mode != nullptr && std::strcmp(mode, "off") == 0 ? "heads" : "by waves";
 }
 
 // The forward's query rows a block at head dim 64 these samples time: as AttentionForwardQueryRows

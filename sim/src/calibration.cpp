@@ -615,7 +615,7 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
   k.own_bwd_split = header("own_bwd") == "split";
   // 1 until fitted with the attention rates; 0: the forward ran 128-row blocks only.
   k.attention_fwd_rows128_efficiency_d64 = header("fwd_rows_d64") == "by waves" ? 1.0 : 0.0;
-  k.attention_fwd_slices_d64 = header("fwd_sparse_d64") == "slices";
+  k.attention_fwd_slices_d64 = header("fwd_sparse_d64") == "by waves";
   const std::string where = " on " + k.gpu_name + ", driver " + k.driver + ", " + k.date +
                             ", ctxplan-measure at " + k.commit;
   auto measured = [&](SpecValue& v, double value, const std::string& what) {

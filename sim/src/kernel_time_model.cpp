@@ -308,7 +308,8 @@ double KernelTimeModel::AttentionForwardSeconds(const OpCost& cost, double block
   const double paged_block = block / PagedEfficiency(s.page_tokens, false, d64, sparse);
   const double tile_blocks =
       static_cast<double>(s.tile_pages) * static_cast<double>(s.page_tokens) / kAttentionBlock;
-  if (d64 && selected && k.attention_fwd_slices_d64 && by_waves) {
+  if (d64 && selected && k.attention_fwd_slices_d64 && by_waves &&
+      AttentionForwardSlices(s.rows, heads_n, s.kv_heads, 64, true, sm_count_)) {
     // Query-head slices (ForwardSliceBlockAt): a KV head's 128-query tile in blocks of two or
     // three 64-query slices of its query heads, each walking the tile's pages and its own keys;
     // three at the 192-row blocks' rate, two at the 128-row fraction of it (`block` here is the

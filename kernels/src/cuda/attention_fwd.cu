@@ -608,26 +608,23 @@ FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader, int quer
   return maps;
 }
 
-// Three consumers where AttentionForwardQueryRows says 192; CTXPLAN_ATTN_FWD_CONSUMERS=2 or =3
-// takes that count wherever it can serve (d_h 64 without a page selection), for comparison
-// (attention_bench, the tests).
-// Page-sparse d_h 64 on three consumers over query-head slices (kSlices): not yet measured, so
-// only under CTXPLAN_ATTN_FWD_SLICES=on.
-bool FwdSlices() {
-  const char* v = std::getenv("CTXPLAN_ATTN_FWD_SLICES");
-  return v != nullptr && std::strcmp(v, "on") == 0;
-}
-
+// Three consumers where AttentionForwardQueryRows says 192, or (over a page selection) where
+// AttentionForwardSlices takes query-head slices; CTXPLAN_ATTN_FWD_CONSUMERS=2 or =3 takes that
+// count wherever it can serve (d_h 64 without a page selection), CTXPLAN_ATTN_FWD_SLICES=on or
+// =off the slices or not over every selection, for comparison (attention_bench, the tests).
 int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
-  const bool selected = prm.sel != nullptr;
   if (head_dim != 64) return 2;
-  if (selected) return FwdSlices() ? 3 : 2;
-  const char* v = std::getenv("CTXPLAN_ATTN_FWD_CONSUMERS");
-  if (v != nullptr && (std::strcmp(v, "2") == 0 || std::strcmp(v, "3") == 0)) return v[0] - '0';
+  const bool selected = prm.sel != nullptr;
+  const char* v = std::getenv(selected ? "CTXPLAN_ATTN_FWD_SLICES" : "CTXPLAN_ATTN_FWD_CONSUMERS");
+  if (selected && v != nullptr && std::strcmp(v, "on") == 0) return 3;
+  if (selected && v != nullptr && std::strcmp(v, "off") == 0) return 2;
+  if (!selected && v != nullptr && (std::strcmp(v, "2") == 0 || std::strcmp(v, "3") == 0))
+    return v[0] - '0';
   int device = 0, sms = 0;
   CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
   CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return AttentionForwardQueryRows(prm.t, prm.hq, head_dim, selected, sms) == 192 ? 3 : 2;
+  if (selected) return AttentionForwardSlices(prm.t, prm.hq, prm.hkv, 64, true, sms) ? 3 : 2;
+  return AttentionForwardQueryRows(prm.t, prm.hq, head_dim, false, sms) == 192 ? 3 : 2;
 }
 
 template <int HD, int NC, bool kSlices = false>

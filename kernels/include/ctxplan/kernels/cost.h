@@ -200,6 +200,12 @@ constexpr ForwardSliceBlock ForwardSliceBlockAt(int group, int block) {
   const int threes = 2 * group - 2 * ForwardSliceBlocks(group);  // blocks of three slices
   return {2 * block + (block < threes ? block : threes), block < threes ? 3 : 2};
 }
+// Whether that forward takes the slices: where its slice blocks fill two waves of the
+// multiprocessors or more (a block of three slices is 1.5x a 128-query block, so a launch of one
+// or two waves loses to its last), at head_dim 64 over a page selection; else one head's 128
+// queries a block.
+bool AttentionForwardSlices(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            bool selected, int64_t sm_count);
 OpCost SwigluForwardCost(int64_t tokens, int64_t intermediate);
 OpCost SwigluBackwardCost(int64_t tokens, int64_t intermediate);
 // The fused loss's logits tile: kLossVocabTile vocabulary columns (fp32) a pass, so the [t][V]

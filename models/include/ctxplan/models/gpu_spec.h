@@ -62,9 +62,9 @@ struct KernelProfile {
   // everywhere.
   double attention_fwd_rows128_efficiency_d64 = 0;
   // The forward the profile timed runs page-sparse head dim 64 on three consumers over query-head
-  // slices (blocks of two or three 64-query slices of one tile, ForwardSliceBlockAt): blocks of
-  // three at the 192-row rate, of two at the 128-row fraction of it. false: one head's 128
-  // queries a block.
+  // slices where AttentionForwardSlices says (blocks of two or three 64-query slices of one tile,
+  // ForwardSliceBlockAt): blocks of three at the 192-row rate, of two at the 128-row fraction of
+  // it. false: one head's 128 queries a block everywhere.
   bool attention_fwd_slices_d64 = false;
   std::map<int64_t, double> page_fwd_efficiency, page_bwd_efficiency;  // page tokens -> fraction
   // The same at head dim 64 (its own kernel path; empty: the head dim 128 tables).
