@@ -144,6 +144,7 @@ struct Problem {
   int64_t query_tile = 128, per_tile = 0;
   std::vector<int32_t> sel;
 
+  float q_scale = 1.5f;  // the queries' amplitude: wider scores move a row's max by more
   std::vector<float> q, k, v, pool, d_out;
   std::vector<int32_t> slots, dkv_slots;
   int64_t num_slots = 0;
@@ -166,7 +167,7 @@ struct Problem {
 
   void Generate(uint32_t seed) {
     std::mt19937 rng(seed);
-    q = RandomBf16(t * hq * hd, rng, 1.5f);
+    q = RandomBf16(t * hq * hd, rng, q_scale);
     k = RandomBf16(t * hkv * hd, rng);
     v = RandomBf16(t * hkv * hd, rng);
     num_slots = pages + extra_slots;
@@ -521,6 +522,43 @@ TEST(GpuAttention, HeadDim64SparseForwardOnQueryHeadSlices) {
   unsetenv("CTXPLAN_ATTN_FWD_PAGES");
   unsetenv("CTXPLAN_ATTN_FWD_SLICES");
 }
+// The forward's lazy rescale (a row's stabiliser moves only where its max passes it by more than
+// 2^8) against the CPU reference and under CTXPLAN_ATTN_FWD_RESCALE=always, at scores wide enough
+// (queries of amplitude 12: a score's spread is ~17 in log2 units) that rows move theirs on some
+// tiles and not on others: both head dims, two and three consumers, dense over pages, own-only and
+// page-sparse (the slices among them).
+TEST(GpuAttention, LazyRescaleAtWideScores) {
+  SKIP_WITHOUT_GPU();
+  auto wide = [](Problem pr) {
+    pr.q_scale = 12.0f;
+    return pr;
+  };
+  auto sparse = [&](int64_t t, int64_t hq, int64_t hkv, int64_t hd) {
+    Problem pr = wide(Make(t, hq, hkv, hd, 64, 9));
+    pr.per_tile = 4;
+    for (int64_t i = 0; i < (t + 127) / 128; ++i)
+      for (int64_t j = 0; j < pr.per_tile; ++j)
+        pr.sel.push_back(static_cast<int32_t>(2 * j + i % 2));
+    return pr;
+  };
+  for (const char* mode : {"lazy", "always"}) {
+    SCOPED_TRACE(mode);
+    if (std::strcmp(mode, "always") == 0) setenv("CTXPLAN_ATTN_FWD_RESCALE", "always", 1);
+    CheckProblem(wide(Make(700, 4, 2, 128, 64, 6)), 130, /*backward=*/false);
+    CheckProblem(wide(Make(700, 4, 2, 64, 64, 6)), 131, /*backward=*/false);
+    CheckProblem(wide(Make(900, 8, 2, 64, 64, 0)), 132, /*backward=*/false);
+    setenv("CTXPLAN_ATTN_FWD_CONSUMERS", "3", 1);
+    CheckProblem(wide(Make(900, 8, 2, 64, 64, 0)), 133, /*backward=*/false);
+    unsetenv("CTXPLAN_ATTN_FWD_CONSUMERS");
+    CheckProblem(sparse(600, 8, 2, 128), 134, /*backward=*/false);
+    CheckProblem(sparse(600, 8, 2, 64), 135, /*backward=*/false);
+    setenv("CTXPLAN_ATTN_FWD_SLICES", "on", 1);
+    CheckProblem(sparse(600, 8, 2, 64), 136, /*backward=*/false);
+    unsetenv("CTXPLAN_ATTN_FWD_SLICES");
+  }
+  unsetenv("CTXPLAN_ATTN_FWD_RESCALE");
+}
+
 // The two-warpgroup backward at every small count of a block's items (1-5 and 7: the deferred
 // whole dQ of an odd and an even last item, operands reloaded into both buffers), dense, over
 // earlier pages and gathered, rows past t, at both head dims.

@@ -57,6 +57,7 @@ struct FwdParams {
   int q_tiles;
   int slice_blocks;  // kSlices: blocks a KV head of a 128-query tile (ForwardSliceBlocks)
   float scale_log2;
+  float rescale_log2;  // a row's stabiliser moves where its max passes it by more (log2 units)
 };
 
 // --- warp-specialised wgmma forward (sm_90a, FlashAttention-3 style) -----------------------------
@@ -395,8 +396,12 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
   uint32_t pa[BN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  // row_max: each row's stabiliser, the largest score seen unless a lazy rescale kept an older
+  // one up to prm.rescale_log2 below it (softmax is the same for any stabiliser; P and O then
+  // hold values up to 2^rescale_log2 larger, far inside fp32 and bf16's range).
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float corr[2] = {1.0f, 1.0f};
+  bool rescale_o = false;  // warp-uniform: some row of the warp moved its stabiliser
   const float scale_log2 = prm.scale_log2;
   const int row_local0 = cw * 64 + wwarp * 16 + g;           // + 8 * hf, in the Q tile
   const int q_row0 = rows_of(cw) + wwarp * 16 + g;           // + 8 * hf, from q0
@@ -446,18 +451,31 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
           }
       }
     }
+    float mx[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float mx = -INFINITY;
+      mx[hf] = -INFINITY;
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i)
-        mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[hf], mx);
-      const float ms = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-      corr[hf] = Exp2(row_max[hf] * scale_log2 - ms);
-      row_max[hf] = m_new;
+        mx[hf] = fmaxf(mx[hf], fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+    }
+    // A row moves its stabiliser only where the tile's max passes it by more than rescale_log2
+    // (log2 units; 0: wherever it passes it), and then the whole warp does: the O rescale is
+    // skipped, not predicated, on most tiles past a row's first few.
+    const bool grows = (mx[0] - row_max[0]) * scale_log2 > prm.rescale_log2 ||
+                       (mx[1] - row_max[1]) * scale_log2 > prm.rescale_log2;  // NaN: no
+    rescale_o = __any_sync(0xffffffffu, grows);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (rescale_o) {
+        const float m_new = fmaxf(row_max[hf], mx[hf]);
+        const float ms_new = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+        corr[hf] = Exp2(row_max[hf] * scale_log2 - ms_new);
+        row_max[hf] = m_new;
+      }
+      const float ms = row_max[hf] == -INFINITY ? 0.0f : row_max[hf] * scale_log2;
       float rs = 0.0f;
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -468,16 +486,18 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
           rs += x;
         }
       }
-      row_sum[hf] = row_sum[hf] * corr[hf] + rs;
+      row_sum[hf] = rescale_o ? row_sum[hf] * corr[hf] + rs : row_sum[hf] + rs;
     }
   };
   auto rescale_pack = [&]() {
+    if (rescale_o) {
 #pragma unroll
-    for (int i = 0; i < HD / 8; ++i) {
-      o[4 * i + 0] *= corr[0];
-      o[4 * i + 1] *= corr[0];
-      o[4 * i + 2] *= corr[1];
-      o[4 * i + 3] *= corr[1];
+      for (int i = 0; i < HD / 8; ++i) {
+        o[4 * i + 0] *= corr[0];
+        o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1];
+        o[4 * i + 3] *= corr[1];
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -612,6 +632,13 @@ FwdTensorMaps EncodeFwdMaps(const FwdParams& prm, FwdPageLoader loader, int quer
 // AttentionForwardSlices takes query-head slices; CTXPLAN_ATTN_FWD_CONSUMERS=2 or =3 takes that
 // count wherever it can serve (d_h 64 without a page selection), CTXPLAN_ATTN_FWD_SLICES=on or
 // =off the slices or not over every selection, for comparison (attention_bench, the tests).
+// O is rescaled where a row's max passes its stabiliser by more than 2^8 (FlashAttention-4's
+// threshold); CTXPLAN_ATTN_FWD_RESCALE=always wherever it passes it, for comparison.
+float FwdRescaleLog2() {
+  const char* v = std::getenv("CTXPLAN_ATTN_FWD_RESCALE");
+  return v != nullptr && std::strcmp(v, "always") == 0 ? 0.0f : 8.0f;
+}
+
 int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
   if (head_dim != 64) return 2;
   const bool selected = prm.sel != nullptr;
@@ -691,6 +718,7 @@ void AttentionForward(const AttentionShape& shape, const bf16* q, const bf16* k_
   prm.num_pages = static_cast<int>(earlier.num_pages);
   prm.query_tile = prm.sel ? static_cast<int>(selection.query_tile) : kWsBM;
   prm.scale_log2 = shape.scale * kLog2e;
+  prm.rescale_log2 = FwdRescaleLog2();
   if (shape.head_dim == 128) {
     LaunchFwd<128, 2>(prm, stream);
   } else if (ChooseFwdConsumers(prm, 64) == 3) {
