@@ -6,9 +6,10 @@ The lent machines of one GPU kind differ by machine alone (GEMM rate, power, PCI
 re-calibrating everything after each kernel change would move every prediction with no kernel
 change behind it. This replaces the base's rows of the named ops whose shape the change touched
 (a head dim, or a page size) by the new file's rows of the same shape, keeps every other row,
-takes the new file's date, commit, sparse_bwd, own_bwd and fwd_rows_d64 (the kernels the profile now
-describes) and adds a comment line saying which rows came from where. Touched rows of shapes the base lacks (a grid grown since)
-are added at the end. Refit with `ctxplan calibrate --samples`.
+takes the new file's date, commit, sparse_bwd, own_bwd, fwd_rows_d64 and fwd_sparse_d64 (the
+kernels the profile now describes) and adds a comment line saying which rows came from where.
+Touched rows of shapes the base lacks (a grid grown since) are added at the end. Refit with
+`ctxplan calibrate --samples`.
 
 usage: splice-samples.py BASE NEW OUT --note TEXT [--ops attention_fwd,attention_bwd]
                          [--head-dims 64] [--pages 32,48,96,192] [--missing-only]
@@ -23,7 +24,7 @@ import sys
 import tempfile
 
 # Header lines that describe the kernels measured: the new file's replace the base's.
-KERNEL_HEADERS = ("date", "commit", "sparse_bwd", "own_bwd", "fwd_rows_d64")
+KERNEL_HEADERS = ("date", "commit", "sparse_bwd", "own_bwd", "fwd_rows_d64", "fwd_sparse_d64")
 KEY_COLUMNS = ("op", "m", "n", "k", "heads", "kv_heads", "head_dim", "page_tokens", "pages",
                "pages_per_tile")
 

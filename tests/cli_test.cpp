@@ -650,12 +650,12 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   };
   const std::vector<std::string> old = {"--gpu", old_h200.string(), "--host-ram", "125GiB"};
   const auto [old_json, old_text] = plan(old, "96");
-  EXPECT_NE(
-      old_json.find("\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
-                    "\"2026-11-27T06:15Z\",\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\","
-                    "\"2026-11-27T08:52Z\",\"2026-11-27T14:10Z\",\"2026-11-27T16:20Z\",\"2026-11-"
-                    "27T19:15Z\",\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\"]"),
-      std::string::npos)
+  EXPECT_NE(old_json.find(
+                "\"profile_predates_kernel_changes\":[\"2026-11-26\",\"2026-11-26T18:30Z\","
+                "\"2026-11-27T06:15Z\",\"2026-11-27T08:36Z\",\"2026-11-27T08:37Z\","
+                "\"2026-11-27T08:52Z\",\"2026-11-27T14:10Z\",\"2026-11-27T16:20Z\",\"2026-11-"
+                "27T19:15Z\",\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\",\"2026-11-28T07:30Z\"]"),
+            std::string::npos)
       << old_json;
   EXPECT_NE(old_text.find("note: this GPU's kernel times were calibrated on 2026-11-24, before "
                           "2026-11-26"),
@@ -666,7 +666,7 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
   EXPECT_NE(old_128.find("\"profile_predates_kernel_changes\":[\"2026-11-27T06:15Z\","
                          "\"2026-11-27T08:36Z\",\"2026-11-27T08:52Z\",\"2026-11-27T09:12Z\","
                          "\"2026-11-27T14:10Z\",\"2026-11-27T16:20Z\",\"2026-11-27T19:15Z\","
-                         "\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\"]"),
+                         "\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\",\"2026-11-28T07:30Z\"]"),
             std::string::npos)
       << old_128;
   // A calibration between changes predates only the later ones.
@@ -676,7 +676,7 @@ TEST(CliTest, PlanSaysWhenTheProfilePredatesAKernelChange) {
       plan({"--gpu", mid_h200.string(), "--host-ram", "125GiB"}, "96");
   EXPECT_NE(mid_json.find("\"profile_predates_kernel_changes\":[\"2026-11-27T08:52Z\","
                           "\"2026-11-27T14:10Z\",\"2026-11-27T16:20Z\",\"2026-11-27T19:15Z\","
-                          "\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\"]"),
+                          "\"2026-11-28T02:25Z\",\"2026-11-28T04:45Z\",\"2026-11-28T07:30Z\"]"),
             std::string::npos)
       << mid_json;
   EXPECT_NE(mid_text.find("note: this GPU's kernel times were calibrated on 2026-11-27T08:40Z"),

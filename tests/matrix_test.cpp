@@ -526,13 +526,14 @@ TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
     EXPECT_EQ(early->kernels.date, "2026-11-25T10:00Z") << gpu.name;
     EXPECT_EQ(early->name, gpu.name);
     EXPECT_EQ(early->kernels.provenance, gpu.kernels.provenance) << gpu.name;
-    // After the last change at either head dim (the gathered blocks beside the backward's
-    // producer warpgroup, 2026-11-28T04:45Z): the committed profile; before it, not here (this
-    // folder holds no calibration of those kernels).
-    const auto late = test::ProfileOfRun(gpu, "2026-11-28T05:00Z", 96, 128, dir.path());
+    // After the last change at either head dim (the forward's slices and lazy rescale,
+    // 2026-11-28T07:30Z): the committed profile; before it, not here (this folder holds no
+    // calibration of those kernels).
+    const auto late = test::ProfileOfRun(gpu, "2026-11-28T07:50Z", 96, 128, dir.path());
     ASSERT_TRUE(late.has_value()) << gpu.name;
     EXPECT_EQ(late->kernels.date, gpu.kernels.date) << gpu.name;
-    EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-28T05:00Z", 128, 64, dir.path()).has_value());
+    EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-28T07:50Z", 128, 64, dir.path()).has_value());
+    EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-28T05:00Z", 96, 128, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-28T02:40Z", 96, 128, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T19:40Z", 96, 128, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T23:58Z", 128, 64, dir.path()).has_value());

@@ -750,6 +750,7 @@ TEST(KernelTimeModel, ForwardSlicesAtHeadDim64) {
     m->gpu.kernels.attention_fwd_item_us = 0;
     m->gpu.kernels.attention_fwd_rows128_efficiency_d64 = 0.85;
   }
+  heads.gpu.kernels.attention_fwd_slices_d64 = false;
   slices.gpu.kernels.attention_fwd_slices_d64 = true;
   auto seconds = [](const MachineSpec& m, int64_t head_dim, bool sparse) {
     const int64_t tokens = 16384, earlier = 49152, tile_pages = 48;
@@ -800,16 +801,17 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // pages that are not whole 128-key blocks, of T09:12Z at the others; the barrier-free backward
   // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z and its
   // deferred dQ of T23:20Z, the three-consumer forward of T23:50Z; the backward's producer
-  // warpgroup of 2026-11-28T02:25Z and its gathered blocks of T04:45Z everywhere)
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 11u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 11u);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 9u);
-  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 10u);
+  // warpgroup of 2026-11-28T02:25Z and its gathered blocks of T04:45Z everywhere; the forward's
+  // slices and lazy rescale of T07:30Z everywhere)
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 12u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 12u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 10u);
+  ASSERT_EQ(ChangesAfterProfile(cursor_profile, 96, 128).size(), 11u);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
-  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 10u);  // a multiple of 16 only now
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 9u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 10u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 10u);
+  EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 11u);  // a multiple of 16 only now
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 10u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 11u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -827,18 +829,18 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(d64.date, "2026-11-26T18:45Z");
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
-  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 9u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 12u);
+  EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 10u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 13u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 14u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 10u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 15u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 11u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 11u);  // and the morning's two
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 9u);   // and the gathered blocks
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 12u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 10u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
   EXPECT_EQ(bulk.date, "2026-11-27T06:15Z");
@@ -895,9 +897,9 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(deferred_dq.date, "2026-11-27T23:20Z");
   KernelProfile evening;
   evening.date = "2026-11-27T21:22Z";
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 4u);
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 5u);
   EXPECT_EQ(ChangesAfterProfile(evening, 128, 64)[0].date, deferred_dq.date);
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 128).size(), 2u);  // the producer warpgroup, twice
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 128).size(), 3u);  // the producer twice, the forward
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:25:00Z", 128, 64));
   // The three-consumer forward: head dim 64 only; a run after it matches a later profile.
@@ -912,8 +914,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_TRUE(producer.pages.empty() && producer.head_dims.empty());
   KernelProfile night;
   night.date = "2026-11-28T02:30Z";
-  EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 1u);  // the gathered blocks' producer
-  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 2u);
+  EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 2u);  // gathered producer, the forward
+  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 3u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:00:00Z", 96, 128));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:40:00Z", 96, 128));
   // The gathered blocks beside the producer: every head dim and page size. A profile of T04:50Z
@@ -923,9 +925,19 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_TRUE(gathered_producer.pages.empty() && gathered_producer.head_dims.empty());
   KernelProfile dawn;
   dawn.date = "2026-11-28T04:50Z";
-  EXPECT_TRUE(ChangesAfterProfile(dawn, 64, 128).empty());
+  EXPECT_EQ(ChangesAfterProfile(dawn, 64, 128).size(), 1u);  // the forward's of T07:30Z
   EXPECT_TRUE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:00:00Z", 64, 128));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:55:00Z", 64, 128));
+  // The forward's slices and lazy rescale: every head dim and page size. A profile of T07:40Z
+  // has them; a run of T05:10Z under it differs, one of T07:45Z does not.
+  const KernelChange& slices = KernelChanges()[17];
+  EXPECT_EQ(slices.date, "2026-11-28T07:30Z");
+  EXPECT_TRUE(slices.pages.empty() && slices.head_dims.empty());
+  KernelProfile morning;
+  morning.date = "2026-11-28T07:40Z";
+  EXPECT_TRUE(ChangesAfterProfile(morning, 64, 128).empty());
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(morning, "2026-11-28T05:10:00Z", 96, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(morning, "2026-11-28T07:45:00Z", 96, 64));
 }
 
 }  // namespace

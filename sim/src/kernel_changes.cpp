@@ -119,6 +119,12 @@ const std::vector<KernelChange>& KernelChanges() {
        "(the sweep's page-sparse rows 1.03x on both GPUs at both head dims)",
        {},
        {}},
+      {"2026-11-28T07:30Z",
+       "the attention forward came to take query-head slices on three consumers for page-sparse "
+       "head dim 64 where their blocks fill two waves (1.06-1.24x there), and to rescale O only "
+       "where a row's max moves past 2^8 (1.00-1.015x)",
+       {},
+       {}},
   };
   return changes;
 }
