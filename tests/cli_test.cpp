@@ -419,6 +419,61 @@ TEST(CliTest, CalibrateOnLinksAlonePrintsTheMachineKeys) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// calibrate --report writes every sample against the fitted model as CSV: as many rows as the
+// printed groups count, each group's largest |predicted / measured - 1| the printed max. A report
+// path that cannot be written is refused in one line, before the profile is.
+TEST(CliTest, CalibrateReportsEverySample) {
+  ScratchDir dir;
+  const std::string samples =
+      std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/calibration/h200-samples.csv";
+  const fs::path out = dir.path() / "h200.yaml", report = dir.path() / "fit.csv";
+  const std::vector<std::string> args = {"calibrate",  "--samples", samples,
+                                         "--gpu",      "h200",      "-o",
+                                         out.string(), "--report",  report.string()};
+  const RunResult r = RunCtxplan(args, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(args, r);
+  std::istringstream printed(r.out);
+  std::map<std::string, std::pair<int, double>> groups;  // group -> samples, max error (%)
+  for (std::string line; std::getline(printed, line);) {
+    std::istringstream words(line);
+    std::string group, word;
+    int n = 0;
+    double median = 0, max = 0;
+    if (line.rfind("  ", 0) == 0 && (words >> group >> n >> word) && word == "samples" &&
+        (words >> word >> median >> word >> word >> max))
+      groups[group] = {n, max};
+  }
+  ASSERT_GE(groups.size(), 8u) << r.out;
+  std::istringstream csv(ReadAll(report));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line.rfind("group,op,m,n,k,", 0), 0u) << line;
+  std::map<std::string, std::pair<int, double>> rows;
+  while (std::getline(csv, line)) {
+    const std::string group = line.substr(0, line.find(','));
+    const double ratio = std::stod(line.substr(line.rfind(',') + 1));
+    auto& [n, max] = rows[group];
+    ++n;
+    max = std::max(max, 100.0 * std::abs(ratio - 1.0));
+  }
+  for (const auto& [group, expect] : groups) {
+    SCOPED_TRACE(group);
+    EXPECT_EQ(rows[group].first, expect.first);
+    EXPECT_NEAR(rows[group].second, expect.second, 0.06);  // printed to 0.1%
+  }
+  EXPECT_EQ(rows.size(), groups.size());
+
+  const fs::path out2 = dir.path() / "h200-2.yaml";
+  const std::vector<std::string> bad = {
+      "calibrate",   "--samples", samples,
+      "--gpu",       "h200",      "-o",
+      out2.string(), "--report",  (dir.path() / "no" / "such" / "fit.csv").string()};
+  const RunResult b = RunCtxplan(bad, dir.path());
+  EXPECT_EQ(b.exit_code, 2) << Describe(bad, b);
+  EXPECT_EQ(std::count(b.err.begin(), b.err.end(), '\n'), 1) << b.err;
+  EXPECT_FALSE(fs::exists(out2));
+}
+
 // calibrate --history keeps the calibrated profile --output replaces, as NAME-DATE.yaml, so that
 // the runs of its kernels stay judged by it (models/gpu/history/). Refused in one line, before
 // any fit and with nothing written: an output that is no calibration, or another file of that

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "ctxplan/models/catalog.h"
@@ -107,12 +108,18 @@ CLI::App* AddCalibrateCommand(CLI::App& app, CalibrateFlags& f) {
                   "keep the calibrated profile --output replaces in this folder, as "
                   "NAME-DATE.yaml (models/gpu/history/: the recorded runs of its kernels stay "
                   "judged by it)");
+  cmd->add_option("--report", f.report,
+                  "also write every sample against the fitted model's time for it as CSV (group, "
+                  "shape, measured and predicted seconds): which shapes the profile explains "
+                  "badly");
   cmd->add_flag("--quick", f.quick, "a smaller grid (under a minute; a rougher profile)");
   return cmd;
 }
 
 int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
   if (!f.history.empty()) KeepReplacedProfile(f.output, f.history, /*check_only=*/true);
+  std::optional<AtomicFileWriter> report;  // opened first: a bad path measures and writes nothing
+  if (!f.report.empty()) report.emplace(std::filesystem::path(f.report));
   std::filesystem::path samples_path = f.samples;
   if (samples_path.empty()) {
     samples_path = f.keep_samples.empty()
@@ -155,6 +162,10 @@ int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
   // The written profile must load as any catalogue entry does.
   (void)LoadGpu(f.output);
 
+  if (report) {
+    sim::WriteFitReport(report->stream(), fit.residuals);
+    report->Commit();
+  }
   std::cout << "calibrated " << fit.gpu.name << " from " << samples.rows.size()
             << " samples measured on " << gpu_name << " -> " << f.output << "\n";
   std::cout << "model against its samples (|predicted / measured - 1|):\n";

@@ -14,6 +14,7 @@ struct CalibrateFlags {
   std::string gpu;           // the catalogue entry of this GPU (datasheet values); default: by name
   std::string output;        // the GPU profile YAML
   std::string history;       // where the profile `output` replaces goes (models/gpu/history/)
+  std::string report;        // every sample against the fitted model, as CSV
   bool quick = false;
 };
 

@@ -215,7 +215,9 @@ FitResidual Residual(const KernelTimeModel& model, std::string group,
   r.group = std::move(group);
   std::vector<double> errors;
   for (const CalibrationSample* s : rows) {
-    const double error = std::abs(Predict(model, *s) / s->seconds - 1.0);
+    const double predicted = Predict(model, *s);
+    r.each.push_back({*s, predicted});
+    const double error = std::abs(predicted / s->seconds - 1.0);
     errors.push_back(error);
     if (error >= r.max_error) {
       r.max_error = error;
@@ -226,6 +228,26 @@ FitResidual Residual(const KernelTimeModel& model, std::string group,
   if (!errors.empty()) r.median_error = Median(errors);
   return r;
 }
+
+}  // namespace
+
+void WriteFitReport(std::ostream& out, const std::vector<FitResidual>& residuals) {
+  out << "group,op,m,n,k,heads,kv_heads,head_dim,page_tokens,pages,pages_per_tile,copies,"
+         "measured_s,predicted_s,predicted_over_measured\n";
+  char numbers[96];
+  for (const FitResidual& r : residuals) {
+    for (const SampleFit& f : r.each) {
+      const CalibrationSample& s = f.sample;
+      std::snprintf(numbers, sizeof(numbers), "%.9g,%.9g,%.5f", s.seconds, f.predicted_seconds,
+                    s.seconds > 0 ? f.predicted_seconds / s.seconds : 0.0);
+      out << r.group << "," << s.op << "," << s.m << "," << s.n << "," << s.k << "," << s.heads
+          << "," << s.kv_heads << "," << s.head_dim << "," << s.page_tokens << "," << s.pages << ","
+          << s.pages_per_tile << "," << s.copies << "," << numbers << "\n";
+    }
+  }
+}
+
+namespace {
 
 using Setter = std::function<void(KernelProfile&, double)>;
 

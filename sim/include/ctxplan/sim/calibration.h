@@ -36,14 +36,25 @@ struct CalibrationSamples {
 // Reads a samples CSV; a malformed file throws InputError naming the file, line and field.
 CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path);
 
+// One sample against the fitted model's time for it.
+struct SampleFit {
+  CalibrationSample sample;  // its `seconds` measured (the sustained group: scaled to max clock)
+  double predicted_seconds = 0;
+};
+
 // How well the fitted model reproduces the samples of one group of ops.
 struct FitResidual {
   std::string group;  // "gemm", "attention_fwd", "memory", "copy", ...
   int samples = 0;
   double median_error = 0;  // |predicted / measured - 1|
   double max_error = 0;
-  std::string worst;  // the worst sample, described
+  std::string worst;            // the worst sample, described
+  std::vector<SampleFit> each;  // every sample of the group, in the file's order
 };
+
+// The residuals as CSV (`ctxplan calibrate --report`): a row a sample, its group, shape,
+// measured and predicted seconds and their ratio.
+void WriteFitReport(std::ostream& out, const std::vector<FitResidual>& residuals);
 
 struct CalibrationFit {
   GpuSpec gpu;  // `base` with the measured spec values and the measured kernel profile
