@@ -29,6 +29,7 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "ops_util.cuh"
 #include "page_row_cursor.h"
 #include "tensor_map.h"
 
@@ -647,9 +648,7 @@ int ChooseFwdConsumers(const FwdParams& prm, int head_dim) {
   if (selected && v != nullptr && std::strcmp(v, "off") == 0) return 2;
   if (!selected && v != nullptr && (std::strcmp(v, "2") == 0 || std::strcmp(v, "3") == 0))
     return v[0] - '0';
-  int device = 0, sms = 0;
-  CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
-  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = detail::MultiprocessorCount();
   if (selected) return AttentionForwardSlices(prm.t, prm.hq, prm.hkv, 64, true, sms) ? 3 : 2;
   return AttentionForwardQueryRows(prm.t, prm.hq, head_dim, false, sms) == 192 ? 3 : 2;
 }

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -75,19 +77,22 @@ void Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t s
   Launch(kernel, grid, block, size_t{0}, stream, std::forward<Args>(args)...);
 }
 
-// The current device's multiprocessor count (cached per device).
+// The current device's multiprocessor count, asked once a device (the launches that size their
+// grids by it run every layer); devices past the cache's are asked every time.
 inline int MultiprocessorCount() {
   constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};
+  static std::atomic<int> counts[kMaxDevices] = {};
   int device = 0;
   CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) device = 0;
-  if (counts[device] == 0) {
-    int sms = 0;
-    CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    counts[device] = sms;
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const int known = counts[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
   }
-  return counts[device];
+  int sms = 0;
+  CTXPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (cached) counts[device].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 // --- conversions ---------------------------------------------------------------------------
