@@ -6,6 +6,9 @@ shapes (bf16, head_dim 128, 28 query / 4 KV heads, causal, 64K tokens), and the 
 
 Shapes (FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *):
   full_64k      one causal 64K x 64K attention
+  full_<n>k_h<H_q>x<H_kv>[_d<d_h>], full_<n>k_d<d_h>
+                attention_bench --only full --heads / --head-dim rows: one causal call of their
+                tokens, heads and head_dim (named like a sweep peer, _c<n>_kv<n>)
   chunked_64k   16 chunks of 4096 queries, chunk c over (c + 1) * 4096 keys, causal aligned to the
                 bottom right (the chunk's last query sees every key); the sum of the 16 calls.
                 Compared with every chunked_* row of ours (identity and shuffled page tables).
@@ -142,6 +145,22 @@ def sweep_peer(shape):
     return (int(d), int(hq), int(hkv), int(c), int(attended))
 
 
+FULL_RE = re.compile(r"^full_(\d+)k(?:_h(\d+)x(\d+))?(?:_d(\d+))?$")
+
+
+def full_peer(shape):
+    """The peer of an attention_bench --only full row of other heads or head_dim than Qwen2.5-7B's
+    (full_<n>k_h<H_q>x<H_kv>, full_<n>k_d64, ...): one causal call of n x n keys, in the sweep
+    peers' form (d, hq, hkv, n, 0); None for full_<n>k itself (the 64K peer) or another row."""
+    m = FULL_RE.match(shape)
+    if not m or (m.group(2) is None and m.group(4) is None):
+        return None
+    n = int(m.group(1)) * 1024
+    hq, hkv = (int(m.group(2)), int(m.group(3))) if m.group(2) else (HQ, HKV)
+    d = int(m.group(4)) if m.group(4) else D
+    return (d, hq, hkv, n, 0)
+
+
 def sweep_peer_name(peer):
     d, hq, hkv, c, attended = peer
     return f"sweep_d{d}_h{hq}x{hkv}_c{c}_kv{c + attended}"
@@ -209,7 +228,7 @@ def main():
     else:
         jobs += [(shape, shape, calls, HQ, HKV, D) for shape, calls in peer_shapes.items()]
     for row in ours or []:
-        peer = sweep_peer(row["shape"])
+        peer = sweep_peer(row["shape"]) or full_peer(row["shape"])
         if peer is not None and all(job[0] != peer for job in jobs):
             d, hq, hkv, q_len, attended = peer
             jobs.append((peer, sweep_peer_name(peer), [(q_len, q_len + attended)], hq, hkv, d))
@@ -232,8 +251,10 @@ def main():
         return 0
 
     def peer_key(shape):
-        if re.fullmatch(r"full_\d+k", shape):  # not full_<n>k_h<H_q>x<H_kv>: other heads
+        if re.fullmatch(r"full_\d+k", shape):  # Qwen2.5-7B's heads and head_dim
             return "full"
+        if shape.startswith("full_"):
+            return full_peer(shape)  # other heads or head_dim: its own causal call
         if shape.startswith("chunked_"):
             return "chunked"
         if shape.startswith("last_chunk_dense"):
