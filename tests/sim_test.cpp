@@ -906,38 +906,41 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(KernelChanges()[14].date, "2026-11-27T23:50Z");
   EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T23:55:00Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 128));
-  // The backward's producer warpgroup: every head dim and page size. A profile of the day
-  // (2026-11-28) predates it; a run of T02:00Z and a profile of T02:30Z straddle it, one of
-  // T02:40Z does not.
-  const KernelChange& producer = KernelChanges()[15];
-  EXPECT_EQ(producer.date, "2026-11-28T02:25Z");
-  EXPECT_TRUE(producer.pages.empty() && producer.head_dims.empty());
+  // A change at every head dim and page size: its date; under a profile calibrated after it, a
+  // run before the change differs and a run after it does not.
+  auto expect_everywhere = [](size_t index, const std::string& date, const KernelProfile& after,
+                              const std::string& run_before, const std::string& run_after,
+                              int64_t page, int64_t head_dim) {
+    SCOPED_TRACE(date);
+    ASSERT_LT(index, KernelChanges().size());
+    const KernelChange& change = KernelChanges()[index];
+    EXPECT_EQ(change.date, date);
+    EXPECT_TRUE(change.pages.empty() && change.head_dims.empty());
+    EXPECT_TRUE(RunAndProfileKernelsDiffer(after, run_before, page, head_dim));
+    EXPECT_FALSE(RunAndProfileKernelsDiffer(after, run_after, page, head_dim));
+  };
+  // The backward's producer warpgroup. A profile of the day (2026-11-28) predates it; a run of
+  // T02:00Z and a profile of T02:30Z straddle it, one of T02:40Z does not.
   KernelProfile night;
   night.date = "2026-11-28T02:30Z";
+  expect_everywhere(15, "2026-11-28T02:25Z", night, "2026-11-28T02:00:00Z", "2026-11-28T02:40:00Z",
+                    96, 128);
   EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 2u);  // gathered producer, the forward
   EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 3u);
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:00:00Z", 96, 128));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(night, "2026-11-28T02:40:00Z", 96, 128));
-  // The gathered blocks beside the producer: every head dim and page size. A profile of T04:50Z
-  // has it; a run of T04:00Z under that profile differs, one of T04:55Z does not.
-  const KernelChange& gathered_producer = KernelChanges()[16];
-  EXPECT_EQ(gathered_producer.date, "2026-11-28T04:45Z");
-  EXPECT_TRUE(gathered_producer.pages.empty() && gathered_producer.head_dims.empty());
+  // The gathered blocks beside the producer. A profile of T04:50Z has it; a run of T04:00Z under
+  // that profile differs, one of T04:55Z does not.
   KernelProfile dawn;
   dawn.date = "2026-11-28T04:50Z";
+  expect_everywhere(16, "2026-11-28T04:45Z", dawn, "2026-11-28T04:00:00Z", "2026-11-28T04:55:00Z",
+                    64, 128);
   EXPECT_EQ(ChangesAfterProfile(dawn, 64, 128).size(), 1u);  // the forward's of T07:30Z
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:00:00Z", 64, 128));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(dawn, "2026-11-28T04:55:00Z", 64, 128));
-  // The forward's slices and lazy rescale: every head dim and page size. A profile of T07:40Z
-  // has them; a run of T05:10Z under it differs, one of T07:45Z does not.
-  const KernelChange& slices = KernelChanges()[17];
-  EXPECT_EQ(slices.date, "2026-11-28T07:30Z");
-  EXPECT_TRUE(slices.pages.empty() && slices.head_dims.empty());
+  // The forward's slices and lazy rescale. A profile of T07:40Z has them; a run of T05:10Z under
+  // it differs, one of T07:45Z does not.
   KernelProfile morning;
   morning.date = "2026-11-28T07:40Z";
+  expect_everywhere(17, "2026-11-28T07:30Z", morning, "2026-11-28T05:10:00Z",
+                    "2026-11-28T07:45:00Z", 96, 64);
   EXPECT_TRUE(ChangesAfterProfile(morning, 64, 128).empty());
-  EXPECT_TRUE(RunAndProfileKernelsDiffer(morning, "2026-11-28T05:10:00Z", 96, 64));
-  EXPECT_FALSE(RunAndProfileKernelsDiffer(morning, "2026-11-28T07:45:00Z", 96, 64));
 }
 
 }  // namespace
