@@ -668,6 +668,21 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
             MbarArrive(staging_free);
           }
           BulkWait<0>();  // the reduces done before the block's shared memory goes
+        } else if (kGather && warp == 10 && gathered) {
+          // The dKV rows the block adds into at its end, brought into the L2 now: its atomics
+          // then find them there (from memory they took ~12% of a gathered launch,
+          // kernels/PERF.md). A row of K and one of V a key, the keys over the warp's lanes.
+          const int64_t elem = prm.dkv_f32 ? 4 : 2;
+          const uint32_t row_bytes = static_cast<uint32_t>(HD * elem);
+          const char* pool = static_cast<const char*>(prm.dkv_pool);
+          for (int r = lane; r < BN && kb0 + r < region_end; r += 32) {
+            const int kidx = kb0 + r;
+            const int pgi = EarlierPage(prm, block.gathered, kidx);
+            const int64_t kofs =
+                __ldg(prm.dkv_slot + pgi) * prm.page_elems + (kidx % prm.p) * kv_row + hkv * HD;
+            BulkPrefetchL2(pool + kofs * elem, row_bytes);
+            BulkPrefetchL2(pool + (kofs + prm.p * kv_row) * elem, row_bytes);
+          }
         }
         return;
       }

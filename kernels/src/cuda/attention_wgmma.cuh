@@ -41,6 +41,10 @@ __device__ __forceinline__ void BulkReduceAddF32(float* dst, uint32_t src, uint3
       "r"(src), "r"(bytes)
       : "memory");
 }
+// `bytes` of global memory from `src` (16-byte aligned, a multiple of 16) brought into the L2.
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void BulkCommit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
