@@ -375,6 +375,33 @@ TEST(CliTest, ValidFixtureModelLoads) {
   EXPECT_NE(r.out.find("test-model"), std::string::npos);
 }
 
+// A plan over several GPUs of a machine whose host links were never measured says so: each GPU
+// is taken at its link's rates alone, which the one host measured did not give them. One GPU,
+// or offload off, says nothing; --json carries it.
+TEST(CliTest, PlanSaysWhenTheHostLinksAreUnmeasured) {
+  ScratchDir dir;
+  auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"plan", "--machine", "h200-x4", "--context",
+                                     "1M",   "--path",    "analytic"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = RunCtxplan(args, dir.path());
+    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
+    return r.out;
+  };
+  const std::string four = plan({"--gpus", "4"});
+  EXPECT_NE(four.find("host links: not measured on h200-x4: each of the 4 GPUs copying at once is "
+                      "taken at "),
+            std::string::npos)
+      << four;
+  EXPECT_NE(four.find("`ctxplan-measure --only links` there"), std::string::npos) << four;
+  EXPECT_EQ(plan({"--gpus", "1"}).find("host links:"), std::string::npos);
+  EXPECT_EQ(plan({"--gpus", "4", "--offload", "off"}).find("host links:"), std::string::npos);
+  const std::string json = plan({"--gpus", "4", "--json"});
+  EXPECT_NE(json.find("\"shared\":false,\"sharing_unmeasured\":true}"), std::string::npos) << json;
+  EXPECT_NE(plan({"--gpus", "1", "--json"}).find("\"sharing_unmeasured\":false}"),
+            std::string::npos);
+}
+
 // On a machine whose host links were measured, a plan over its GPUs says what each copies at
 // while the others copy (the step time includes it); one GPU, or offload off, says nothing.
 TEST(CliTest, PlanSaysWhenTheGpusShareTheHostLinks) {
@@ -395,7 +422,8 @@ TEST(CliTest, PlanSaysWhenTheGpusShareTheHostLinks) {
   EXPECT_EQ(plan({"--gpus", "1"}).find("host links:"), std::string::npos);
   EXPECT_EQ(plan({"--gpus", "4", "--offload", "off"}).find("host links:"), std::string::npos);
   const std::string json = plan({"--gpus", "4", "--json"});
-  EXPECT_NE(json.find("\"host_link\":{\"h2d_gbs\":40.1,\"d2h_gbs\":30.025,\"shared\":true}"),
+  EXPECT_NE(json.find("\"host_link\":{\"h2d_gbs\":40.1,\"d2h_gbs\":30.025,\"shared\":true,"
+                      "\"sharing_unmeasured\":false}"),
             std::string::npos)
       << json;
 }

@@ -69,6 +69,9 @@ struct SharedLinks {
   int gpus = 1;                     // the machine's GPUs copying at once
   double h2d_gbs = 0, d2h_gbs = 0;  // a GPU's, with the others copying
   double alone_h2d_gbs = 0, alone_d2h_gbs = 0;
+  // Several GPUs copying at once on a machine whose host links were never measured: each is
+  // taken at its link's rates alone, which the one such host measured did not give them.
+  bool unmeasured = false;
 };
 SharedLinks HostLinkShare(const PlanContext& c) {
   const sim::KernelTimeModel alone(c.machine);
@@ -80,13 +83,22 @@ SharedLinks HostLinkShare(const PlanContext& c) {
   l.alone_h2d_gbs = alone.h2d_bytes_per_second() / 1e9;
   l.alone_d2h_gbs = alone.d2h_bytes_per_second() / 1e9;
   l.shared = l.h2d_gbs < l.alone_h2d_gbs || l.d2h_gbs < l.alone_d2h_gbs;
+  l.unmeasured =
+      l.gpus > 1 && c.machine.host_links_h2d_gbs <= 0 && c.machine.host_links_d2h_gbs <= 0;
   return l;
 }
 std::string HostLinkNote(const PlanContext& c) {
   if (!c.options.offload) return "";
   const SharedLinks l = HostLinkShare(c);
-  if (!l.shared) return "";
   auto gbs = [](double v) { return Printf("%.1f", v); };
+  if (l.unmeasured)
+    return "  host links: not measured on " + c.machine.name + ": each of the " +
+           std::to_string(l.gpus) + " GPUs copying at once is taken at " + gbs(l.alone_h2d_gbs) +
+           " / " + gbs(l.alone_d2h_gbs) +
+           " GB/s, as alone (on the 4x H100 host measured, each got 0.74 / 0.55 of its link's: "
+           "`ctxplan-measure --only links` there gives the machine's own, host_links_* in its "
+           "YAML)\n";
+  if (!l.shared) return "";
   return "  host links: the " + std::to_string(l.gpus) +
          " GPUs of a machine copy at once and share " + gbs(c.machine.host_links_h2d_gbs) +
          " GB/s up and " + gbs(c.machine.host_links_d2h_gbs) + " down (measured); each copies at " +
@@ -297,6 +309,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .Field("h2d_gbs", l.h2d_gbs)
         .Field("d2h_gbs", l.d2h_gbs)
         .Field("shared", l.shared)
+        .Field("sharing_unmeasured", l.unmeasured)
         .EndObject();
   }
   {
