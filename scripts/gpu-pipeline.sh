@@ -24,7 +24,9 @@ ctxplan=$(find_bin ctxplan)
 # MACHINE and RUNS ("context gpus steps", ...) choose other hosts and runs: on the x4 host,
 # MACHINE=h100-x4 RUNS="4194304 4 1" GPU_TIER=auto is the 4M step over 4 GPUs with the earliest
 # pages in GPU memory (--gpu-tier), RUNS="2097152 4 1" the 2M step with every page on the host
-# (traces/recorded/pipeline-runs.csv). First the host's links, where ctxplan-measure is there.
+# (traces/recorded/pipeline-runs.csv); on the 4x H200 host (issue 17), MACHINE=h200-x4
+# RUNS="4194304 4 1" GPU_TIER=auto TRACE=/tmp/t also traces it and replays each rank's trace.
+# First the host's links, where ctxplan-measure is there.
 measure=$(find_bin ctxplan-measure)
 if [ -n "$measure" ]; then
   echo "=== ctxplan-measure --only links"
@@ -39,7 +41,21 @@ for run in "${run_list[@]}"; do
   set -- $run
   echo "=== ctxtrain --backend cuda $flags --context $1 --gpus $2 --steps $3 --force"
   # --force: the lent hosts' MemTotal starts low (31 GiB on x2) and grows as memory is used.
+  # TRACE=DIR: each run traced (one file a rank) and each rank's trace replayed against the plan.
+  trace=()
+  if [ -n "${TRACE:-}" ]; then
+    mkdir -p "$TRACE/$1-$2"
+    trace=(--trace "$TRACE/$1-$2/run.ctxtrace")
+  fi
   timeout 590 "$ctxtrain" --backend cuda $flags --context "$1" --gpus "$2" --steps "$3" --force \
-    2>&1 | grep -E "tokens/s|a step|start-up|memory|rank [0-9]|rror"
-  "$ctxplan" plan $flags --context "$1" --gpus "$2" | grep -E "^Step|allocated|Pinned"
+    "${trace[@]}" 2>&1 | grep -E "tokens/s|a step|start-up|memory|rank [0-9]|rror"
+  "$ctxplan" plan $flags --context "$1" --gpus "$2" | grep -E "^Step|allocated|Pinned|host links"
+  if [ -n "${TRACE:-}" ]; then
+    for f in "$TRACE/$1-$2"/*.ctxtrace; do
+      [ -f "$f" ] || continue
+      echo "=== ctxplan replay $f"
+      timeout 120 "$ctxplan" replay "$f" > "${f%.ctxtrace}.replay.txt" 2>&1
+      head -12 "${f%.ctxtrace}.replay.txt"
+    done
+  fi
 done
