@@ -375,18 +375,25 @@ TEST(CliTest, ValidFixtureModelLoads) {
   EXPECT_NE(r.out.find("test-model"), std::string::npos);
 }
 
+// `ctxplan plan` of the default model at 1M on `machine` (the analytic path) with `extra`
+// flags; its standard output, the exit code checked.
+std::string PlanAt1M(const ScratchDir& dir, const std::string& machine,
+                     const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"plan", "--machine", machine,   "--context",
+                                   "1M",   "--path",    "analytic"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const RunResult r = RunCtxplan(args, dir.path());
+  EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
+  return r.out;
+}
+
 // A plan over several GPUs of a machine whose host links were never measured says so: each GPU
 // is taken at its link's rates alone, which the one host measured did not give them. One GPU,
 // or offload off, says nothing; --json carries it.
 TEST(CliTest, PlanSaysWhenTheHostLinksAreUnmeasured) {
   ScratchDir dir;
-  auto plan = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"plan", "--machine", "h200-x4", "--context",
-                                     "1M",   "--path",    "analytic"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const RunResult r = RunCtxplan(args, dir.path());
-    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
-    return r.out;
+  auto plan = [&](const std::vector<std::string>& extra) {
+    return PlanAt1M(dir, "h200-x4", extra);
   };
   const std::string four = plan({"--gpus", "4"});
   EXPECT_NE(four.find("host links: not measured on h200-x4: each of the 4 GPUs copying at once is "
@@ -406,13 +413,8 @@ TEST(CliTest, PlanSaysWhenTheHostLinksAreUnmeasured) {
 // while the others copy (the step time includes it); one GPU, or offload off, says nothing.
 TEST(CliTest, PlanSaysWhenTheGpusShareTheHostLinks) {
   ScratchDir dir;
-  auto plan = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"plan", "--machine", "h100-x4", "--context",
-                                     "1M",   "--path",    "analytic"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const RunResult r = RunCtxplan(args, dir.path());
-    EXPECT_EQ(r.exit_code, 0) << Describe(args, r);
-    return r.out;
+  auto plan = [&](const std::vector<std::string>& extra) {
+    return PlanAt1M(dir, "h100-x4", extra);
   };
   const std::string four = plan({"--gpus", "4"});
   EXPECT_NE(four.find("host links: the 4 GPUs of a machine copy at once and share 160.4 GB/s up "
