@@ -669,9 +669,10 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
           }
           BulkWait<0>();  // the reduces done before the block's shared memory goes
         } else if (kGather && warp == 10 && gathered) {
-          // The dKV rows the block adds into at its end, brought into the L2 now: its atomics
-          // then find them there (from memory they took ~12% of a gathered launch,
-          // kernels/PERF.md). A row of K and one of V a key, the keys over the warp's lanes.
+          // The dKV rows the block adds into at its end, brought into the L2 now, so that its
+          // atomics find them there: 1.01-1.02x (the atomics take ~12% of a gathered launch,
+          // mostly not for their misses, kernels/PERF.md). A row of K and one of V a key, the
+          // keys over the warp's lanes.
           const int64_t elem = prm.dkv_f32 ? 4 : 2;
           const uint32_t row_bytes = static_cast<uint32_t>(HD * elem);
           const char* pool = static_cast<const char*>(prm.dkv_pool);
