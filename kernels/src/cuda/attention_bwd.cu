@@ -677,10 +677,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
           const uint32_t row_bytes = static_cast<uint32_t>(HD * elem);
           const char* pool = static_cast<const char*>(prm.dkv_pool);
           for (int r = lane; r < BN && kb0 + r < region_end; r += 32) {
-            const int kidx = kb0 + r;
-            const int pgi = EarlierPage(prm, block.gathered, kidx);
-            const int64_t kofs =
-                __ldg(prm.dkv_slot + pgi) * prm.page_elems + (kidx % prm.p) * kv_row + hkv * HD;
+            const int64_t kofs = DkvPoolRow(prm, block.gathered, kb0 + r, hkv, kv_row, HD);
             BulkPrefetchL2(pool + kofs * elem, row_bytes);
             BulkPrefetchL2(pool + (kofs + prm.p * kv_row) * elem, row_bytes);
           }
@@ -1020,9 +1017,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     } else if (!earlier) {
       StoreOwnRow<HD / 8>(prm, kidx, kv_head * HD + 2 * tq, dk_pair, dv_pair);
     } else {
-      const int pgi = EarlierPage(prm, block.gathered, kidx), off = kidx % prm.p;
-      const int64_t slot = __ldg(prm.dkv_slot + pgi);
-      const int64_t kofs = slot * prm.page_elems + off * kv_row + kv_head * HD + 2 * tq;
+      const int64_t kofs = DkvPoolRow(prm, block.gathered, kidx, kv_head, kv_row, HD) + 2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
       if (gathered) {
         if (prm.dkv_f32) {

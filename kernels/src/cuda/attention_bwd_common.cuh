@@ -146,6 +146,14 @@ __device__ __forceinline__ int EarlierPage(const BwdParams& prm, const int32_t* 
   return gathered != nullptr ? __ldg(gathered + kidx / prm.p) : kidx / prm.p;
 }
 
+// Where key kidx's dK row of KV head kv_head starts in the dKV pool (elements; kv_row = H_kv d_h);
+// its dV row is p * kv_row further, in the same page slot.
+__device__ __forceinline__ int64_t DkvPoolRow(const BwdParams& prm, const int32_t* gathered,
+                                              int kidx, int kv_head, int64_t kv_row, int head_dim) {
+  const int64_t slot = __ldg(prm.dkv_slot + EarlierPage(prm, gathered, kidx));
+  return slot * prm.page_elems + (kidx % prm.p) * kv_row + kv_head * head_dim;
+}
+
 // K and V rows of a key block into shared memory (cp.async, once per block): the own positions
 // from k_own / v_own, earlier ones through the page table (gathered: the tile's selected
 // positions); rows past the region or on pages no tile of the block selected are zero-filled.
