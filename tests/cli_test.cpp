@@ -393,10 +393,10 @@ std::string PlanAt1M(const ScratchDir& dir, const std::string& machine,
 TEST(CliTest, PlanSaysWhenTheHostLinksAreUnmeasured) {
   ScratchDir dir;
   auto plan = [&](const std::vector<std::string>& extra) {
-    return PlanAt1M(dir, "h200-x4", extra);
+    return PlanAt1M(dir, "h200-x8", extra);
   };
   const std::string four = plan({"--gpus", "4"});
-  EXPECT_NE(four.find("host links: not measured on h200-x4: each of the 4 GPUs copying at once is "
+  EXPECT_NE(four.find("host links: not measured on h200-x8: each of the 4 GPUs copying at once is "
                       "taken at "),
             std::string::npos)
       << four;

@@ -301,10 +301,13 @@ TEST(Catalog, Machines) {
   EXPECT_DOUBLE_EQ(m.host_memory_gbs, 50);  // measured: host AdamW at 7B
   EXPECT_EQ(LoadMachine("h200-512g").host_ram_bytes, 512 * kGiB);
   EXPECT_EQ(LoadMachine("h100-125g").gpu.name, "h100-sxm");
-  // The host links measured on the lent four-GPU H100 host; a machine that names none has 0.
+  // The host links measured on the lent four-GPU H100 and H200 hosts; a machine that names none
+  // has 0.
   EXPECT_DOUBLE_EQ(LoadMachine("h100-x4").host_links_h2d_gbs, 160.4);
   EXPECT_DOUBLE_EQ(LoadMachine("h100-x4").host_links_d2h_gbs, 120.1);
-  EXPECT_DOUBLE_EQ(LoadMachine("h200-x4").host_links_h2d_gbs, 0);
+  EXPECT_DOUBLE_EQ(LoadMachine("h200-x4").host_links_h2d_gbs, 169.3);
+  EXPECT_DOUBLE_EQ(LoadMachine("h200-x4").host_links_d2h_gbs, 133.8);
+  EXPECT_DOUBLE_EQ(LoadMachine("h200-x8").host_links_h2d_gbs, 0);
 
   const MachineSpec custom = MakeMachine(LoadGpu("h200"), ParseBytes("125GiB", "--host-ram"));
   EXPECT_EQ(custom.name, "h200+125GiB");
