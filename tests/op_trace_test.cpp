@@ -13,6 +13,7 @@
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/plan/run_metadata.h"
+#include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/replay.h"
 #include "ctxplan/sim/trace_recorder.h"
 #include "ctxplan/traces/op_trace.h"
@@ -245,7 +246,8 @@ namespace {
 // Unions recorded as the plan expects them compare equal, and read as independent draws; smaller
 // ones (tiles overlapping more) as fewer independent tiles.
 // A pipelined run writes one trace a GPU, each of its own rank's ops and memory: replay compares
-// it with that rank's ops and that GPU's predicted peak (the other GPU's ops are not missing).
+// it with that rank's ops, that GPU's predicted peak and that GPU's own share of the host's
+// pinned memory (not the machine's sum over its GPUs; the other GPU's ops are not missing).
 TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
   const ModelSpec model = LoadModel("qwen2.5-7b");
   const MachineSpec machine = LoadMachine("h200-x2");
@@ -266,6 +268,17 @@ TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
   const OpTrace both = ReadOpTrace(path);
   const sim::StepPrediction prediction = sim::EventSimulator(time_model).Run(plan);
   ASSERT_EQ(prediction.gpu_peak_by_rank.size(), 2u);
+  ASSERT_EQ(prediction.host_peak_by_rank.size(), 2u);
+  // Both GPUs pin pages on one host: each share is part of the machine's peak, and together they
+  // hold at least it (their peaks need not fall at one moment). The analytic path agrees.
+  for (const int64_t share : prediction.host_peak_by_rank) {
+    EXPECT_GT(share, 0);
+    EXPECT_LT(share, prediction.host.peak_bytes);
+  }
+  EXPECT_GE(prediction.host_peak_by_rank[0] + prediction.host_peak_by_rank[1],
+            prediction.host.peak_bytes);
+  EXPECT_EQ(sim::AnalyticModel(time_model).Predict(plan.geometry()).host_peak_by_rank,
+            prediction.host_peak_by_rank);
   uint64_t ops_of_rank[2] = {0, 0};
   std::vector<int32_t> rank_of;
   auto ops = plan.Ops();
@@ -285,6 +298,7 @@ TEST_F(OpTraceTest, ReplayOfOneRankOfAPipelinedPlan) {
     EXPECT_EQ(r.plan_ops, ops_of_rank[rank]) << rank;
     EXPECT_EQ(r.traced_ops, r.plan_ops) << rank;
     EXPECT_EQ(r.predicted_gpu_peak, prediction.gpu_peak_by_rank[static_cast<size_t>(rank)]);
+    EXPECT_EQ(r.predicted_host_peak, prediction.host_peak_by_rank[static_cast<size_t>(rank)]);
     for (const sim::KindComparison& k : r.by_kind)
       EXPECT_NEAR(k.measured_seconds, k.predicted_seconds, 1e-9 * k.count + 1e-9);
   }

@@ -599,6 +599,7 @@ MemoryPrediction AnalyticModel::PredictMemory(const PlanGeometry& g, int gpus_pe
   for (int32_t r = 0; r < g.stages(); ++r) {
     const MemoryPrediction stage = StageMemory(g, r);
     p.gpu_peak_by_stage.push_back(stage.gpu.peak_bytes);
+    p.host_peak_by_stage.push_back(stage.host.peak_bytes);
     if (stage.gpu.peak_bytes >= p.gpu.peak_bytes) p.gpu = stage.gpu;
     machine.peak_bytes += stage.host.peak_bytes;
     machine.end_bytes += stage.host.end_bytes;
@@ -627,6 +628,7 @@ StepPrediction WithMemory(const MemoryPrediction& memory) {
   result.gpu = memory.gpu;
   result.host = memory.host;
   result.gpu_peak_by_rank = memory.gpu_peak_by_stage;
+  result.host_peak_by_rank = memory.host_peak_by_stage;
   return result;
 }
 }  // namespace
@@ -713,10 +715,12 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
 
   const MemoryPeak gpu = result.gpu, host = result.host;
   const std::vector<int64_t> by_rank = result.gpu_peak_by_rank;
+  const std::vector<int64_t> host_by_rank = result.host_peak_by_rank;
   result = StepPrediction{};
   result.gpu = gpu;
   result.host = host;
   result.gpu_peak_by_rank = by_rank;
+  result.host_peak_by_rank = host_by_rank;
   result.sm_clock_fraction = time_model.clock_fraction();
   const ModelSpec& m = g.model();
   const RunOptions& o = g.options();

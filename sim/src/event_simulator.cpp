@@ -52,14 +52,17 @@ class Engine {
         streams_(static_cast<size_t>(ranks_ * kStreamCount)),
         gpu_memory_(static_cast<size_t>(ranks_)),
         host_memory_(static_cast<size_t>((ranks_ + gpus_per_machine_ - 1) / gpus_per_machine_)),
+        host_by_rank_(static_cast<size_t>(ranks_)),
         done_id_(kCompletionRing, kNoOp),
         done_at_(kCompletionRing, 0) {
     // The host page stores each rank pins up front (PlanGeometry::host_store_pages).
     const PlanGeometry& g = plan.geometry();
     for (int32_t r = 0; r < ranks_; ++r) {
-      MemoryTracker& host = host_memory_[static_cast<size_t>(r / gpus_per_machine_)];
-      host.Reserve(MemCategory::kKvPages, g.kv_host_store_bytes(r));
-      host.Reserve(MemCategory::kDkvPages, g.dkv_host_store_bytes(r));
+      for (MemoryTracker* host : {&host_memory_[static_cast<size_t>(r / gpus_per_machine_)],
+                                  &host_by_rank_[static_cast<size_t>(r)]}) {
+        host->Reserve(MemCategory::kKvPages, g.kv_host_store_bytes(r));
+        host->Reserve(MemCategory::kDkvPages, g.dkv_host_store_bytes(r));
+      }
     }
     for (size_t i = 0; i < streams_.size(); ++i) {
       streams_[i].engine = this;
@@ -89,6 +92,7 @@ class Engine {
     largest(gpu_memory_, result_.gpu);
     largest(host_memory_, result_.host);
     for (const MemoryTracker& m : gpu_memory_) result_.gpu_peak_by_rank.push_back(m.peak());
+    for (const MemoryTracker& m : host_by_rank_) result_.host_peak_by_rank.push_back(m.peak());
     return result_;
   }
 
@@ -144,6 +148,9 @@ class Engine {
                 ? gpu_memory_[static_cast<size_t>(op.rank)]
                 : host_memory_[static_cast<size_t>(op.rank / gpus_per_machine_)];
         memory.Apply(op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
+        if (op.space != MemSpace::kGpu)
+          host_by_rank_[static_cast<size_t>(op.rank)].Apply(
+              op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
         if (observer_)
           observer_->OnMemory(op.space,
                               op.space == MemSpace::kGpu ? op.rank : op.rank / gpus_per_machine_,
@@ -169,9 +176,10 @@ class Engine {
   EventQueue queue_;
   int ranks_;
   int gpus_per_machine_;
-  std::vector<StreamState> streams_;        // [rank][stream]
-  std::vector<MemoryTracker> gpu_memory_;   // [rank]
-  std::vector<MemoryTracker> host_memory_;  // [machine]
+  std::vector<StreamState> streams_;         // [rank][stream]
+  std::vector<MemoryTracker> gpu_memory_;    // [rank]
+  std::vector<MemoryTracker> host_memory_;   // [machine]
+  std::vector<MemoryTracker> host_by_rank_;  // [rank]: each GPU's own share of host_memory_
   std::vector<OpId> done_id_;
   std::vector<Tick> done_at_;
   size_t queued_ = 0;

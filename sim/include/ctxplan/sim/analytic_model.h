@@ -21,9 +21,10 @@ namespace ctxplan::sim {
 struct LayerCache;  // analytic_model.cpp
 
 struct MemoryPrediction {
-  MemoryPeak gpu;                          // with several GPUs, the one with the highest peak
-  MemoryPeak host;                         // with several machines, the one holding the most
-  std::vector<int64_t> gpu_peak_by_stage;  // several GPUs: each stage's peak
+  MemoryPeak gpu;                           // with several GPUs, the one with the highest peak
+  MemoryPeak host;                          // with several machines, the one holding the most
+  std::vector<int64_t> gpu_peak_by_stage;   // several GPUs: each stage's peak
+  std::vector<int64_t> host_peak_by_stage;  // and its own host memory's
 };
 
 class AnalyticModel {

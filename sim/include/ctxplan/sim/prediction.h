@@ -70,6 +70,9 @@ struct StepPrediction {
   MemoryPeak gpu;   // our arena: allocated bytes; with several GPUs the one with the highest peak
   MemoryPeak host;  // pinned host memory; with several machines the one with the most
   std::vector<int64_t> gpu_peak_by_rank;  // each GPU's arena peak (pipeline stage order)
+  // Each GPU's own share of its machine's pinned host memory at that share's peak (its page
+  // stores and staging): what one rank's trace measures (`host` is the machine's sum).
+  std::vector<int64_t> host_peak_by_rank;
   double flops = 0.0;
   double h2d_bytes = 0.0;
   double d2h_bytes = 0.0;
