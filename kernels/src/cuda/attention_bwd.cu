@@ -238,7 +238,11 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   // With a producer warpgroup: [kStages] operands-released mbarriers, then dQ-staged.
   static constexpr int kEmptyBars = (kRelease + 4 * kStages + 7) & ~7;
   static constexpr int kStagedBar = kEmptyBars + 8 * kStages;
-  static constexpr int kUnion = kPipelined ? kStagedBar + 8 : kBars;  // uint32 union, int32 count
+  // Gathered blocks: [BN] int64, where each key's dK row starts in the dKV pool (DkvPoolRow), found
+  // by the producer's idle warp at the block's start for the epilogue.
+  static constexpr int kDkvRows = kStagedBar + 8;
+  static constexpr int kUnion =
+      kPipelined ? kDkvRows + 8 * BN : kBars;  // uint32 union, int32 count
   // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
   // (a chunk of 16384 tokens page-sparse), 32-bit in the one-warpgroup kernel as it was measured.
   using TileIndex = std::conditional_t<kPipelined, uint16_t, int32_t>;
@@ -258,6 +262,9 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
 // queries of one head (unused by the one-warpgroup kernel).
 // Named barriers 3-6: item n's dS^T written by the warpgroup without its dQ (n % 4).
 constexpr int kDsReady = 3;
+// Named barrier 7 (gathered blocks beside a producer): the producer's warp 10 has found the
+// block's dKV rows (s_dkv_rows); the computing warpgroups sync on it before their epilogue.
+constexpr int kDkvRowsReady = 7;
 
 struct BwdTensorMaps {
   CUtensorMap q;
@@ -298,6 +305,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   uint32_t* s_union = reinterpret_cast<uint32_t*>(smem + L::kUnion);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L::kMask);
   int* s_count = reinterpret_cast<int*>(smem + L::kUnion + 4);
+  int64_t* s_dkv_rows = reinterpret_cast<int64_t*>(smem + L::kDkvRows);
   typename L::TileIndex* s_tiles = reinterpret_cast<typename L::TileIndex*>(s_mask + prm.sel_tiles);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -669,18 +677,21 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
           }
           BulkWait<0>();  // the reduces done before the block's shared memory goes
         } else if (kGather && warp == 10 && gathered) {
-          // The dKV rows the block adds into at its end, brought into the L2 now, so that its
-          // atomics find them there: 1.01-1.02x (the atomics take ~12% of a gathered launch,
-          // mostly not for their misses, kernels/PERF.md). A row of K and one of V a key, the
-          // keys over the warp's lanes.
+          // The dKV rows the block adds into at its end: found now for the epilogue, in
+          // s_dkv_rows (two dependent page-table reads and a division a key, which the epilogue
+          // waited out: ~4% of a gathered launch's stall samples under ncu), and brought into
+          // the L2, so that its atomics find them there (1.01-1.02x; kernels/PERF.md). A row of
+          // K and one of V a key, the keys over the warp's lanes.
           const int64_t elem = prm.dkv_f32 ? 4 : 2;
           const uint32_t row_bytes = static_cast<uint32_t>(HD * elem);
           const char* pool = static_cast<const char*>(prm.dkv_pool);
           for (int r = lane; r < BN && kb0 + r < region_end; r += 32) {
             const int64_t kofs = DkvPoolRow(prm, block.gathered, kb0 + r, hkv, kv_row, HD);
+            s_dkv_rows[r] = kofs;
             BulkPrefetchL2(pool + kofs * elem, row_bytes);
             BulkPrefetchL2(pool + (kofs + prm.p * kv_row) * elem, row_bytes);
           }
+          NamedBarrierArrive(kDkvRowsReady, kWbThreads + 32);
         }
         return;
       }
@@ -999,6 +1010,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   CpAsyncWait<0>();
 
   // --- epilogue: dK (scaled) and dV of this thread's key rows ---
+  if constexpr (kGather && kProducer) {
+    if (gathered) NamedBarrierSync(kDkvRowsReady, kWbThreads + 32);  // s_dkv_rows
+  }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     if (!key_ok[hf]) continue;
@@ -1017,7 +1031,10 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     } else if (!earlier) {
       StoreOwnRow<HD / 8>(prm, kidx, kv_head * HD + 2 * tq, dk_pair, dv_pair);
     } else {
-      const int64_t kofs = DkvPoolRow(prm, block.gathered, kidx, kv_head, kv_row, HD) + 2 * tq;
+      const int64_t kofs = (kGather && kProducer && gathered
+                                ? s_dkv_rows[kr0 + hf * 8]
+                                : DkvPoolRow(prm, block.gathered, kidx, kv_head, kv_row, HD)) +
+                           2 * tq;
       const int64_t vofs = kofs + prm.p * kv_row;
       if (gathered) {
         if (prm.dkv_f32) {
