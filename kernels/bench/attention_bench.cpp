@@ -22,7 +22,7 @@
 //             clock cancels (bound: within 10%) and, for head_dim 64, to head_dim 128's at
 //             the same chunk and page (bound: within 15%), and marks the ratios outside.
 //             --heads sets the head_dim 64 rows' heads (32x8 unless given; 28x4 compares the two
-//             head dims at one GQA group).
+//             head dims at one GQA group), or with --head-dim 128 the head_dim 128 rows'.
 //   qtile     (only with --only qtile) the page-sparse last chunk (4096 queries over 61440 earlier
 //             tokens, pages of 128, 48 pages a tile) at query tiles of 128, 256 and 512 queries a
 //             page selection, head_dim 128 (28/4) and 64 (32/8): a gathered backward block runs a
@@ -770,13 +770,14 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
 
 // Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
 // of the chunk), then the ratios outside the bounds. head_dim: only that head_dim's rows (0: both);
-// heads64: the head_dim 64 rows' (H_q, H_kv), else kSweepHeads'.
+// heads: the head_dim 64 rows' (H_q, H_kv), or with head_dim 128 the head_dim 128 rows', else
+// kSweepHeads'.
 void RunSweep(int64_t tokens, int reps, int64_t head_dim,
-              std::optional<std::pair<int64_t, int64_t>> heads64) {
+              std::optional<std::pair<int64_t, int64_t>> heads) {
   std::vector<SweepPoint> points;
   for (BenchShape s : kSweepHeads) {
     if (head_dim != 0 && s.hd != head_dim) continue;
-    if (s.hd == 64 && heads64) std::tie(s.hq, s.hkv) = *heads64;
+    if (heads && (s.hd == 64 || head_dim == 128)) std::tie(s.hq, s.hkv) = *heads;
     for (const int64_t c : kSweepChunks) {
       s.chunk = c;
       const int64_t context = tokens / c * c;
@@ -899,7 +900,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads,
                  "the full family's H_q x H_kv (GQA group H_q / H_kv); its rows are named "
                  "full_<n>k_h<H_q>x<H_kv> unless 28x4 (Qwen2.5-7B); sweep: the head_dim 64 "
-                 "rows' (32x8 unless given)")
+                 "rows' (32x8 unless given), or with --head-dim 128 the head_dim 128 rows'")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](const std::string& v) {
