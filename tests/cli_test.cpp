@@ -825,6 +825,41 @@ TEST(CliTest, PlanSaysTheHeadDimRate) {
   EXPECT_EQ(q.out.find("attention at head dim"), std::string::npos) << q.out;
 }
 
+// Page-sparse attention's backward at a small GQA group runs slower per FLOP (a gathered key
+// block serves 2 x group query items for its fixed cost): a model of one KV head a query head gets
+// the note and its rate in --json; Qwen2.5-7B (group 7) no note, a dense run rate 1.
+TEST(CliTest, PlanSaysTheSmallGroupSparseBackwardRate) {
+  ScratchDir dir;
+  dir.Write("mha.yaml", Replace(kGoodModel, "num_key_value_heads: 4", "num_key_value_heads: 28"));
+  const std::vector<std::string> mha = {"plan", "--model", (dir.path() / "mha.yaml").string(),
+                                        "--context", "64K"};
+  const auto [r, j] = RunTextAndJson(mha, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << Describe(mha, r);
+  EXPECT_NE(r.out.find("page-sparse attention backward at GQA group 1 (28 / 28 heads): "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("a gathered key block serves 2 query items"), std::string::npos) << r.out;
+  auto rate = [](const std::string& json) {
+    const std::string key = "\"attention_sparse_backward_rate_vs_group_8\":";
+    const size_t at = json.find(key);
+    EXPECT_NE(at, std::string::npos) << json;
+    return at == std::string::npos ? -1.0 : std::stod(json.substr(at + key.size()));
+  };
+  EXPECT_GT(rate(j.out), 0.1);
+  EXPECT_LT(rate(j.out), 0.5);
+  const auto [q, qj] = RunTextAndJson({"plan", "--context", "64K"}, dir.path());
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_EQ(q.out.find("GQA group"), std::string::npos) << q.out;
+  EXPECT_GT(rate(qj.out), 0.5);
+  EXPECT_LT(rate(qj.out), 1.0);
+  const auto [d, dj] = RunTextAndJson({"plan", "--model", (dir.path() / "mha.yaml").string(),
+                                       "--context", "64K", "--budget", "all"},
+                                      dir.path());
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(d.out.find("GQA group"), std::string::npos) << d.out;
+  EXPECT_EQ(rate(dj.out), 1.0);
+}
+
 // recommend names a fitting configuration and the ctxtrain command that runs it; with the GPU
 // tier, max-context reaches further than without (issue 12: Qwen2.5-7B, H200, 125 GiB).
 TEST(CliTest, RecommendAndTheGpuTier) {

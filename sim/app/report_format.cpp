@@ -119,6 +119,44 @@ std::string HeadDimRateNote(const PlanContext& c) {
          "step time includes it)\n";
 }
 
+// Page-sparse attention's backward runs slower per FLOP at a small GQA group: a gathered key block
+// serves a 128-query selection tile's two 64-query items a query head, 2 x group items for its
+// fixed cost (its keys' gather, its dK/dV atomics into the pages; kernels/PERF.md: on the H200 at
+// head dim 64 group 1 ran 0.33x group 8's rate, the profile gives 0.29x). The run's last chunk's
+// rate against the same chunk with 8 query heads a KV head; 1 for a dense run, one without
+// earlier pages, or a group of 8 and up.
+double SparseBackwardGroupRate(const PlanContext& c) {
+  const RunOptions& o = c.options;
+  const ModelSpec& m = c.model;
+  if (o.dense() || o.context_tokens <= o.chunk_tokens || m.num_key_value_heads <= 0 ||
+      m.num_attention_heads >= 8 * m.num_key_value_heads)
+    return 1.0;
+  const sim::KernelTimeModel time(c.machine);
+  auto rate = [&](const ModelSpec& model) {
+    const PlanGeometry g(model, o);
+    const OpCost cost = g.paged_attention_backward_cost(g.Chunk(g.num_chunks() - 1));
+    return cost.flops / sim::TicksToSeconds(time.Duration(cost, Phase::kBackward));
+  };
+  ModelSpec group8 = m;
+  group8.num_attention_heads = m.num_key_value_heads * 8;
+  return rate(m) / rate(group8);
+}
+
+// The note for a rate under half: a model's group is not the user's to choose, so only a cliff
+// (groups 1-2) is worth a line; --json carries the rate at every group.
+std::string GqaGroupRateNote(const PlanContext& c) {
+  const double r = SparseBackwardGroupRate(c);
+  if (r >= 0.5) return "";
+  const ModelSpec& m = c.model;
+  const int64_t group = m.num_attention_heads / m.num_key_value_heads;
+  return "  page-sparse attention backward at GQA group " + std::to_string(group) + " (" +
+         std::to_string(m.num_attention_heads) + " / " + std::to_string(m.num_key_value_heads) +
+         " heads): " + Printf("%.0f%%", 100.0 * r) +
+         " of its per-FLOP rate at group 8 on this GPU (a gathered key block serves " +
+         std::to_string(2 * group) +
+         " query items for its fixed cost; from its profile; the step time includes it)\n";
+}
+
 // The kernel changes the GPU's profile predates for these options: its kernel times are the
 // earlier kernels' there. Empty when it is up to date.
 std::vector<sim::KernelChange> PredatedChanges(const PlanContext& c) {
@@ -169,6 +207,7 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
   s += PageRateWarning(c);
   s += ProfilePredatesNote(c);
   s += HeadDimRateNote(c);
+  s += GqaGroupRateNote(c);
   s += SelectionNote(c);
   s += HostLinkNote(c);
   if (c.options.pipeline_stages > 1) {
@@ -296,6 +335,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .Field("forward", head.forward)
         .Field("backward", head.backward)
         .EndObject();
+    j.Field("attention_sparse_backward_rate_vs_group_8", SparseBackwardGroupRate(c));
     // Kernel changes the GPU's profile predates for these options (dates): empty when current.
     j.BeginArray("profile_predates_kernel_changes");
     for (const sim::KernelChange& change : PredatedChanges(c))
