@@ -73,19 +73,26 @@ CalibrationSample Row(std::string op) {
   return s;
 }
 
-// A grid like ctxplan-measure's, timed by the model with the true profile.
-CalibrationSamples MakeSamples(const GpuSpec& gpu) {
+// A grid like ctxplan-measure's, timed by the model with the true profile. sparse_heads: the
+// (H_q, H_kv, d_h) of the page-sparse rows (Qwen2.5-7B's unless given).
+struct SparseHeads {
+  int64_t heads, kv_heads, head_dim;
+};
+CalibrationSamples MakeSamples(const GpuSpec& gpu,
+                               const KernelProfile& truth_profile = TruthProfile(),
+                               const std::vector<SparseHeads>& sparse_heads = {{28, 4, 128}}) {
   MachineSpec machine;
   machine.gpu = gpu;
   machine.host_ram_bytes = 1;
   machine.host_memory_gbs = 100;
-  const KernelTimeModel truth(machine, TruthProfile());
+  const KernelTimeModel truth(machine, truth_profile);
   CalibrationSamples out;
   out.header = {{"gpu_name", "Test GPU"},
                 {"driver", "1.0"},
                 {"date", "2026-11-24"},
                 {"commit", "abc"},
                 {"l2_bytes", "52428800"}};
+  if (truth_profile.sparse_bwd_gathered) out.header["sparse_bwd"] = "gathered";
   auto add = [&](CalibrationSample s, const OpCost& cost, Phase phase = Phase::kFill) {
     s.seconds = truth.Seconds(cost, phase);
     out.rows.push_back(s);
@@ -192,26 +199,28 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu) {
         out.rows.push_back(s);
       }
     }
-    for (const auto& [p, budget] : std::vector<std::pair<int64_t, int64_t>>{
-             {128, 16}, {128, 64}, {128, 128}, {64, 16}, {64, 64}}) {
-      CalibrationSample s = Row(op);
-      const int64_t t = 4096, pages = 65536 / p, per_tile = budget + 1;
-      s.m = t, s.heads = 28, s.kv_heads = 4, s.head_dim = 128, s.grad_bytes = 2;
-      s.page_tokens = p, s.pages = pages, s.pages_per_tile = per_tile;
-      const double own = t * (t + 1.0) / 2.0, paged = t * static_cast<double>(per_tile * p);
-      const int64_t read = 32 * per_tile * p;
-      OpCost a = backward ? AttentionBackwardCost(own, t, t, 28, 512, 128, 2)
-                          : AttentionForwardCost(own, t, t, 28, 512, 128);
-      a.shape.merged = true;
-      // The pages some tile selects, expected over random selections (as the fit assumes).
-      const int64_t union_pages =
-          std::llround(pages * (1.0 - std::pow(1.0 - static_cast<double>(per_tile) / pages, 32.0)));
-      const OpCost b = backward ? AttentionBackwardCost(paged, t, read, 28, 512, 128, 2, true, p,
-                                                        per_tile, union_pages)
-                                : AttentionForwardCost(paged, t, read, 28, 512, 128, true, p,
-                                                       per_tile, union_pages);
-      s.seconds = truth.Seconds(a, phase) + truth.Seconds(b, phase) - 3.0e-6;
-      out.rows.push_back(s);
+    for (const auto& [hq, hkv, d] : sparse_heads) {
+      for (const auto& [p, budget] : std::vector<std::pair<int64_t, int64_t>>{
+               {128, 16}, {128, 64}, {128, 128}, {64, 16}, {64, 64}}) {
+        CalibrationSample s = Row(op);
+        const int64_t t = 4096, pages = 65536 / p, per_tile = budget + 1, kv_dim = hkv * d;
+        s.m = t, s.heads = hq, s.kv_heads = hkv, s.head_dim = d, s.grad_bytes = 2;
+        s.page_tokens = p, s.pages = pages, s.pages_per_tile = per_tile;
+        const double own = t * (t + 1.0) / 2.0, paged = t * static_cast<double>(per_tile * p);
+        const int64_t read = 32 * per_tile * p;
+        OpCost a = backward ? AttentionBackwardCost(own, t, t, hq, kv_dim, d, 2)
+                            : AttentionForwardCost(own, t, t, hq, kv_dim, d);
+        a.shape.merged = true;
+        // The pages some tile selects, expected over random selections (as the fit assumes).
+        const int64_t union_pages = std::llround(
+            pages * (1.0 - std::pow(1.0 - static_cast<double>(per_tile) / pages, 32.0)));
+        const OpCost b = backward ? AttentionBackwardCost(paged, t, read, hq, kv_dim, d, 2, true, p,
+                                                          per_tile, union_pages)
+                                  : AttentionForwardCost(paged, t, read, hq, kv_dim, d, true, p,
+                                                         per_tile, union_pages);
+        s.seconds = truth.Seconds(a, phase) + truth.Seconds(b, phase) - 3.0e-6;
+        out.rows.push_back(s);
+      }
     }
   }
   // LoRA adapters of a fused linear: rows m tokens, n outputs, k input, heads projections,
@@ -363,6 +372,30 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(loaded.kernels.page_score_ns_per_tile_element, k.page_score_ns_per_tile_element,
               1e-9);
   EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
+}
+
+// A gathered page-sparse backward block's fixed cost is told apart from the per-pair rate where
+// the sparse rows hold two GQA groups (items a block: 2 x group), at each head dim apart: head dim
+// 64's is fitted on its own where its rows hold two groups, and left to the shared one else.
+TEST(Calibration, GatheredBlockCostOfEachHeadDim) {
+  const GpuSpec gpu = LoadGpu("h200");
+  KernelProfile truth = TruthProfile();
+  truth.sparse_bwd_gathered = true;
+  truth.attention_bwd_gathered_item_us = 12.0;
+  truth.attention_bwd_gathered_item_us_d64 = 20.0;
+  const std::vector<SparseHeads> two_groups = {
+      {28, 4, 128}, {32, 8, 128}, {32, 8, 64}, {28, 4, 64}};
+  const KernelProfile k =
+      FitCalibration(MakeSamples(gpu, truth, two_groups), gpu, "s.csv").gpu.kernels;
+  EXPECT_TRUE(k.sparse_bwd_gathered);
+  EXPECT_NEAR(k.attention_bwd_gathered_item_us, 12.0, 0.51);
+  EXPECT_NEAR(k.attention_bwd_gathered_item_us_d64, 20.0, 0.51);
+  // Head dim 64 at one group (the grids before 2026-11-28): the shared cost alone.
+  const std::vector<SparseHeads> one_group = {{28, 4, 128}, {32, 8, 128}, {32, 8, 64}};
+  const KernelProfile one =
+      FitCalibration(MakeSamples(gpu, truth, one_group), gpu, "s.csv").gpu.kernels;
+  EXPECT_EQ(one.attention_bwd_gathered_item_us_d64, 0.0);
+  EXPECT_GT(one.attention_bwd_gathered_item_us, 0.0);
 }
 
 // The catalogue's calibrated profiles are what `ctxplan calibrate` fits from the samples committed

@@ -628,6 +628,29 @@ TEST(KernelTimeModel, GatheredSparseBackwardBlocks) {
   EXPECT_NEAR(seconds(costly, 128) - p128, blocks * 10e-6 / sms, 0.1 * blocks * 10e-6 / sms);
 }
 
+// Head dim 64's own gathered block cost, where the profile fitted one: each of the 8 KV heads x
+// 32 tiles x 48 groups of a Llama-3.2-1B-like chunk pays it; head dim 128's launch keeps the
+// shared cost.
+TEST(KernelTimeModel, GatheredBlockCostOfHeadDim64) {
+  MachineSpec shared = H200();
+  shared.gpu.kernels.sparse_bwd_gathered = true;
+  shared.gpu.kernels.attention_bwd_gathered_item_us = 10.0;
+  shared.gpu.kernels.attention_bwd_gathered_item_us_d64 = 0.0;
+  MachineSpec own = shared;
+  own.gpu.kernels.attention_bwd_gathered_item_us_d64 = 30.0;
+  auto seconds = [](const MachineSpec& m, int64_t hq, int64_t hkv, int64_t d) {
+    const int64_t earlier = 61440, attended = 6144;
+    const OpCost cost =
+        AttentionBackwardCost(4096.0 * attended + 4096.0 * 4097 / 2, 4096, earlier, hq, hkv * d, d,
+                              2, true, 128, attended / 128, earlier / 128);
+    return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kBackward));
+  };
+  EXPECT_EQ(seconds(own, 28, 4, 128), seconds(shared, 28, 4, 128));
+  const double blocks = 8.0 * 32 * 48, sms = shared.gpu.sm_count;
+  const double more = seconds(own, 32, 8, 64) - seconds(shared, 32, 8, 64);
+  EXPECT_NEAR(more, blocks * 20e-6 / sms, 0.1 * blocks * 20e-6 / sms);
+}
+
 // The backward's own key blocks one a query head (a profile of the kernels that split them, at
 // chunks whose GQA group of queries outgrows the L2, and at a first chunk's own-only launch from
 // 4096 tokens): a chunk of 8192 at 28 / 4 heads has 64 x 28 blocks, not 64 x 4 of seven times

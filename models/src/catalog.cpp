@@ -525,6 +525,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_bwd_gathered",
                    "own_bwd_split",
                    "attention_bwd_gathered_item_us",
+                   "attention_bwd_gathered_item_us_d64",
                    "attention_bwd_own_item_us",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
@@ -610,6 +611,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.own_bwd_split = f.OptionalBool("own_bwd_split").value_or(false);
   k.attention_bwd_gathered_item_us =
       f.OptionalNumber("attention_bwd_gathered_item_us", kFixedCostLimit).value_or(0.0);
+  k.attention_bwd_gathered_item_us_d64 =
+      f.OptionalNumber("attention_bwd_gathered_item_us_d64", kFixedCostLimit).value_or(0.0);
   k.attention_bwd_own_item_us =
       f.OptionalNumber("attention_bwd_own_item_us", kFixedCostLimit).value_or(0.0);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});

@@ -37,6 +37,7 @@ struct Heads {
 constexpr Heads kQwen7b{28, 4, 128};   // Qwen2.5-7B
 constexpr Heads kLlama8b{32, 8, 128};  // Llama-3-8B
 constexpr Heads kHeadDim64{32, 8, 64};
+constexpr Heads kHeadDim64Group7{28, 4, 64};  // page-sparse rows only: d_h 64's second GQA group
 const std::vector<Heads> kAllHeads = {kQwen7b, kLlama8b, kHeadDim64};
 
 // a) the chunk's own positions only
@@ -116,6 +117,9 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
       // A GQA group of 4 at head dim 128: a gathered backward block serves 8 items where
       // Qwen2.5-7B's serves 14 (its Llama-3.1-8B trace's backward read x0.80 without these rows).
       paged(kChunkTokens, kLlama8b, kDefaultPage, kSparseEarlier, k);
+      // And a group of 7 at head dim 64, beside its group of 4 (kHeadDim64): with one group the
+      // H200's profile put group 8's page-sparse backward 12-20% above what it ran.
+      paged(kChunkTokens, kHeadDim64Group7, kDefaultPage, kSparseEarlier, k);
     }
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);

@@ -949,18 +949,28 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       const double overall = backward ? k.sparse_bwd_efficiency : k.sparse_fwd_efficiency;
       for (const bool d64 : {false, true}) fit_page_table(d64, true, sparse, overall);
     };
-    // GQA groups among the backward's sparse rows at head dim 128: two tell a gathered block's
-    // fixed cost apart from the per-pair rate (samples before c15c0e7's grid hold one).
-    std::set<int64_t> groups;
-    if (backward && k.sparse_bwd_gathered)
-      for (const CalibrationSample* s : sparse)
-        if (s->head_dim == 128 && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
-    if (groups.size() >= 2) {
+    // GQA groups among the backward's sparse rows at a head dim: two tell a gathered block's
+    // fixed cost apart from the per-pair rate (samples before c15c0e7's grid hold one at head dim
+    // 128, before 2026-11-28's one at head dim 64).
+    auto groups_at = [&](int64_t head_dim) {
+      std::set<int64_t> groups;
+      if (backward && k.sparse_bwd_gathered)
+        for (const CalibrationSample* s : sparse)
+          if (s->head_dim == head_dim && s->kv_heads > 0) groups.insert(s->heads / s->kv_heads);
+      return groups.size();
+    };
+    if (groups_at(128) >= 2) {
       // Gathered blocks: their own fixed cost, with the fractions that explain the sparse rows.
       fit_fixed_cost(&KernelProfile::attention_bwd_gathered_item_us, kGatheredItemUsMax, fit_sparse,
                      sparse);
     } else {
       fit_sparse();
+    }
+    if (groups_at(64) >= 2) {
+      // Then head dim 64's own, the fractions refitted with each candidate (their overall median
+      // is both head dims': judged on every sparse row).
+      fit_fixed_cost(&KernelProfile::attention_bwd_gathered_item_us_d64, kGatheredItemUsMax,
+                     fit_sparse, sparse);
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
@@ -1126,6 +1136,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   if (k.own_bwd_split) o << "  own_bwd_split: true\n";
   if (k.attention_bwd_gathered_item_us > 0)
     o << "  attention_bwd_gathered_item_us: " << k.attention_bwd_gathered_item_us << "\n";
+  if (k.attention_bwd_gathered_item_us_d64 > 0)
+    o << "  attention_bwd_gathered_item_us_d64: " << k.attention_bwd_gathered_item_us_d64 << "\n";
   if (k.attention_bwd_own_item_us > 0)
     o << "  attention_bwd_own_item_us: " << k.attention_bwd_own_item_us << "\n";
   if (!k.sparse_fwd_page_efficiency.empty())

@@ -255,8 +255,10 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   if (sparse && k.sparse_bwd_gathered) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
-    const double block_item =
-        k.attention_bwd_gathered_item_us > 0 ? k.attention_bwd_gathered_item_us * 1e-6 : item;
+    const double gathered_us = d64 && k.attention_bwd_gathered_item_us_d64 > 0
+                                   ? k.attention_bwd_gathered_item_us_d64
+                                   : k.attention_bwd_gathered_item_us;
+    const double block_item = gathered_us > 0 ? gathered_us * 1e-6 : item;
     const double items = kv_heads * q_blocks * std::ceil(tile_blocks);
     const double work =
         own_work + items * block_item + kv_heads * group * q_blocks * tile_blocks * paged_block;

@@ -92,6 +92,10 @@ struct KernelProfile {
   // atomics, its few items' pipeline filled), fitted on the page-sparse rows; 0: the backward's
   // item cost. A GQA group of 4 gives a block 8 items where 7 gives 14, so this cost shows there.
   double attention_bwd_gathered_item_us = 0;
+  // Head dim 64's, fitted where its page-sparse rows hold two GQA groups; 0: the one above. (At
+  // one group its block cost and per-pair rate are not told apart: the H200's profile put group
+  // 8's rate 12-20% above what it ran, kernels/PERF.md.)
+  double attention_bwd_gathered_item_us_d64 = 0;
   // The backward's items over a chunk's own positions (a launch started heaviest first; split own
   // blocks add their dK/dV by fp32 atomics), fitted on the own-only launches; 0: the backward's
   // item cost, which is then fitted there too.
