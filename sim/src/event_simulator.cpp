@@ -147,10 +147,10 @@ class Engine {
             op.space == MemSpace::kGpu
                 ? gpu_memory_[static_cast<size_t>(op.rank)]
                 : host_memory_[static_cast<size_t>(op.rank / gpus_per_machine_)];
-        memory.Apply(op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
+        const int64_t delta = op.kind == OpKind::kAlloc ? op.bytes : -op.bytes;
+        memory.Apply(op.category, delta);
         if (op.space != MemSpace::kGpu)
-          host_by_rank_[static_cast<size_t>(op.rank)].Apply(
-              op.category, op.kind == OpKind::kAlloc ? op.bytes : -op.bytes);
+          host_by_rank_[static_cast<size_t>(op.rank)].Apply(op.category, delta);
         if (observer_)
           observer_->OnMemory(op.space,
                               op.space == MemSpace::kGpu ? op.rank : op.rank / gpus_per_machine_,
