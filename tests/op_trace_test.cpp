@@ -210,6 +210,37 @@ TEST_F(OpTraceTest, ReplayOfAPredictionMatchesItself) {
   EXPECT_EQ(copies.size(), 2u);
   EXPECT_GT(h2d_bytes[Phase::kBackward], h2d_bytes[Phase::kRecompute]);
   EXPECT_GT(h2d_bytes[Phase::kRecompute], 0.0);
+  // The compute stream's waits: the same in the trace as in the plan, gap by gap (this plan's
+  // offloaded copies leave the stream some).
+  EXPECT_GT(r.predicted_compute_idle_seconds, 0.0);
+  EXPECT_NEAR(r.measured_compute_idle_seconds, r.predicted_compute_idle_seconds, 1e-6);
+  ASSERT_FALSE(r.compute_idle.empty());
+  for (const sim::IdleComparison& g : r.compute_idle) {
+    EXPECT_EQ(g.measured_count, g.predicted_count);
+    EXPECT_NEAR(g.measured_seconds, g.predicted_seconds, 1e-9 * g.measured_count + 1e-9);
+  }
+  // Every compute op from the middle one on 1 ms later: one more wait of 1 ms, charged to that
+  // op's phase and kind after the op before it.
+  OpTrace late = trace;
+  std::vector<OpRecord*> compute;
+  for (OpRecord& m : late.ops)
+    if (m.stream == static_cast<uint8_t>(Stream::kCompute)) compute.push_back(&m);
+  std::sort(compute.begin(), compute.end(),
+            [](const OpRecord* a, const OpRecord* b) { return a->start_ns < b->start_ns; });
+  const size_t k = compute.size() / 2;
+  for (size_t i = k; i < compute.size(); ++i) {
+    compute[i]->start_ns += 1'000'000;
+    compute[i]->end_ns += 1'000'000;
+  }
+  const sim::ReplayResult shifted = sim::Replay(late, plan, time_model, "t");
+  EXPECT_NEAR(shifted.measured_compute_idle_seconds, r.measured_compute_idle_seconds + 1e-3, 1e-6);
+  bool charged = false;
+  for (const sim::IdleComparison& g : shifted.compute_idle)
+    if (g.phase == static_cast<Phase>(compute[k]->phase) &&
+        g.after == static_cast<OpKind>(compute[k]->kind) &&
+        g.before == static_cast<OpKind>(compute[k - 1]->kind))
+      charged = g.measured_seconds >= g.predicted_seconds + 1e-3 - 1e-6;
+  EXPECT_TRUE(charged);
 
   // A slower machine predicts the same ops slower.
   const sim::KernelTimeModel slower(LoadMachine("h100-125g"));

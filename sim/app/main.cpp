@@ -571,6 +571,21 @@ int RunReplay(ReplayFlags f) {
             .EndObject();
       j.EndArray();
     }
+    j.BeginObject("compute_idle")
+        .Field("measured_seconds", r.measured_compute_idle_seconds)
+        .Field("predicted_seconds", r.predicted_compute_idle_seconds);
+    j.BeginArray("waits");
+    for (const sim::IdleComparison& g : r.compute_idle)
+      j.BeginObject()
+          .Field("phase", PhaseName(g.phase))
+          .Field("waited_for", OpKindName(g.after))
+          .Field("after", OpKindName(g.before))
+          .Field("measured_count", g.measured_count)
+          .Field("measured_seconds", g.measured_seconds)
+          .Field("predicted_count", g.predicted_count)
+          .Field("predicted_seconds", g.predicted_seconds)
+          .EndObject();
+    j.EndArray().EndObject();
     j.BeginArray("worst_ops");
     for (const sim::OpComparison& c : r.worst)
       j.BeginObject()
@@ -674,6 +689,23 @@ int RunReplay(ReplayFlags f) {
                     static_cast<long long>(c.count), c.measured_seconds * 1e3 / n,
                     c.predicted_seconds * 1e3 / n,
                     c.predicted_seconds > 0 ? c.measured_seconds / c.predicted_seconds : 0.0);
+      s += line;
+    }
+  }
+  if (r.measured_compute_idle_seconds > 0 || r.predicted_compute_idle_seconds > 0) {
+    std::snprintf(line, sizeof line,
+                  "compute stream idle between its ops: measured %.3f s, predicted %.3f s; the "
+                  "largest waits (phase: the op waited for, after which op)\n",
+                  r.measured_compute_idle_seconds, r.predicted_compute_idle_seconds);
+    s += line;
+    s += "  phase      waited for          after                  count    measured s   "
+         "count   predicted s\n";
+    for (const sim::IdleComparison& g : r.compute_idle) {
+      std::snprintf(
+          line, sizeof line, "  %-10s %-19s %-19s %8lld %13.6f %7lld %13.6f\n",
+          std::string(PhaseName(g.phase)).c_str(), std::string(OpKindName(g.after)).c_str(),
+          std::string(OpKindName(g.before)).c_str(), static_cast<long long>(g.measured_count),
+          g.measured_seconds, static_cast<long long>(g.predicted_count), g.predicted_seconds);
       s += line;
     }
   }

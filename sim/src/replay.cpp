@@ -44,6 +44,37 @@ double Seconds(int64_t ns) {
   return static_cast<double>(ns) * 1e-9;
 }
 
+// An op on the compute stream: its span in seconds, its phase and kind.
+struct StreamSpan {
+  double start, end;
+  Phase phase;
+  OpKind kind;
+};
+
+// The gaps between a stream's ops in the union of their spans (ops may overlap: kernels launched
+// with programmatic dependent launch, records of one launch), each given to charge(phase, before,
+// after, seconds); returns their sum.
+template <typename Charge>
+double StreamIdle(std::vector<StreamSpan> spans, Charge charge) {
+  if (spans.empty()) return 0.0;
+  std::sort(spans.begin(), spans.end(),
+            [](const StreamSpan& a, const StreamSpan& b) { return a.start < b.start; });
+  double covered = spans[0].end, idle = 0.0;
+  OpKind last = spans[0].kind;
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const StreamSpan& s = spans[i];
+    if (s.start > covered) {
+      idle += s.start - covered;
+      charge(s.phase, last, s.kind, s.start - covered);
+    }
+    if (s.end > covered) {
+      covered = s.end;
+      last = s.kind;
+    }
+  }
+  return idle;
+}
+
 // What replay predicts for when the trace cannot say: the default machine of every command.
 constexpr const char* kDefaultMachine = "h200-125g";
 
@@ -188,6 +219,9 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   std::vector<OpComparison> all;
   all.reserve(trace.ops.size());
   std::vector<bool> seen(recorder.ops.size(), false);
+  // The compute stream's ops, of one GPU only (interleaved GPUs' streams have no gaps to speak of).
+  const bool one_gpu = rank >= 0 || plan.geometry().stages() == 1;
+  std::vector<StreamSpan> measured_compute, predicted_compute;
   for (const OpRecord& m : trace.ops) {
     // Bookkeeping ops take no time on any stream; a tracer may still record their CPU span.
     if (m.kind < kOpKindCount && IsMemory(static_cast<OpKind>(m.kind))) continue;
@@ -234,6 +268,8 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
       in_phase.predicted_bytes += p.bytes;
     }
     all.push_back(c);
+    if (one_gpu && p.stream == Stream::kCompute)
+      measured_compute.push_back({Seconds(m.start_ns), Seconds(m.end_ns), p.phase, p.kind});
   }
   if (r.traced_ops > 0) r.measured_step_seconds = Seconds(last_end - first_start);
   for (const MemoryRecord& m : trace.memory) {
@@ -255,6 +291,39 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   all.resize(keep);
   r.worst = std::move(all);
   r.unions = CompareUnions(trace, plan.geometry());
+
+  if (one_gpu) {
+    for (const Predicted& p : recorder.ops)
+      if (p.start >= 0 && p.stream == Stream::kCompute && (rank < 0 || p.rank == rank))
+        predicted_compute.push_back(
+            {TicksToSeconds(p.start), TicksToSeconds(p.end), p.phase, p.kind});
+    std::map<std::tuple<Phase, OpKind, OpKind>, IdleComparison> idle;
+    auto gap = [&](Phase phase, OpKind before, OpKind after) -> IdleComparison& {
+      IdleComparison& g = idle[{phase, before, after}];
+      g.phase = phase;
+      g.before = before;
+      g.after = after;
+      return g;
+    };
+    r.measured_compute_idle_seconds = StreamIdle(
+        std::move(measured_compute), [&](Phase phase, OpKind before, OpKind after, double s) {
+          IdleComparison& g = gap(phase, before, after);
+          ++g.measured_count;
+          g.measured_seconds += s;
+        });
+    r.predicted_compute_idle_seconds = StreamIdle(
+        std::move(predicted_compute), [&](Phase phase, OpKind before, OpKind after, double s) {
+          IdleComparison& g = gap(phase, before, after);
+          ++g.predicted_count;
+          g.predicted_seconds += s;
+        });
+    for (const auto& [key, g] : idle) r.compute_idle.push_back(g);
+    std::sort(r.compute_idle.begin(), r.compute_idle.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.measured_seconds, a.predicted_seconds) >
+             std::tie(b.measured_seconds, b.predicted_seconds);
+    });
+    if (r.compute_idle.size() > 8) r.compute_idle.resize(8);
+  }
   return r;
 }
 

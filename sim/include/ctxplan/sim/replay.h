@@ -60,6 +60,17 @@ struct UnionComparison {
   double planned_independent_tiles = 0;  // the same for the plan's expected unions
 };
 
+// Where the compute stream stood idle between its ops (gaps in the union of their spans), each
+// gap charged to the op that ended it (its phase and kind) and the op whose end began it: what the
+// stream waited on, in the trace and in the plan's simulated step alike.
+struct IdleComparison {
+  Phase phase = Phase::kSetup;     // of the op the stream waited to run
+  OpKind before = OpKind::kAlloc;  // the op that ran last before the gap
+  OpKind after = OpKind::kAlloc;   // the op that ended it
+  int64_t measured_count = 0, predicted_count = 0;
+  double measured_seconds = 0.0, predicted_seconds = 0.0;
+};
+
 struct ReplayResult {
   double measured_step_seconds = 0.0;  // first start to last end in the trace
   double predicted_step_seconds = 0.0;
@@ -75,6 +86,11 @@ struct ReplayResult {
   std::vector<PhaseComparison> copies_by_phase;  // host copies by kind, then phase
   std::vector<OpComparison> worst;               // largest |measured - predicted|, at most 10
   UnionComparison unions;                        // empty (layers 0) when the trace has none
+  // The compute stream's idle time, of one GPU (a rank's trace, or a run of one GPU; else 0), and
+  // its largest gaps by measured time, at most 8.
+  double measured_compute_idle_seconds = 0.0;
+  double predicted_compute_idle_seconds = 0.0;
+  std::vector<IdleComparison> compute_idle;
 };
 
 // The machine a replay predicts for, and where it came from: the report says both, since a step
