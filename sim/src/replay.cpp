@@ -200,15 +200,16 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   ReplayResult r;
   r.rank = rank;
   r.predicted_step_seconds = prediction.step_seconds();
-  r.predicted_gpu_peak = rank >= 0 && static_cast<size_t>(rank) < prediction.gpu_peak_by_rank.size()
-                             ? prediction.gpu_peak_by_rank[static_cast<size_t>(rank)]
-                             : prediction.gpu.peak_bytes;
+  // The rank's own peak where the trace is of one rank, else the prediction's.
+  auto of_rank = [rank](const std::vector<int64_t>& by_rank, int64_t whole) {
+    return rank >= 0 && static_cast<size_t>(rank) < by_rank.size()
+               ? by_rank[static_cast<size_t>(rank)]
+               : whole;
+  };
+  r.predicted_gpu_peak = of_rank(prediction.gpu_peak_by_rank, prediction.gpu.peak_bytes);
   // A rank's trace holds its own host allocations: set against its own share's peak, not the
   // machine's (the sum over its GPUs: 82.7 GiB against one rank's 23.5 on 4x H200).
-  r.predicted_host_peak =
-      rank >= 0 && static_cast<size_t>(rank) < prediction.host_peak_by_rank.size()
-          ? prediction.host_peak_by_rank[static_cast<size_t>(rank)]
-          : prediction.host.peak_bytes;
+  r.predicted_host_peak = of_rank(prediction.host_peak_by_rank, prediction.host.peak_bytes);
   for (const Predicted& p : recorder.ops)
     r.plan_ops += p.start >= 0 && (rank < 0 || p.rank == rank) ? 1 : 0;
 
