@@ -25,6 +25,7 @@
 
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/dist/local_launcher.h"
+#include "ctxplan/runtime/dist/poll_pause.h"
 #include "ctxplan/runtime/dist/rank_env.h"
 #include "ctxplan/runtime/dist/rendezvous.h"
 #include "support/process.h"
@@ -459,6 +460,26 @@ TEST(LocalLauncherTest, ExecutablePathIsThisTest) {
   const std::string name = fs::path(ExecutablePath()).filename().string();
   EXPECT_EQ(name.rfind("dist_test", 0), 0u) << name;
   EXPECT_TRUE(fs::path(ExecutablePath()).is_absolute());
+}
+
+// --- PollPause ---------------------------------------------------------------------------------
+
+// A layer-chunk's wait (1-30 ms) must not sleep: a millisecond's sleep woke half a millisecond
+// late on average, with the GPU idle meanwhile. Long waits sleep, late by at most 1% of the wait.
+TEST(PollPauseTest, YieldsThroughALayerLongWaitAndSleepsOnlyOnLongOnes) {
+  using std::chrono::microseconds;
+  for (const auto waited : {microseconds(0), microseconds(700), microseconds(2500),
+                            microseconds(12000), microseconds(30000), microseconds(49999)})
+    EXPECT_EQ(PollPause(waited).count(), 0) << waited.count() << " us waited";
+  EXPECT_EQ(PollPause(milliseconds(50)).count(), 500);
+  EXPECT_EQ(PollPause(milliseconds(80)).count(), 800);
+  for (const auto waited : {milliseconds(100), milliseconds(5000), milliseconds(600000)})
+    EXPECT_EQ(PollPause(waited).count(), 1000) << waited.count() << " ms waited";
+  for (int ms = 50; ms < 2000; ms += 7) {
+    const auto pause = PollPause(milliseconds(ms));
+    EXPECT_GT(pause.count(), 0);
+    EXPECT_LE(pause.count() * 100, ms * 1000) << "late by more than 1% of a " << ms << " ms wait";
+  }
 }
 
 }  // namespace

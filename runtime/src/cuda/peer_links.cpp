@@ -13,6 +13,7 @@
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/models/errors.h"
 #include "ctxplan/runtime/cuda/injected_fault.h"
+#include "ctxplan/runtime/dist/poll_pause.h"
 #include "ctxplan/runtime/dist/rendezvous.h"
 
 namespace ctxplan::gpu {
@@ -77,14 +78,12 @@ DeviceCount CountDevices() {
   return out;
 }
 
-// Polling: spin briefly (NCCL's enqueue thread and short transfers finish in microseconds), then
-// sleep a millisecond at a time so that a long wait does not burn a core.
 void Pause(Clock::time_point started) {
-  if (Clock::now() - started < std::chrono::milliseconds(2)) {
+  const std::chrono::microseconds pause = dist::PollPause(Clock::now() - started);
+  if (pause.count() == 0)
     std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  else
+    std::this_thread::sleep_for(pause);
 }
 
 }  // namespace
