@@ -3,6 +3,8 @@
 // files are one clear error naming the file and line.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -288,7 +290,7 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu,
     add(score, PageScoreCost(4096, 128, pages, 3584, 512));
     CalibrationSample topk = Row("page_topk");
     topk.m = 32, topk.pages = pages, topk.pages_per_tile = 65;
-    add(topk, PageTopKCost(32, pages));
+    add(topk, PageTopKCost(32, pages, std::min<int64_t>(pages, 65)));
   }
   return out;
 }
@@ -511,6 +513,44 @@ TEST(Calibration, HostLinkSumsAreTheRowsOfEveryGpu) {
                                                    "/models/gpu/calibration/h200-samples.csv"))
                 .gpus,
             0);
+}
+
+// The read-back's three terms come back from rows a known host would give (+-3% noise); a term
+// the rows say nothing for (no dependence on the earlier pages) is dropped, never negative.
+TEST(Calibration, SelectionReadBackRecoversItsTerms) {
+  auto rows = [](double fixed_us, double ns_per_entry, double ns_per_page) {
+    CalibrationSamples samples;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> noise(0.97, 1.03);
+    for (const int64_t tiles : {8, 32, 128})
+      for (const int64_t per_tile : {17, 65, 257})
+        for (const int64_t pages : {1024, 8192, 32768}) {
+          CalibrationSample s = Row("selection_read_back");
+          s.m = tiles, s.pages_per_tile = per_tile, s.pages = pages;
+          s.seconds =
+              (fixed_us * 1e-6 + ns_per_entry * 1e-9 * static_cast<double>(tiles * per_tile) +
+               ns_per_page * 1e-9 * static_cast<double>(pages)) *
+              noise(rng);
+          samples.rows.push_back(s);
+        }
+    return samples;
+  };
+  const SelectionReadBackFit fit = FitSelectionReadBack(rows(45.0, 9.0, 0.4));
+  EXPECT_EQ(fit.samples, 27);
+  EXPECT_NEAR(fit.fixed_us, 45.0, 3.0);
+  EXPECT_NEAR(fit.ns_per_entry, 9.0, 0.5);
+  EXPECT_NEAR(fit.ns_per_page, 0.4, 0.05);
+  EXPECT_LT(fit.max_error, 0.06);
+
+  const SelectionReadBackFit no_pages = FitSelectionReadBack(rows(60.0, 12.0, 0.0));
+  EXPECT_GE(no_pages.ns_per_page, 0.0);
+  EXPECT_LT(no_pages.ns_per_page, 0.02);
+  EXPECT_NEAR(no_pages.ns_per_entry, 12.0, 0.6);
+  EXPECT_NEAR(no_pages.fixed_us, 60.0, 4.0);
+
+  CalibrationSamples none;
+  none.rows.push_back(Row("page_topk"));
+  EXPECT_EQ(FitSelectionReadBack(none).samples, 0);
 }
 
 TEST(Calibration, BadSamplesNameTheFileAndLine) {

@@ -444,7 +444,7 @@ TEST(CliTest, CalibrateOnLinksAlonePrintsTheMachineKeys) {
   EXPECT_NE(r.out.find("host_links_h2d_gbs: 160.4 and host_links_d2h_gbs: 120.1"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.err.find("holds the links group alone"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("holds the links and readback groups alone"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_FALSE(fs::exists(out));
 }

@@ -39,7 +39,7 @@ TEST(MeasureCli, BadFlagsAreOneLineErrors) {
   const std::string csv = (dir.path() / "samples.csv").string();
   ExpectOneLineError(
       RunMeasure({"--output", csv, "--only", "gemm,attn"}, dir), "ctxplan-measure", 2,
-      {"--only", "attn", "launch,gemm,lora,loss,attention,select,memory,copy,links,host"});
+      {"--only", "attn", "launch,gemm,lora,loss,attention,select,readback,memory,copy,links,host"});
   ExpectOneLineError(RunMeasure({"--output", csv, "--reps", "0"}, dir), "ctxplan-measure", 2,
                      {"--reps", "1 to 1000"});
   ExpectOneLineError(RunMeasure({"--output", csv, "--device", "-1"}, dir), "ctxplan-measure", 2,
@@ -80,7 +80,7 @@ TEST(MeasureCli, HelpListsTheGroups) {
   const test::RunResult r = RunMeasure({"--help"}, dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("--output"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("launch,gemm,lora,loss,attention,select,memory,copy,links,host"),
+  EXPECT_NE(r.out.find("launch,gemm,lora,loss,attention,select,readback,memory,copy,links,host"),
             std::string::npos)
       << r.out;
 #endif

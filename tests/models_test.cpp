@@ -737,6 +737,10 @@ TEST(MachineYaml, ValidationErrors) {
           {"no gpus", Plus(kMachine, "gpus: 0"), 7, "gpus", "gpus"},
           {"negative links", Plus(kMachine, "host_links_h2d_gbs: -5"), 7, "host_links_h2d_gbs",
            "host_links_h2d_gbs"},
+          {"negative read-back", Plus(kMachine, "selection_read_back_ns_per_entry: -1"), 7,
+           "selection_read_back_ns_per_entry", "selection_read_back_ns_per_entry"},
+          {"read-back as text", Plus(kMachine, "selection_read_back_us: fast"), 7,
+           "selection_read_back_us", "not a number"},
       },
       [](const std::string& path) { LoadMachine(path); });
 }

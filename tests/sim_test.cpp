@@ -651,6 +651,45 @@ TEST(KernelTimeModel, GatheredBlockCostOfHeadDim64) {
   EXPECT_NEAR(more, blocks * 20e-6 / sms, 0.1 * blocks * 20e-6 / sms);
 }
 
+// The host's read-back of a page top-k's selections holds the layer's attention, with the GPU
+// idle: the top-k op's time grows by it (fixed, an entry, an earlier page), and so does the step,
+// by it once per top-k (a sparse layer-chunk of the fill and of the recompute), on both paths.
+// (With a power limit the idle lets the clock rise: 0.119 s more a step here, not 0.150.)
+TEST(KernelTimeModel, SelectionReadBackHoldsTheLayerAfterEachTopK) {
+  MachineSpec with = H200();
+  with.selection_read_back_us = 80.0;
+  with.selection_read_back_ns_per_entry = 10.0;
+  with.selection_read_back_ns_per_page = 0.5;
+  const OpCost topk = PageTopKCost(32, 8192, 65);
+  const double read_back = 80e-6 + 10e-9 * 32 * 65 + 0.5e-9 * 8192;
+  EXPECT_NEAR(KernelTimeModel(with).SelectionReadBackSeconds(topk.shape), read_back, 1e-12);
+  EXPECT_NEAR(KernelTimeModel(with).Time(topk, Phase::kFill).seconds -
+                  KernelTimeModel(H200()).Time(topk, Phase::kFill).seconds,
+              read_back, 1e-9);
+  EXPECT_EQ(KernelTimeModel(H200()).SelectionReadBackSeconds(topk.shape), 0.0);
+
+  const RunOptions options = Options(131072, 32, /*offload=*/false);
+  const StepPlan plan(Model("qwen2.5-7b"), options);
+  double expected = 0;  // the read-backs of the plan's top-k ops
+  int topks = 0;
+  for (auto ops = plan.Ops(); ops.Next();) {
+    const Op& op = ops.Current();
+    if (op.kind != OpKind::kPageTopK) continue;
+    ++topks;
+    expected += KernelTimeModel(with).SelectionReadBackSeconds(op.cost.shape);
+  }
+  ASSERT_GT(topks, 0);
+  // At the maximum clock both ways (no power limit): idle time would otherwise let it rise.
+  MachineSpec without = H200();
+  without.gpu.kernels.power_limit_w = 0;
+  with.gpu.kernels.power_limit_w = 0;
+  const Both base = PredictBoth(Model("qwen2.5-7b"), without, options);
+  const Both more = PredictBoth(Model("qwen2.5-7b"), with, options);
+  EXPECT_NEAR(more.event.step_seconds() - base.event.step_seconds(), expected, 0.05 * expected);
+  EXPECT_NEAR(more.analytic.step_seconds() - base.analytic.step_seconds(), expected,
+              0.05 * expected);
+}
+
 // The backward's own key blocks one a query head (a profile of the kernels that split them, at
 // chunks whose GQA group of queries outgrows the L2, and at a first chunk's own-only launch from
 // 4096 tokens): a chunk of 8192 at 28 / 4 heads has 64 x 28 blocks, not 64 x 4 of seven times

@@ -164,11 +164,12 @@ OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_
   cost.shape.launches = 2;    // the query tiles' sums, then the scores
   return cost;
 }
-OpCost PageTopKCost(int64_t tiles, int64_t pages) {
+OpCost PageTopKCost(int64_t tiles, int64_t pages, int64_t pages_per_tile) {
   OpCost cost{
       D(tiles * pages) * 4.0, D(tiles * pages) * kFp32Bytes * 2.0, RateClass::kPageTopK, {}};
   cost.shape.rows = tiles;
   cost.shape.cols = pages;
+  cost.shape.tile_pages = pages_per_tile;
   return cost;
 }
 static KernelShape AttentionLaunchShape(int64_t q_tokens, int64_t num_heads, int64_t kv_dim,

@@ -431,7 +431,8 @@ constexpr std::string_view kGpuExpected =
 constexpr std::string_view kMachineExpected =
     "expected a machine: a mapping of name, gpu, host_ram_gib, host_reserved_gib, "
     "host_memory_gbs, gpus, peer_gbs, network_gbs, peer_latency_us, host_links_h2d_gbs, "
-    "host_links_d2h_gbs, note";
+    "host_links_d2h_gbs, selection_read_back_us, selection_read_back_ns_per_entry, "
+    "selection_read_back_ns_per_page, note";
 
 constexpr NumberLimit kProfileLimit{1e7};
 constexpr IntLimit kMachineGpusLimit{1024};
@@ -879,7 +880,8 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
   const Fields f(root, source, "");
   f.RejectUnknown({"name", "gpu", "host_ram_gib", "host_reserved_gib", "host_memory_gbs", "gpus",
                    "peer_gbs", "network_gbs", "peer_latency_us", "host_links_h2d_gbs",
-                   "host_links_d2h_gbs", "note"});
+                   "host_links_d2h_gbs", "selection_read_back_us",
+                   "selection_read_back_ns_per_entry", "selection_read_back_ns_per_page", "note"});
   MachineSpec m;
   m.name = f.String("name");
   const std::string gpu = f.String("gpu");
@@ -913,6 +915,12 @@ MachineSpec ParseMachineYaml(std::string_view text, std::string_view source) {
       f.OptionalNumber("peer_latency_us", kFixedCostLimit).value_or(kDefaultPeerLatencyUs);
   m.host_links_h2d_gbs = f.OptionalNumber("host_links_h2d_gbs", kLinkGbsLimit).value_or(0.0);
   m.host_links_d2h_gbs = f.OptionalNumber("host_links_d2h_gbs", kLinkGbsLimit).value_or(0.0);
+  m.selection_read_back_us =
+      f.OptionalNumber("selection_read_back_us", kFixedCostLimit).value_or(0.0);
+  m.selection_read_back_ns_per_entry =
+      f.OptionalNumber("selection_read_back_ns_per_entry", kFixedCostLimit).value_or(0.0);
+  m.selection_read_back_ns_per_page =
+      f.OptionalNumber("selection_read_back_ns_per_page", kFixedCostLimit).value_or(0.0);
   m.note = f.OptionalString("note").value_or("");
   return m;
 }

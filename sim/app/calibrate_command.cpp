@@ -146,11 +146,23 @@ int RunCalibrate(const CalibrateFlags& f, const char* argv0) {
         "host links: %d GPUs copying at once moved %.1f GB/s up and %.1f down together; a machine "
         ".yaml of this host takes them as host_links_h2d_gbs: %.1f and host_links_d2h_gbs: %.1f\n",
         links.gpus, links.h2d_gbs, links.d2h_gbs, links.h2d_gbs, links.d2h_gbs);
-  if (std::all_of(samples.rows.begin(), samples.rows.end(),
-                  [](const sim::CalibrationSample& s) { return s.op.starts_with("links_"); }))
+  // The host's selection read-back after each page top-k, for its machine .yaml.
+  const sim::SelectionReadBackFit read_back = sim::FitSelectionReadBack(samples);
+  if (read_back.samples > 0)
+    std::printf(
+        "selection read-back: %d samples, %.1f us + %.2f ns an entry + %.3f ns an earlier page "
+        "(within %.0f%%); a machine .yaml of this host takes them as selection_read_back_us: "
+        "%.1f, selection_read_back_ns_per_entry: %.2f and selection_read_back_ns_per_page: "
+        "%.3f\n",
+        read_back.samples, read_back.fixed_us, read_back.ns_per_entry, read_back.ns_per_page,
+        read_back.max_error * 100.0, read_back.fixed_us, read_back.ns_per_entry,
+        read_back.ns_per_page);
+  if (std::all_of(samples.rows.begin(), samples.rows.end(), [](const sim::CalibrationSample& s) {
+        return s.op.starts_with("links_") || s.op == "selection_read_back";
+      }))
     throw InputError("calibrate: " + samples_path.string() +
-                     " holds the links group alone (a machine's keys, above); a GPU profile "
-                     "needs ctxplan-measure's other groups: run it without --only links");
+                     " holds the links and readback groups alone (a machine's keys, above); a GPU "
+                     "profile needs ctxplan-measure's other groups: run it without --only");
   const GpuSpec base = LoadGpu(f.gpu.empty() ? CatalogueNameFor(gpu_name) : f.gpu);
   const sim::CalibrationFit fit =
       sim::FitCalibration(samples, base, samples_path.filename().string());

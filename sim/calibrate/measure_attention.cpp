@@ -350,7 +350,7 @@ Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budge
   s.op = "page_topk";
   s.m = tiles;
   s.pages = pages;
-  s.Cost(PageTopKCost(tiles, pages));
+  s.Cost(PageTopKCost(tiles, pages, std::min(pages, budget + kSinkPages)));
   s.seconds = MedianSecondsPerCall(session, [&](int64_t i) {
     per_tile =
         cu::PageTopK(scores[i], tiles, pages, budget, kSinkPages, selected[i], session.stream);

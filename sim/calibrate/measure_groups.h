@@ -16,6 +16,7 @@ void MeasureLora(Session& session);       // measure_kernels.cpp
 void MeasureMemory(Session& session);     // measure_kernels.cpp
 void MeasureAttention(Session& session);  // measure_attention.cpp
 void MeasureSelect(Session& session);     // measure_attention.cpp
+void MeasureReadBack(Session& session);   // measure_read_back.cpp
 void MeasureCopy(Session& session);       // measure_transfers.cpp
 void MeasureLinks(Session& session);      // measure_transfers.cpp
 void MeasureHost(Session& session);       // measure_transfers.cpp

@@ -5,11 +5,11 @@
 //
 //   ctxplan-measure --output FILE [--quick] [--only GROUP[,GROUP]] [--reps N] [--device I]
 //
-// Groups: launch, gemm, lora, loss, attention, select, memory, copy, links, host, power (the grid:
-// the group's file, measure_kernels.cpp, measure_attention.cpp, measure_transfers.cpp,
-// measure_power.cpp; links only with several GPUs: the copies of every GPU at once). Measured
-// on an H200: the whole grid 41 s (574 samples), --quick 8 s (130 samples); pinning 4 GiB five
-// times is 8 s of it.
+// Groups: launch, gemm, lora, loss, attention, select, readback, memory, copy, links, host, power
+// (the grid: the group's file, measure_kernels.cpp, measure_attention.cpp, measure_read_back.cpp,
+// measure_transfers.cpp, measure_power.cpp; links only with several GPUs: the copies of every GPU
+// at once). Measured on an H200: the whole grid 41 s (574 samples), --quick 8 s (130 samples);
+// pinning 4 GiB five times is 8 s of it.
 //
 // Output (published atomically when the run completes): header comments `# key: value`
 //   gpu_name, sm_count, memory_bytes, clock_mhz, memory_clock_mhz, memory_bus_bits, l2_bytes,
@@ -80,10 +80,10 @@ struct Group {
 };
 // In the order they run: the arena's large reservations last, when nothing else holds memory.
 const std::vector<Group> kGroups = {
-    {"launch", MeasureLaunch}, {"gemm", MeasureGemm},           {"lora", MeasureLora},
-    {"loss", MeasureLoss},     {"attention", MeasureAttention}, {"select", MeasureSelect},
-    {"memory", MeasureMemory}, {"copy", MeasureCopy},           {"links", MeasureLinks},
-    {"host", MeasureHost},     {"power", MeasurePower}};
+    {"launch", MeasureLaunch},     {"gemm", MeasureGemm},           {"lora", MeasureLora},
+    {"loss", MeasureLoss},         {"attention", MeasureAttention}, {"select", MeasureSelect},
+    {"readback", MeasureReadBack}, {"memory", MeasureMemory},       {"copy", MeasureCopy},
+    {"links", MeasureLinks},       {"host", MeasureHost},           {"power", MeasurePower}};
 
 struct Flags {
   std::string output;

@@ -169,7 +169,7 @@ class TimeRecurrence {
     }
     if (c.sparse) {
       add(f.select, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv))(
-          f.select, PageTopKCost(c.tiles, c.earlier_pages));
+          f.select, PageTopKCost(c.tiles, c.earlier_pages, c.pages_per_tile));
     }
     f.attn_own = k.attn_own;
     if (f.paged) add(f.attn_paged, g_.paged_attention_forward_cost(c));

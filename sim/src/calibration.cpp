@@ -5,8 +5,11 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
@@ -142,7 +145,7 @@ SampleCosts CostsOf(const CalibrationSample& s) {
   } else if (s.op == "page_score") {
     out.costs.push_back(PageScoreCost(s.m, kQueryTile, s.pages, s.heads * s.head_dim, kv_dim));
   } else if (s.op == "page_topk") {
-    out.costs.push_back(PageTopKCost(s.m, s.pages));
+    out.costs.push_back(PageTopKCost(s.m, s.pages, s.pages_per_tile));
   } else if (IsMemoryOp(s.op) || !WarmMemoryOp(s.op).empty()) {
     const std::string warm = WarmMemoryOp(s.op);
     const std::string kernel = warm.empty() ? s.op : warm;
@@ -613,6 +616,71 @@ HostLinkSums FitHostLinkSums(const CalibrationSamples& samples) {
     if (s.op == "links_d2h") sums.d2h_gbs = gbs;
   }
   return sums;
+}
+
+SelectionReadBackFit FitSelectionReadBack(const CalibrationSamples& samples) {
+  struct Row {
+    double entries, pages, seconds;
+  };
+  std::vector<Row> rows;
+  for (const CalibrationSample& s : samples.rows)
+    if (s.op == "selection_read_back" && s.seconds > 0)
+      rows.push_back(
+          {static_cast<double>(s.m * s.pages_per_tile), static_cast<double>(s.pages), s.seconds});
+  SelectionReadBackFit best;
+  if (rows.empty()) return best;
+  // Least squares over the fixed term and the terms `use` keeps (normal equations, at most 3x3,
+  // by Gaussian elimination); nullopt where a coefficient comes out negative or the system is
+  // singular (a term the rows do not vary).
+  auto solve = [&rows](bool entries, bool pages) -> std::optional<std::array<double, 3>> {
+    std::vector<int> terms = {0};
+    if (entries) terms.push_back(1);
+    if (pages) terms.push_back(2);
+    const size_t n = terms.size();
+    auto x = [](const Row& r, int term) {
+      return term == 0 ? 1.0 : term == 1 ? r.entries : r.pages;
+    };
+    std::vector<std::vector<double>> a(n, std::vector<double>(n + 1, 0.0));
+    for (const Row& r : rows)
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t j = 0; j < n; ++j) a[i][j] += x(r, terms[i]) * x(r, terms[j]);
+        a[i][n] += x(r, terms[i]) * r.seconds;
+      }
+    for (size_t col = 0; col < n; ++col) {
+      size_t pivot = col;
+      for (size_t i = col + 1; i < n; ++i)
+        if (std::abs(a[i][col]) > std::abs(a[pivot][col])) pivot = i;
+      if (std::abs(a[pivot][col]) < 1e-30) return std::nullopt;
+      std::swap(a[col], a[pivot]);
+      for (size_t i = 0; i < n; ++i) {
+        if (i == col) continue;
+        const double f = a[i][col] / a[col][col];
+        for (size_t j = col; j <= n; ++j) a[i][j] -= f * a[col][j];
+      }
+    }
+    std::array<double, 3> c{};
+    for (size_t i = 0; i < n; ++i) {
+      c[static_cast<size_t>(terms[i])] = a[i][n] / a[i][i];
+      if (c[static_cast<size_t>(terms[i])] < 0) return std::nullopt;
+    }
+    return c;
+  };
+  double best_sse = INFINITY;
+  for (const auto& [entries, pages] : {std::pair{true, true}, std::pair{true, false},
+                                       std::pair{false, true}, std::pair{false, false}}) {
+    const std::optional<std::array<double, 3>> c = solve(entries, pages);
+    if (!c) continue;
+    double sse = 0, worst = 0;
+    for (const Row& r : rows) {
+      const double predicted = (*c)[0] + (*c)[1] * r.entries + (*c)[2] * r.pages;
+      sse += (predicted - r.seconds) * (predicted - r.seconds);
+      worst = std::max(worst, std::abs(predicted / r.seconds - 1.0));
+    }
+    if (sse >= best_sse) continue;
+    best_sse = sse;
+    best = {static_cast<int>(rows.size()), (*c)[0] * 1e6, (*c)[1] * 1e9, (*c)[2] * 1e9, worst};
+  }
+  return best;
 }
 
 CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& base,

@@ -108,6 +108,9 @@ KernelTimeModel::KernelTimeModel(const MachineSpec& machine, KernelProfile profi
   network_bytes_per_second_ =
       (machine.network_gbs > 0 ? machine.network_gbs : gpu.host_h2d_gbs.value) * 1e9;
   peer_latency_seconds_ = machine.peer_latency_us * 1e-6;
+  read_back_seconds_ = machine.selection_read_back_us * 1e-6;
+  read_back_seconds_per_entry_ = machine.selection_read_back_ns_per_entry * 1e-9;
+  read_back_seconds_per_page_ = machine.selection_read_back_ns_per_page * 1e-9;
   for (size_t i = 0; i < memory_kernels_.size(); ++i) {
     const std::string name(MemoryKernelName(static_cast<MemoryKernel>(i)));
     const auto fixed = profile_.memory_kernel_fixed_us.find(name);
@@ -365,6 +368,12 @@ double KernelTimeModel::PageEfficiency(const std::map<int64_t, double>& table,
   return best;
 }
 
+double KernelTimeModel::SelectionReadBackSeconds(const KernelShape& s) const {
+  return read_back_seconds_ +
+         read_back_seconds_per_entry_ * static_cast<double>(s.rows * s.tile_pages) +
+         read_back_seconds_per_page_ * static_cast<double>(s.cols);
+}
+
 double KernelTimeModel::PagedEfficiency(int64_t page_tokens, bool backward, bool d64,
                                         bool sparse) const {
   const KernelProfile& k = profile_;
@@ -534,7 +543,9 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       const double waves = std::ceil(static_cast<double>(std::max<int64_t>(1, s.rows)) /
                                      static_cast<double>(sm_count_));
       const double walk = k.page_topk_ns_per_page * 1e-9 * static_cast<double>(s.cols) * waves;
-      return {launches + k.page_topk_fixed_us * 1e-6 + std::max(walk, memory), {}};
+      return {launches + k.page_topk_fixed_us * 1e-6 + std::max(walk, memory) +
+                  SelectionReadBackSeconds(s),
+              {}};
     }
     case RateClass::kHostToDevice:
     case RateClass::kDeviceToHost: {

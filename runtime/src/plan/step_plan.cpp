@@ -278,7 +278,7 @@ class PlanWriter {
           Kernel(w, OpKind::kPageScore, PageScoreCost(t, o_.query_tile, c.earlier_pages, q, kv), t);
       score.pages = c.earlier_pages;
       batch_.Push(score);
-      Op topk = Kernel(w, OpKind::kPageTopK, PageTopKCost(c.tiles, c.earlier_pages), t);
+      Op topk = Kernel(w, OpKind::kPageTopK, PageTopKCost(c.tiles, c.earlier_pages, c.pages_per_tile), t);
       topk.pages = c.earlier_pages;
       OpId selected = batch_.Push(topk);
       if (copy_in)

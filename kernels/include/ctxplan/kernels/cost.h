@@ -68,7 +68,7 @@ struct KernelShape {
   int64_t key_pages = 0;
   bool merged = false;
   // Page score and top-k: query tiles (rows) and candidate pages (cols); the score's summed
-  // query width (depth: KV heads x head dim).
+  // query width (depth: KV heads x head dim); the top-k's selected pages a tile (tile_pages).
   // Launches (kernels or cudaMemcpyAsync calls) the op makes: LoRA's adapter GEMMs, a page
   // copy's runs of pages. Each pays the per-launch cost.
   int32_t launches = 1;
@@ -150,7 +150,8 @@ OpCost KvWriteCost(int64_t tokens, int64_t kv_dim);
 OpCost PageSummaryCost(int64_t pages, int64_t page_tokens, int64_t kv_dim);
 OpCost PageScoreCost(int64_t q_tokens, int64_t query_tile, int64_t pages, int64_t q_dim,
                      int64_t kv_dim);
-OpCost PageTopKCost(int64_t tiles, int64_t pages);
+// pages_per_tile: the selection's entries a tile (sinks included), which the host reads back.
+OpCost PageTopKCost(int64_t tiles, int64_t pages, int64_t pages_per_tile);
 // `pairs`: attended (query, key) pairs per head; `kv_tokens_read`: K/V positions loaded.
 // page_sparse: the pairs are those of page-sparse selections (its own rate class: each query tile
 // gathers its own pages, scattered over the whole context).

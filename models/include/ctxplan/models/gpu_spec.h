@@ -238,6 +238,14 @@ struct MachineSpec {
   // over the GPUs (`ctxplan-measure --only links`). 0: not measured, each link as if alone.
   double host_links_h2d_gbs = 0.0;
   double host_links_d2h_gbs = 0.0;
+  // A page-sparse layer's selection read-back (`ctxplan-measure --only readback`): from the end of
+  // the top-k on the GPU to the next kernel the host can issue, the host waits for the stream,
+  // reads the tiles' selections, sorts their union and writes the layer's page table. The GPU
+  // idles meanwhile. Fixed, then per selection entry (tiles x pages a tile) and per earlier page
+  // of the layer. 0: not measured, no wait.
+  double selection_read_back_us = 0.0;
+  double selection_read_back_ns_per_entry = 0.0;
+  double selection_read_back_ns_per_page = 0.0;
   std::string note;  // what the preset describes; empty for a custom machine
 
   int64_t host_usable_bytes() const { return host_ram_bytes - host_reserved_bytes; }

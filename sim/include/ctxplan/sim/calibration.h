@@ -81,4 +81,15 @@ struct HostLinkSums {
 };
 HostLinkSums FitHostLinkSums(const CalibrationSamples& samples);
 
+// A page-sparse layer's selection read-back on this host (ctxplan-measure's readback rows):
+// seconds = fixed + per entry x (tiles x pages a tile) + per page x earlier pages, least squares
+// with no negative term (a term that would be negative is dropped and the rest refitted): a
+// machine .yaml's selection_read_back_us, _ns_per_entry and _ns_per_page. samples 0: no rows.
+struct SelectionReadBackFit {
+  int samples = 0;
+  double fixed_us = 0, ns_per_entry = 0, ns_per_page = 0;
+  double max_error = 0;  // the largest |predicted / measured - 1| over the rows
+};
+SelectionReadBackFit FitSelectionReadBack(const CalibrationSamples& samples);
+
 }  // namespace ctxplan::sim

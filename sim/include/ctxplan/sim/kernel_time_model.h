@@ -22,7 +22,8 @@
 //                 apart at their own fixed cost and fraction
 //   page score    the queries read at the memory rate, a fixed cost, tiles x pages x a cost
 //   page top-k    pages x page_topk_ns_per_page per wave of query tiles (one SM a tile), plus
-//                 the selections' read-back to the host (a stream sync)
+//                 the selections' read-back on the host (MachineSpec::selection_read_back_*),
+//                 when the stream has nothing queued behind the top-k and idles
 //   copies        bytes over the pinned link (both directions share it in the backward)
 //   host compute  AdamW on the host at host_adamw_gparams
 //   peer          a stage boundary's transfer: latency + bytes over the machine's peer link
@@ -126,6 +127,11 @@ class KernelTimeModel {
   // The attention's per-FLOP rate at `head_dim` against head dim 128 on this profile, forward and
   // backward (1 above 64: the kernels' rates are measured at 64 and 128).
   PageRate HeadDimRateAgainst128(int64_t head_dim) const;
+  // A page top-k's selection read-back on the host: the wait for the stream, the union of the
+  // rows x tile_pages selected pages, the table of the cols earlier pages. The top-k op's time
+  // includes it (the compute stream has nothing else queued until the host issues the layer's
+  // attention); replay takes it off the kernel's predicted span.
+  double SelectionReadBackSeconds(const KernelShape& shape) const;
   // The paged attention's fraction of the contiguous rate over pages of `page_tokens` (the
   // profile's page table for the head dim, times its sparse table where pages are selected).
   double PagedEfficiency(int64_t page_tokens, bool backward, bool d64, bool sparse) const;
@@ -138,6 +144,8 @@ class KernelTimeModel {
   double h2d_bytes_per_second_ = 0;
   double d2h_bytes_per_second_ = 0;
   double duplex_bytes_per_second_ = 0;  // host to device while a device-to-host copy runs
+  // The selection read-back (SelectionReadBackSeconds): fixed, per entry, per earlier page.
+  double read_back_seconds_ = 0, read_back_seconds_per_entry_ = 0, read_back_seconds_per_page_ = 0;
   double host_bytes_per_second_ = 0;
   // The machine's GPUs all copying one way at once, summed over them (0: not measured).
   double links_h2d_bytes_per_second_ = 0;
