@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
+#include <vector>
 
 #include "ctxplan/models/catalog.h"
 #include "ctxplan/models/errors.h"
@@ -162,6 +164,36 @@ TEST(PlanGeometry, DenseDkvTouchesEveryEarlierPage) {
     EXPECT_EQ(s.own_touched, i == n - 1 ? 0 : c.own_pages);
     later += c.union_pages;
   }
+}
+
+// A sparse layer's union: its tiles' selections without repeats, ascending, at page counts about
+// a 64-page word's edges and at 4M tokens' 32,768; a dense layer attends every earlier page; a
+// page past the earlier ones is a bug named, not a write out of bounds.
+TEST(PlanGeometry, AttendedPagesIsTheSortedUnion) {
+  std::mt19937 rng(5);
+  for (const int64_t earlier : {1, 63, 64, 65, 130, 4096, 32768}) {
+    ChunkGeometry c;
+    c.sparse = true;
+    c.earlier_pages = earlier;
+    std::uniform_int_distribution<int32_t> page(0, static_cast<int32_t>(earlier - 1));
+    for (const int entries : {1, 65, 2080, 8320}) {
+      std::vector<int32_t> selection(static_cast<size_t>(entries));
+      for (int32_t& p : selection) p = page(rng);
+      const std::set<int32_t> expected(selection.begin(), selection.end());
+      EXPECT_EQ(AttendedPages(c, selection), std::vector<int32_t>(expected.begin(), expected.end()))
+          << entries << " entries over " << earlier << " pages";
+    }
+  }
+  ChunkGeometry dense;
+  dense.earlier_pages = 5;
+  EXPECT_EQ(AttendedPages(dense, {}), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  ChunkGeometry sparse;
+  sparse.sparse = true;
+  sparse.earlier_pages = 64;
+  const std::vector<int32_t> past = {3, 64};
+  EXPECT_THROW(AttendedPages(sparse, past), InternalError);
+  const std::vector<int32_t> negative = {-1};
+  EXPECT_THROW(AttendedPages(sparse, negative), InternalError);
 }
 
 TEST(PlanGeometry, InvalidOptionsAreInputErrors) {

@@ -1,8 +1,11 @@
 #include "ctxplan/runtime/plan/plan_geometry.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <string>
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/errors.h"
@@ -21,9 +24,21 @@ std::vector<int32_t> AttendedPages(const ChunkGeometry& chunk, std::span<const i
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
     return all;
   }
-  std::vector<int32_t> pages(selection.begin(), selection.end());
-  std::sort(pages.begin(), pages.end());
-  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  // A bit a page, then the set bits in order: linear in the pages and the entries. Sorting the
+  // entries cost ~60 ns an entry on the host while the GPU waited for the union (ctxplan-measure
+  // readback, 2x H200 host: 0.46-0.52 ms at 128 tiles x 65, 2.0-2.6 ms at 128 x 257).
+  const int64_t n = chunk.earlier_pages;
+  std::vector<uint64_t> bits(static_cast<size_t>((n + 63) / 64), 0);
+  for (const int32_t page : selection) {
+    CTXPLAN_CHECK(page >= 0 && page < n, "a page selection names page " + std::to_string(page) +
+                                             " of " + std::to_string(n) + " earlier pages");
+    bits[static_cast<size_t>(page) / 64] |= uint64_t{1} << (page % 64);
+  }
+  std::vector<int32_t> pages;
+  pages.reserve(std::min(selection.size(), static_cast<size_t>(n)));
+  for (size_t w = 0; w < bits.size(); ++w)
+    for (uint64_t word = bits[w]; word != 0; word &= word - 1)
+      pages.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(word))));
   return pages;
 }
 
