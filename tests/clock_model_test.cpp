@@ -102,17 +102,28 @@ TEST(ClockModel, ThePlannerTimesAHeavyStepAtItsSustainedClock) {
   const KernelTimeModel time_model(machine);
   const StepPrediction p = AnalyticModel(time_model).Predict(g);
   EXPECT_LT(p.sm_clock_fraction, 0.95);  // a dense 7B step holds the board at its limit
-  EXPECT_DOUBLE_EQ(p.sm_clock_fraction, AnalyticModel(time_model).SustainedClock(g));
-  // Its power at that clock is the limit.
+  EXPECT_EQ(p.pass_clocks, AnalyticModel(time_model).SustainedClocks(g));
+  // Each pass's power at its clock is the limit. Its energy is counted at the maximum clock; at
+  // clock x each op draws x^g of its power for 1/x as long (clock-bound) or as long
+  // (memory-bound), over the pass's time at x.
   const KernelProfile& k = time_model.profile();
-  const double step = p.step_seconds();
-  const double x = p.sm_clock_fraction;
-  // The step's energy is counted at the maximum clock; at clock x each op draws x^g of its
-  // power for 1/x as long (clock-bound) or as long (memory-bound), over the step at x.
-  const double at_clock = k.idle_w + (p.energy.fixed_joules * std::pow(x, kPowerExponent) +
-                                      p.energy.clock_joules * std::pow(x, kPowerExponent - 1)) /
-                                         step;
-  EXPECT_NEAR(at_clock, k.power_limit_w, 0.05 * k.power_limit_w);
+  double seconds = 0, weighted = 0;
+  for (const PowerPass pass : {PowerPass::kFill, PowerPass::kRecompute, PowerPass::kBackward}) {
+    const auto i = static_cast<size_t>(pass);
+    const double x = p.pass_clocks[i];
+    const StepEnergy& e = p.energy_by_pass[i];
+    ASSERT_GT(p.seconds_by_pass[i], 0);
+    EXPECT_LT(x, 1.0);
+    const double at_clock = k.idle_w + (e.fixed_joules * std::pow(x, kPowerExponent) +
+                                        e.clock_joules * std::pow(x, kPowerExponent - 1)) /
+                                           p.seconds_by_pass[i];
+    EXPECT_NEAR(at_clock, k.power_limit_w, 0.05 * k.power_limit_w) << static_cast<int>(pass);
+    seconds += p.seconds_by_pass[i];
+    weighted += x * p.seconds_by_pass[i];
+  }
+  // The step's clock is theirs weighted by time, and the passes fill the step.
+  EXPECT_NEAR(p.sm_clock_fraction, weighted / seconds, 1e-12);
+  EXPECT_NEAR(seconds, p.step_seconds(), 0.01 * p.step_seconds());
 }
 
 }  // namespace

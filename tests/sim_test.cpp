@@ -656,7 +656,11 @@ TEST(KernelTimeModel, GatheredBlockCostOfHeadDim64) {
 // by it once per top-k (a sparse layer-chunk of the fill and of the recompute), on both paths.
 // (With a power limit the idle lets the clock rise: 0.119 s more a step here, not 0.150.)
 TEST(KernelTimeModel, SelectionReadBackHoldsTheLayerAfterEachTopK) {
-  MachineSpec with = H200();
+  MachineSpec none = H200();  // the H200 host's own read-back (h200-125g.yaml) taken off
+  none.selection_read_back_us = 0;
+  none.selection_read_back_ns_per_entry = 0;
+  none.selection_read_back_ns_per_page = 0;
+  MachineSpec with = none;
   with.selection_read_back_us = 80.0;
   with.selection_read_back_ns_per_entry = 10.0;
   with.selection_read_back_ns_per_page = 0.5;
@@ -664,9 +668,9 @@ TEST(KernelTimeModel, SelectionReadBackHoldsTheLayerAfterEachTopK) {
   const double read_back = 80e-6 + 10e-9 * 32 * 65 + 0.5e-9 * 8192;
   EXPECT_NEAR(KernelTimeModel(with).SelectionReadBackSeconds(topk.shape), read_back, 1e-12);
   EXPECT_NEAR(KernelTimeModel(with).Time(topk, Phase::kFill).seconds -
-                  KernelTimeModel(H200()).Time(topk, Phase::kFill).seconds,
+                  KernelTimeModel(none).Time(topk, Phase::kFill).seconds,
               read_back, 1e-9);
-  EXPECT_EQ(KernelTimeModel(H200()).SelectionReadBackSeconds(topk.shape), 0.0);
+  EXPECT_EQ(KernelTimeModel(none).SelectionReadBackSeconds(topk.shape), 0.0);
 
   const RunOptions options = Options(131072, 32, /*offload=*/false);
   const StepPlan plan(Model("qwen2.5-7b"), options);
@@ -680,7 +684,7 @@ TEST(KernelTimeModel, SelectionReadBackHoldsTheLayerAfterEachTopK) {
   }
   ASSERT_GT(topks, 0);
   // At the maximum clock both ways (no power limit): idle time would otherwise let it rise.
-  MachineSpec without = H200();
+  MachineSpec without = none;
   without.gpu.kernels.power_limit_w = 0;
   with.gpu.kernels.power_limit_w = 0;
   const Both base = PredictBoth(Model("qwen2.5-7b"), without, options);

@@ -638,35 +638,40 @@ StepPrediction AnalyticModel::Predict(const PlanGeometry& g) const {
   // The step at the maximum clock, and what its work draws; then again at the clock whose
   // power fits the limit (clock_model.h), its layers slowed rather than timed anew.
   LayerCache& layers = ThreadLayerCache();
-  const double clock = TimeAtMaxClock(g, result, layers);
-  if (clock < 1.0) PredictTime(g, ForRun(g, clock), result, layers, /*reuse=*/true);
+  const PassClocks clocks = TimeAtMaxClock(g, result, layers);
+  if (clocks != PassClocks{1.0, 1.0, 1.0})
+    PredictTime(g, ForRun(g, clocks), result, layers, /*reuse=*/true);
   return result;
 }
 
 StepPrediction AnalyticModel::PredictAtClock(const PlanGeometry& g, double clock_fraction) const {
   StepPrediction result = WithMemory(PredictMemory(g, time_model_.gpus_per_machine()));
-  PredictTime(g, ForRun(g, clock_fraction), result, ThreadLayerCache(), /*reuse=*/false);
+  PredictTime(g, ForRun(g, {clock_fraction, clock_fraction, clock_fraction}), result,
+              ThreadLayerCache(), /*reuse=*/false);
   return result;
 }
 
-KernelTimeModel AnalyticModel::ForRun(const PlanGeometry& g, double clock_fraction) const {
-  KernelTimeModel m = time_model_.AtClock(clock_fraction);  // one copy of the profile, not two
+KernelTimeModel AnalyticModel::ForRun(const PlanGeometry& g, const PassClocks& clocks) const {
+  KernelTimeModel m = time_model_.AtClocks(clocks);  // one copy of the profile, not two
   m.ShareHostLinks(g.options().pipeline_stages);
   return m;
 }
 
-double AnalyticModel::SustainedClock(const PlanGeometry& g) const {
+PassClocks AnalyticModel::SustainedClocks(const PlanGeometry& g) const {
   StepPrediction result;
   return TimeAtMaxClock(g, result, ThreadLayerCache());
 }
 
-double AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& result,
-                                     LayerCache& layers) const {
-  const KernelTimeModel at_max = ForRun(g, 1.0);
+PassClocks AnalyticModel::TimeAtMaxClock(const PlanGeometry& g, StepPrediction& result,
+                                         LayerCache& layers) const {
+  const KernelTimeModel at_max = ForRun(g, {1.0, 1.0, 1.0});
   PredictTime(g, at_max, result, layers, /*reuse=*/false);
-  return SustainedClockFraction(at_max.profile(),
-                                TicksToSeconds(result.step_ticks - result.gpu_idle_tail_ticks),
-                                result.energy);
+  PassClocks clocks;
+  for (int p = 0; p < kPowerPassCount; ++p)
+    clocks[static_cast<size_t>(p)] =
+        SustainedClockFraction(at_max.profile(), result.seconds_by_pass[static_cast<size_t>(p)],
+                               result.energy_by_pass[static_cast<size_t>(p)]);
+  return clocks;
 }
 
 void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& time_model,
@@ -674,11 +679,12 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
   const int32_t chunks = g.num_chunks();
   const auto n = static_cast<size_t>(chunks);
   if (reuse) {
-    // The pass at the sustained clock slows the cached layers in place: it is their last use.
-    const double slower = 1.0 / time_model.clock_fraction();
-    for (ForwardLayer& f : layers.fill) f.Slow(slower);
-    for (ForwardLayer& f : layers.recompute) f.Slow(slower);
-    for (BackwardLayer& b : layers.backward) b.Slow(slower);
+    // The pass at the sustained clocks slows the cached layers in place: it is their last use.
+    for (ForwardLayer& f : layers.fill) f.Slow(1.0 / time_model.clock_fraction(Phase::kFill));
+    for (ForwardLayer& f : layers.recompute)
+      f.Slow(1.0 / time_model.clock_fraction(Phase::kRecompute));
+    for (BackwardLayer& b : layers.backward)
+      b.Slow(1.0 / time_model.clock_fraction(Phase::kBackward));
   } else {
     layers.fill.assign(n, {});
     layers.recompute.assign(n, {});
@@ -721,7 +727,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
   result.host = host;
   result.gpu_peak_by_rank = by_rank;
   result.host_peak_by_rank = host_by_rank;
-  result.sm_clock_fraction = time_model.clock_fraction();
+  result.pass_clocks = time_model.pass_clocks();
   const ModelSpec& m = g.model();
   const RunOptions& o = g.options();
   const int32_t stages = g.stages();
@@ -754,6 +760,18 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     t.Kernel(BoundaryCopyCost(bytes), phase);  // unpack
   };
 
+  // What an item of the schedule drew and how long it held its stage's compute stream (waits for
+  // copies and for other stages included), into its pass's share: each pass's clock follows.
+  auto account = [&](int32_t r, Phase phase, Tick compute_before, const StepEnergy& drawn_before) {
+    StepPrediction& p = partial[static_cast<size_t>(r)];
+    const auto pass = static_cast<size_t>(PowerPassOf(phase));
+    p.seconds_by_pass[pass] +=
+        TicksToSeconds(time[static_cast<size_t>(r)].ComputeEnd() - compute_before);
+    StepEnergy& e = p.energy_by_pass[pass];
+    e.clock_bound_seconds += p.energy.clock_bound_seconds - drawn_before.clock_bound_seconds;
+    e.clock_joules += p.energy.clock_joules - drawn_before.clock_joules;
+    e.fixed_joules += p.energy.fixed_joules - drawn_before.fixed_joules;
+  };
   PipelineSchedule schedule(g);
   PipelineItem item;
   while (schedule.Next(item)) {
@@ -761,6 +779,8 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     const auto s = static_cast<size_t>(r);
     TimeRecurrence& t = time[s];
     const ChunkGeometry c = g.Chunk(item.chunk);
+    const Tick compute_before = t.ComputeEnd();
+    const StepEnergy drawn_before = partial[s].energy;
     if (item.kind == PipelineItemKind::kBackward) {
       const DkvState dkv = g.Dkv(c, selected_after[static_cast<size_t>(item.chunk) + 1]);
       using Outside = TimeRecurrence::Outside;
@@ -783,6 +803,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
         });
       else
         send(t, r, r - 1, g.boundary_backward_bytes(c), Phase::kBackward, backward_arrivals[s - 1]);
+      account(r, Phase::kBackward, compute_before, drawn_before);
       continue;
     }
     const Phase phase = item.kind == PipelineItemKind::kFill ? Phase::kFill : Phase::kRecompute;
@@ -794,6 +815,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     t.RunForward(forward(c, phase, t));
     if (r < g.last_stage())
       send(t, r, r + 1, g.boundary_forward_bytes(c), phase, forward_arrivals[s]);
+    account(r, phase, compute_before, drawn_before);
   }
 
   // The busiest stage's streams and energy (its power sets the clock); the model's FLOPs and
@@ -801,7 +823,10 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
   double most_joules = -1;
   for (int32_t r = 0; r < stages; ++r) {
     TimeRecurrence& t = time[static_cast<size_t>(r)];
+    const Tick compute_before = t.ComputeEnd();
+    const StepEnergy drawn_before = partial[static_cast<size_t>(r)].energy;
     t.Optimizer();
+    account(r, Phase::kOptimizer, compute_before, drawn_before);
     const StepPrediction& p = partial[static_cast<size_t>(r)];
     result.step_ticks = std::max(result.step_ticks, t.End());
     for (size_t k = 0; k < p.busy_ticks.size(); ++k)
@@ -814,8 +839,18 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     if (joules > most_joules) {
       most_joules = joules;
       result.energy = p.energy;
+      result.energy_by_pass = p.energy_by_pass;
+      result.seconds_by_pass = p.seconds_by_pass;
     }
   }
+  // The clock reported for the step: the passes' clocks weighted by their time.
+  double seconds = 0, weighted = 0;
+  for (int q = 0; q < kPowerPassCount; ++q) {
+    seconds += result.seconds_by_pass[static_cast<size_t>(q)];
+    weighted +=
+        result.seconds_by_pass[static_cast<size_t>(q)] * result.pass_clocks[static_cast<size_t>(q)];
+  }
+  result.sm_clock_fraction = seconds > 0 ? weighted / seconds : result.pass_clocks[0];
 }
 
 }  // namespace ctxplan::sim

@@ -102,7 +102,10 @@ class Engine {
     s.busy = false;
     s.busy_ticks += now - s.running_since;
     result_.step_ticks = std::max(result_.step_ticks, now);
-    if (observer_) observer_->OnOpComplete(s.running, s.running_since, now);
+    // Observers get the kernel's span: a top-k's host read-back after it holds the stream, idle.
+    if (observer_)
+      observer_->OnOpComplete(s.running, s.running_since,
+                              std::max(s.running_since, now - time_model_.HostTicks(s.running)));
     Refill();
     StartAll();
   }
@@ -197,11 +200,15 @@ StepPrediction EventSimulator::Run(const StepPlan& plan, SimObserver* observer) 
   // The ops timed at the SM clock the step holds under the power limit, which the analytic
   // path finds (clock_model.h).
   const AnalyticModel analytic(time_model_);
-  const double clock = analytic.SustainedClock(plan.geometry());
-  const KernelTimeModel at_clock = analytic.ForRun(plan.geometry(), clock);
+  // Each pass at its own clock; the step's clock reported as the analytic path weighs them.
+  const StepPrediction analytic_step = analytic.Predict(plan.geometry());
+  const KernelTimeModel at_clock = analytic.ForRun(plan.geometry(), analytic_step.pass_clocks);
   Engine engine(plan, at_clock, observer);
   StepPrediction result = engine.Run();
-  result.sm_clock_fraction = clock;
+  result.sm_clock_fraction = analytic_step.sm_clock_fraction;
+  result.pass_clocks = analytic_step.pass_clocks;
+  result.energy_by_pass = analytic_step.energy_by_pass;
+  result.seconds_by_pass = analytic_step.seconds_by_pass;
   return result;
 }
 

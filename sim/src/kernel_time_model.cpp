@@ -417,9 +417,14 @@ KernelTimeModel::PageRate KernelTimeModel::HeadDimRateAgainst128(int64_t head_di
 }
 
 KernelTimeModel KernelTimeModel::AtClock(double fraction) const {
-  CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
+  return AtClocks({fraction, fraction, fraction});
+}
+
+KernelTimeModel KernelTimeModel::AtClocks(const PassClocks& fractions) const {
+  for (const double fraction : fractions)
+    CTXPLAN_CHECK(fraction > 0 && fraction <= 1.0, "clock fraction must be in (0, 1]");
   KernelTimeModel m = *this;
-  m.clock_fraction_ = fraction;
+  m.clocks_ = fractions;
   return m;
 }
 
@@ -456,7 +461,7 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
   // kernel on a slow path (small tiles, pages off the fast path) waits more and draws less.
   auto bounded = [&](double fixed, double compute_at_max, double full_seconds, double watts) {
     OpTime t;
-    const double compute = compute_at_max / clock_fraction_;
+    const double compute = compute_at_max / clock_fraction(phase);
     if (compute >= memory) {
       t.seconds = fixed + compute;
       t.energy.clock_bound_seconds = compute;

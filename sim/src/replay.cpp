@@ -31,22 +31,13 @@ struct Predicted {
 
 class Recorder final : public SimObserver {
  public:
-  explicit Recorder(const KernelTimeModel& time_model) : time_model_(time_model) {}
   void OnOpComplete(const Op& op, Tick start, Tick end) override {
     if (ops.size() <= op.id) ops.resize(op.id + 1);
-    // A top-k's time holds the host's read-back of its selections, when the GPU idles: the
-    // kernel is what the trace records, so its span ends before it.
-    if (op.kind == OpKind::kPageTopK)
-      end = std::max(start,
-                     end - SecondsToTicks(time_model_.SelectionReadBackSeconds(op.cost.shape)));
     ops[op.id] = {start, end, op.kind, op.stream, op.part, op.phase, op.rank, op.cost.bytes};
     ++timed;
   }
   std::vector<Predicted> ops;
   uint64_t timed = 0;
-
- private:
-  const KernelTimeModel& time_model_;
 };
 
 double Seconds(int64_t ns) {
@@ -204,7 +195,7 @@ ReplayResult Replay(const OpTrace& trace, const StepPlan& plan, const KernelTime
   // with all of the plan's ops.
   const int32_t rank =
       RankFromMetadata(trace.metadata, plan.geometry().stages(), trace_name).value_or(-1);
-  Recorder recorder(time_model);
+  Recorder recorder;
   const StepPrediction prediction = EventSimulator(time_model).Run(plan, &recorder);
   ReplayResult r;
   r.rank = rank;

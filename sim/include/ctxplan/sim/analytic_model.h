@@ -36,22 +36,22 @@ class AnalyticModel {
   // Memory and time at a given SM clock (a fraction of the maximum) instead of the one the
   // power model predicts: to tell a run's clock error from its kernel-time error (matrix_test).
   StepPrediction PredictAtClock(const PlanGeometry& geometry, double clock_fraction) const;
-  // That clock, as a fraction of the maximum (1: the step fits under the limit).
-  double SustainedClock(const PlanGeometry& geometry) const;
-  // The kernel-time model `geometry`'s ops are timed with at `clock_fraction`: its GPUs sharing
-  // the host's links (KernelTimeModel::ForStages), at that clock. The event path uses it too.
-  KernelTimeModel ForRun(const PlanGeometry& geometry, double clock_fraction) const;
+  // The clock each pass holds, as a fraction of the maximum (1: the pass fits under the limit).
+  PassClocks SustainedClocks(const PlanGeometry& geometry) const;
+  // The kernel-time model `geometry`'s ops are timed with at `clocks`: its GPUs sharing the
+  // host's links (KernelTimeModel::ForStages), each pass at its clock. The event path uses it too.
+  KernelTimeModel ForRun(const PlanGeometry& geometry, const PassClocks& clocks) const;
   // Memory only: O(chunks x stages) integer arithmetic, for the max-context search. Pipeline
   // stages fill machines of `gpus_per_machine` GPUs in order, sharing their host memory.
   static MemoryPrediction PredictMemory(const PlanGeometry& geometry, int gpus_per_machine = 1);
 
  private:
   // The step's time at the maximum clock into `result` (memory kept), building `layers`; returns
-  // the clock fraction whose power fits the limit.
-  double TimeAtMaxClock(const PlanGeometry& geometry, StepPrediction& result,
-                        LayerCache& layers) const;
+  // each pass's clock fraction whose power fits the limit.
+  PassClocks TimeAtMaxClock(const PlanGeometry& geometry, StepPrediction& result,
+                            LayerCache& layers) const;
   // The step's time with `time_model` (memory in `result` kept). A pass without `reuse` builds
-  // `layers` at the maximum clock; one with `reuse` slows them to time_model's clock.
+  // `layers` at the maximum clock; one with `reuse` slows them to time_model's clocks.
   static void PredictTime(const PlanGeometry& geometry, const KernelTimeModel& time_model,
                           StepPrediction& result, LayerCache& layers, bool reuse);
 

@@ -15,14 +15,17 @@
 // step (each op's FLOPs at its kind's full rate x the kind's watts: a kernel on a slow path waits
 // more and draws less, page-sparse attention excepted; at clock x an op draws x^g of it for 1/x
 // as long), and fixed_joules the same for the memory-bound kernels, whose time
-// does not move with the clock but whose draw does. The power is averaged over the whole step:
-// a step that waits on PCIe copies between kernels is cooler (measured: offloading 7B steps hold
-// 1790-1910 MHz where dense ones hold 1690-1730). Not so a step's tail of host work (AdamW on the
-// host, seconds with the GPU idle): the limit acts over about a second, so the kernels before it
-// run as hot as in a step without it (Llama-3.1-8B 32K, AdamW on the host, H200 calibration
-// row: 1817 MHz measured at 437 W mean board power), and the tail is left out of the average.
-// The step's clock is the largest x whose power fits the limit; the planner then times the step
-// again at that clock.
+// does not move with the clock but whose draw does. The power is averaged over each pass of the
+// step (PowerPass: the fill, the recompute, the backward with the loss and the optimizer), the
+// time its compute stream takes, waits included: a pass that waits on PCIe copies between
+// kernels is cooler (measured: offloading 7B steps hold 1790-1910 MHz where dense ones hold
+// 1690-1730), and the limiter tells the passes apart within a chunk (the same GEMM 6% slower in
+// the backward than in the recompute just before it: PowerPass below). Not so a step's tail of
+// host work (AdamW on the host, seconds with the GPU idle): the limit acts over about a second,
+// so the kernels before it run as hot as in a step without it (Llama-3.1-8B 32K, AdamW on the
+// host, H200 calibration row: 1817 MHz measured at 437 W mean board power), and the tail is left
+// out. Each pass's clock is the largest x whose power fits the limit; the planner then times the
+// step again at those clocks, and reports their mean over the step's time.
 //
 // The clock is the kernels' speed, not NVML's reading. Under the limit an H100 reports 6-11%
 // less clock than an H200 doing the same work a second at the same draw (ctxplan-measure's
@@ -33,7 +36,11 @@
 // is comparable with NVML's only where the two agree (the H200).
 #pragma once
 
+#include <array>
+#include <cstdint>
+
 #include "ctxplan/models/gpu_spec.h"
+#include "ctxplan/runtime/plan/op.h"
 
 namespace ctxplan::sim {
 
@@ -69,5 +76,19 @@ struct StepEnergy {
 // holds; 1 when the profile has no power model or the step fits under the limit.
 double SustainedClockFraction(const KernelProfile& profile, double step_seconds,
                               const StepEnergy& energy);
+
+// The step's passes, each held at its own clock: the limiter acts within a fraction of a second,
+// so a copy-bound fill or recompute (idle between kernels, cool) runs faster than the backward
+// chunk beside it (Qwen2.5-7B 1M over 2 H200s, rank 0: the same gate/up GEMM 1.392 ms in the fill
+// and the recompute, 1.480 ms in the backward's). The loss, the optimizer and the setup go with
+// the backward.
+enum class PowerPass : uint8_t { kFill, kRecompute, kBackward, kCount_ };
+inline constexpr int kPowerPassCount = static_cast<int>(PowerPass::kCount_);
+inline PowerPass PowerPassOf(Phase phase) {
+  return phase == Phase::kFill        ? PowerPass::kFill
+         : phase == Phase::kRecompute ? PowerPass::kRecompute
+                                      : PowerPass::kBackward;
+}
+using PassClocks = std::array<double, kPowerPassCount>;  // fractions of the maximum SM clock
 
 }  // namespace ctxplan::sim

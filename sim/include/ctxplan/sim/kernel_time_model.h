@@ -82,8 +82,10 @@ class KernelTimeModel {
   };
   OpTime Time(const OpCost& cost, Phase phase) const;
 
-  // This model with compute-bound work at `fraction` of the maximum SM clock.
+  // This model with compute-bound work at `fraction` of the maximum SM clock, in every pass or
+  // at each pass's own.
   KernelTimeModel AtClock(double fraction) const;
+  KernelTimeModel AtClocks(const PassClocks& fractions) const;
   // This model for a run pipelined over `stages` GPUs: the GPUs of one machine copy to and from
   // the host at the same time (their stages run side by side), and share what the host's links
   // give them together (MachineSpec::host_links_*); a machine that measured none, or one GPU,
@@ -92,7 +94,11 @@ class KernelTimeModel {
   void ShareHostLinks(int stages);  // the same, in place
   // The GPUs of one machine that copy at once in a run of `stages` pipeline stages.
   int HostCopiers(int stages) const { return std::min(std::max(1, stages), gpus_per_machine_); }
-  double clock_fraction() const { return clock_fraction_; }
+  // The SM clock the compute-bound kernels of `phase`'s pass run at, a fraction of the maximum.
+  double clock_fraction(Phase phase) const {
+    return clocks_[static_cast<size_t>(PowerPassOf(phase))];
+  }
+  const PassClocks& pass_clocks() const { return clocks_; }
 
   const KernelProfile& profile() const { return profile_; }
   // A GPU's PCIe copy rates, bytes a second: one way alone on its link (after ForStages, its
@@ -130,15 +136,21 @@ class KernelTimeModel {
   // A page top-k's selection read-back on the host: the wait for the stream, the union of the
   // rows x tile_pages selected pages, the table of the cols earlier pages. The top-k op's time
   // includes it (the compute stream has nothing else queued until the host issues the layer's
-  // attention); replay takes it off the kernel's predicted span.
+  // attention).
   double SelectionReadBackSeconds(const KernelShape& shape) const;
+  // The part of an op's Duration that is host work after its kernel, with the GPU idle (a top-k's
+  // read-back): the event path's observers see the kernel's span without it.
+  Tick HostTicks(const Op& op) const {
+    return op.kind == OpKind::kPageTopK ? SecondsToTicks(SelectionReadBackSeconds(op.cost.shape))
+                                        : 0;
+  }
   // The paged attention's fraction of the contiguous rate over pages of `page_tokens` (the
   // profile's page table for the head dim, times its sparse table where pages are selected).
   double PagedEfficiency(int64_t page_tokens, bool backward, bool d64, bool sparse) const;
 
  private:
   KernelProfile profile_;
-  double clock_fraction_ = 1.0;  // of the maximum SM clock
+  PassClocks clocks_ = {1.0, 1.0, 1.0};  // of the maximum SM clock, by pass
   int64_t sm_count_ = 1;
   double hbm_bytes_per_second_ = 0;  // memory-bound kernels
   double h2d_bytes_per_second_ = 0;

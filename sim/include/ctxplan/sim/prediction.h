@@ -77,10 +77,15 @@ struct StepPrediction {
   double h2d_bytes = 0.0;
   double d2h_bytes = 0.0;
   uint64_t op_count = 0;
-  // The SM clock the step holds under the power limit, as a fraction of the maximum, and what
-  // its ops draw at that clock (clock_model.h).
+  // The SM clock the step holds under the power limit, as a fraction of the maximum (the passes'
+  // clocks weighted by their time), and what its ops draw at those clocks (clock_model.h).
   double sm_clock_fraction = 1.0;
   StepEnergy energy;
+  // Of the busiest GPU, by pass (clock_model.h, PowerPass): what its ops draw and how long its
+  // compute stream takes (waits included), which set each pass's clock; and those clocks.
+  std::array<StepEnergy, kPowerPassCount> energy_by_pass{};
+  std::array<double, kPowerPassCount> seconds_by_pass{};
+  PassClocks pass_clocks = {1.0, 1.0, 1.0};
   // The step's tail after the GPU's last kernel (AdamW on the host and its copies): seconds of an
   // idle GPU that the board's power limit, acting over about a second, does not average into the
   // kernels' draw (clock_model.h).
