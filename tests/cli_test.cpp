@@ -949,10 +949,23 @@ TEST(CliTest, PlanNamesTheClockUnderThePowerLimit) {
   const RunResult h = RunCtxplan(heavy, dir.path());
   ASSERT_EQ(h.exit_code, 0) << Describe(heavy, h);
   EXPECT_TRUE(std::regex_search(
-      h.out, std::regex("SM clock [0-9]+% of its maximum \\(1[5-9][0-9][0-9] MHz by the kernels' "
-                        "speed\\): held at "
-                        "the 700 W power limit")))
+      h.out,
+      std::regex("SM clock [0-9]+% of its maximum \\(1[5-9][0-9][0-9] MHz by the kernels' "
+                 "speed\\): held at "
+                 "the 700 W power limit \\(fill [0-9]+%, recompute [0-9]+%, backward [0-9]+%\\)")))
       << h.out;
+  // Each pass at its own clock (clock_model.h): the dense backward no faster than the fill.
+  const std::vector<std::string> heavy_json = {"plan", "--context", "128K", "--json"};
+  const RunResult hj = RunCtxplan(heavy_json, dir.path());
+  ASSERT_EQ(hj.exit_code, 0) << Describe(heavy_json, hj);
+  std::smatch fill, backward;
+  ASSERT_TRUE(std::regex_search(hj.out, fill, std::regex("\"sm_clock_fraction_fill\":([0-9.]+)")))
+      << hj.out;
+  ASSERT_TRUE(
+      std::regex_search(hj.out, backward, std::regex("\"sm_clock_fraction_backward\":([0-9.]+)")))
+      << hj.out;
+  EXPECT_LE(std::stod(backward[1]), std::stod(fill[1]));
+  EXPECT_LT(std::stod(backward[1]), 1.0);
   // A step that waits on PCIe (chunks of 1024 over offloaded pages) draws under the limit in
   // every pass (at 32K its backward reaches 99%).
   const std::vector<std::string> light = {"plan",   "--gpu",   "l40s",         "--host-ram",

@@ -277,7 +277,12 @@ std::string PlanText(const PlanContext& c, const sim::PlanReport& r) {
          (known ? Printf(" (%.0f MHz by the kernels' speed)", fraction * k.max_sm_clock_mhz)
                 : std::string()) +
          (fraction < 1.0 ? ": held at the " : ": under the ") +
-         Printf("%.0f W power limit\n", k.power_limit_w);
+         Printf("%.0f W power limit", k.power_limit_w) +
+         (fraction < 1.0 ? Printf(" (fill %.0f%%", 100 * r.prediction.pass_clocks[0]) +
+                               Printf(", recompute %.0f%%", 100 * r.prediction.pass_clocks[1]) +
+                               Printf(", backward %.0f%%)", 100 * r.prediction.pass_clocks[2])
+                         : std::string()) +
+         "\n";
   }
   s += "Bottleneck: " + std::string(sim::BottleneckName(r.bottleneck)) + "\n";
   const sim::StartupPrediction& st = r.startup;
@@ -409,6 +414,9 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .Field("h2d_utilisation", r.h2d_utilisation)
       .Field("d2h_utilisation", r.d2h_utilisation)
       .Field("sm_clock_fraction", r.prediction.sm_clock_fraction)
+      .Field("sm_clock_fraction_fill", r.prediction.pass_clocks[0])
+      .Field("sm_clock_fraction_recompute", r.prediction.pass_clocks[1])
+      .Field("sm_clock_fraction_backward", r.prediction.pass_clocks[2])
       .EndObject();
   j.BeginObject("startup")
       .Field("seconds", r.startup.total())
