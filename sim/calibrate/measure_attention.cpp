@@ -341,10 +341,8 @@ Sample PageScoreRow(Session& session, int64_t t, Heads h, int64_t pages) {
 Sample PageTopKRow(Session& session, int64_t tiles, int64_t pages, int64_t budget) {
   Rotating<float> scores(tiles * pages, -1, 1, static_cast<uint32_t>(131 + pages + tiles));
   Rotating<int32_t> selected(tiles * (budget + kSinkPages), 0, 1, 132);  // [tiles][per tile]
-  int32_t* host = nullptr;  // [tiles][per tile], pinned
-  const size_t host_bytes = static_cast<size_t>(tiles * (budget + kSinkPages)) * sizeof(int32_t);
-  CTXPLAN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host), host_bytes));
-  const std::unique_ptr<int32_t, cudaError_t (*)(void*)> host_owner(host, cudaFreeHost);
+  const PinnedHost pinned(static_cast<size_t>(tiles * (budget + kSinkPages)) * sizeof(int32_t));
+  auto* host = reinterpret_cast<int32_t*>(pinned.get());  // [tiles][per tile]
   int64_t per_tile = 0;
   Sample s;
   s.op = "page_topk";

@@ -54,14 +54,6 @@ struct ReadBackCase {
   int64_t tiles, per_tile, pages;
 };
 
-// One pinned host array of `count` int32, freed with the case.
-std::unique_ptr<int32_t, cudaError_t (*)(void*)> PinnedInts(int64_t count) {
-  int32_t* p = nullptr;
-  CTXPLAN_CUDA_CHECK(
-      cudaMallocHost(reinterpret_cast<void**>(&p), static_cast<size_t>(count) * sizeof(int32_t)));
-  return {p, cudaFreeHost};
-}
-
 Sample ReadBackRow(Session& session, const ReadBackCase& c, int round_trips) {
   const int64_t entries = c.tiles * c.per_tile;
   // [tiles][per_tile] page numbers: each tile's first entry the sink page, the rest drawn.
@@ -73,8 +65,10 @@ Sample ReadBackRow(Session& session, const ReadBackCase& c, int round_trips) {
   DeviceArray<int32_t> selected(static_cast<size_t>(entries));
   CTXPLAN_CUDA_CHECK(
       cudaMemcpy(selected.get(), drawn.data(), selected.bytes(), cudaMemcpyHostToDevice));
-  auto selection_host = PinnedInts(entries);
-  auto table_host = PinnedInts(c.pages);
+  const PinnedHost selection_pinned(static_cast<size_t>(entries) * sizeof(int32_t));
+  const PinnedHost table_pinned(static_cast<size_t>(c.pages) * sizeof(int32_t));
+  auto* selection_host = reinterpret_cast<int32_t*>(selection_pinned.get());  // [tiles][per_tile]
+  auto* table_host = reinterpret_cast<int32_t*>(table_pinned.get());          // [earlier pages]
   DeviceArray<int32_t> table(static_cast<size_t>(c.pages));
 
   cudaStream_t h2d = nullptr;
@@ -95,15 +89,15 @@ Sample ReadBackRow(Session& session, const ReadBackCase& c, int round_trips) {
   const cudaStream_t stream = session.stream;
   for (int r = 0; r < total; ++r) {
     LaunchIdleKernel(kWaitBehindSeconds, stream);
-    gpu::CopyBySms(selected.get(), selection_host.get(), entries, stream);
+    gpu::CopyBySms(selected.get(), selection_host, entries, stream);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(events[2 * r], stream));
     CTXPLAN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::vector<int32_t> selection(selection_host.get(), selection_host.get() + entries);
+    const std::vector<int32_t> selection(selection_host, selection_host + entries);
     const std::vector<int32_t> pages = AttendedPages(chunk, selection);
-    int32_t* t = table_host.get();
-    std::fill(t, t + c.pages, -1);
-    for (size_t j = 0; j < pages.size(); ++j) t[pages[j]] = static_cast<int32_t>(j);
-    CTXPLAN_CUDA_CHECK(cudaMemcpyAsync(table.get(), t, table.bytes(), cudaMemcpyHostToDevice, h2d));
+    std::fill(table_host, table_host + c.pages, -1);
+    for (size_t j = 0; j < pages.size(); ++j) table_host[pages[j]] = static_cast<int32_t>(j);
+    CTXPLAN_CUDA_CHECK(
+        cudaMemcpyAsync(table.get(), table_host, table.bytes(), cudaMemcpyHostToDevice, h2d));
     CTXPLAN_CUDA_CHECK(cudaEventRecord(copied, h2d));
     CTXPLAN_CUDA_CHECK(cudaStreamWaitEvent(stream, copied, 0));
     CTXPLAN_CUDA_CHECK(cudaEventRecord(events[2 * r + 1], stream));

@@ -629,7 +629,7 @@ SelectionReadBackFit FitSelectionReadBack(const CalibrationSamples& samples) {
           {static_cast<double>(s.m * s.pages_per_tile), static_cast<double>(s.pages), s.seconds});
   SelectionReadBackFit best;
   if (rows.empty()) return best;
-  // Least squares over the fixed term and the terms `use` keeps (normal equations, at most 3x3,
+  // Least squares over the fixed term and the terms asked for (normal equations, at most 3x3,
   // by Gaussian elimination); nullopt where a coefficient comes out negative or the system is
   // singular (a term the rows do not vary).
   auto solve = [&rows](bool entries, bool pages) -> std::optional<std::array<double, 3>> {
