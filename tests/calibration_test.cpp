@@ -204,6 +204,7 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu,
     for (const auto& [hq, hkv, d] : sparse_heads) {
       for (const auto& [p, budget] : std::vector<std::pair<int64_t, int64_t>>{
                {128, 16}, {128, 64}, {128, 128}, {64, 16}, {64, 64}}) {
+        if (hq / hkv <= 2 && p != 128) continue;  // groups 1-2: ctxplan-measure's union rows
         CalibrationSample s = Row(op);
         const int64_t t = 4096, pages = 65536 / p, per_tile = budget + 1, kv_dim = hkv * d;
         s.m = t, s.heads = hq, s.kv_heads = hkv, s.head_dim = d, s.grad_bytes = 2;
@@ -374,6 +375,53 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_NEAR(loaded.kernels.page_score_ns_per_tile_element, k.page_score_ns_per_tile_element,
               1e-9);
   EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
+}
+
+// At GQA groups 1-2 the page-sparse backward runs key blocks over the union
+// (AttentionBackwardOverUnion): their block cost is fitted on those rows alone, the gathered
+// blocks' on the others; the groups' rows time gathered blocks where the profile has no union
+// cost, and move with it where it has one.
+TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
+  const GpuSpec gpu = LoadGpu("h200");
+  KernelProfile truth = TruthProfile();
+  truth.sparse_bwd_gathered = true;
+  truth.attention_bwd_gathered_item_us = 12.0;
+  truth.attention_bwd_gathered_item_us_d64 = 20.0;
+  truth.attention_bwd_union_block_us = 30.0;
+  truth.sparse_bwd_union_efficiency = 0.8;
+  const std::vector<SparseHeads> heads = {{28, 4, 128}, {32, 8, 128}, {32, 8, 64},
+                                          {28, 4, 64},  {16, 16, 64}, {16, 16, 128}};
+  const CalibrationSamples samples = MakeSamples(gpu, truth, heads);
+  const KernelProfile k = FitCalibration(samples, gpu, "s.csv").gpu.kernels;
+  EXPECT_NEAR(k.attention_bwd_union_block_us, 30.0, 0.51);
+  EXPECT_NEAR(k.sparse_bwd_union_efficiency, 0.8, 0.01);
+  EXPECT_NEAR(k.attention_bwd_gathered_item_us, 12.0, 0.51);
+  EXPECT_NEAR(k.attention_bwd_gathered_item_us_d64, 20.0, 0.51);
+  // Without rows at those groups: no union cost, and their time is the gathered blocks'.
+  const KernelProfile none =
+      FitCalibration(
+          MakeSamples(gpu, truth, {{28, 4, 128}, {32, 8, 128}, {32, 8, 64}, {28, 4, 64}}), gpu,
+          "s.csv")
+          .gpu.kernels;
+  EXPECT_EQ(none.attention_bwd_union_block_us, 0.0);
+  const MachineSpec machine = MakeMachine(gpu, int64_t{128} << 30);
+  auto paged_seconds = [&](const KernelProfile& profile, int64_t hq, int64_t hkv) {
+    const OpCost b = AttentionBackwardCost(4096.0 * 65 * 128, 4096, 32 * 65 * 128, hq, hkv * 64, 64,
+                                           2, true, 128, 65, 300);
+    return KernelTimeModel(machine, profile).Seconds(b, Phase::kBackward);
+  };
+  KernelProfile cheaper = truth;
+  cheaper.attention_bwd_union_block_us = 10.0;
+  EXPECT_LT(paged_seconds(cheaper, 16, 16), paged_seconds(truth, 16, 16));
+  EXPECT_EQ(paged_seconds(cheaper, 32, 8), paged_seconds(truth, 32, 8));  // group 4: gathered
+  // Group 1 with a union cost ignores the gathered blocks' cost; without one it takes it.
+  KernelProfile other_gathered = truth;
+  other_gathered.attention_bwd_gathered_item_us_d64 = 5.0;
+  EXPECT_EQ(paged_seconds(other_gathered, 16, 16), paged_seconds(truth, 16, 16));
+  KernelProfile gathered_only = truth, other_gathered_only = other_gathered;
+  gathered_only.attention_bwd_union_block_us = 0.0;
+  other_gathered_only.attention_bwd_union_block_us = 0.0;
+  EXPECT_GT(paged_seconds(gathered_only, 16, 16), paged_seconds(other_gathered_only, 16, 16));
 }
 
 // A gathered page-sparse backward block's fixed cost is told apart from the per-pair rate where

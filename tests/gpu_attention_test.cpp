@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cpu/reference.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
@@ -670,6 +671,14 @@ void SelectTopK(Problem& pr, int64_t budget, int64_t sinks, uint32_t rng_seed) {
   cpu::PageTopK(scores.data(), tiles, pr.pages, budget, sinks, pr.sel.data());
 }
 
+// The pages some tile selected, ascending (the runtime's AttendedPages).
+std::vector<int32_t> UnionOf(const std::vector<int32_t>& sel) {
+  std::vector<int32_t> pages(sel.begin(), sel.end());
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  return pages;
+}
+
 TEST(GpuAttention, SparseTopK) {
   SKIP_WITHOUT_GPU();
   for (int variant = 0; variant < 2; ++variant) {
@@ -704,9 +713,7 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(31);
     SelectTopK(pr, 3, 1, 77);
-    std::vector<int32_t> union_pages(pr.sel.begin(), pr.sel.end());
-    std::sort(union_pages.begin(), union_pages.end());
-    union_pages.erase(std::unique(union_pages.begin(), union_pages.end()), union_pages.end());
+    const std::vector<int32_t> union_pages = UnionOf(pr.sel);
     ASSERT_LT(static_cast<int64_t>(union_pages.size()), pr.pages);  // some pages unselected
 
     const DeviceProblem dp(pr);
@@ -747,6 +754,52 @@ TEST(GpuAttention, SparseBackwardOverTheUnionEqualsAllBlocks) {
     }
   }
   unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
+}
+
+// At GQA groups of 1 and 2 the page-sparse backward takes key blocks over the union where
+// AttentionBackwardOverUnion says (the runtime passes the union); what they compute is the gathered
+// blocks' (CTXPLAN_ATTN_BWD_SPARSE=gather), which the test below checks against the CPU reference:
+// to fp32 rounding on an fp32 dKV pool (the gathered blocks add dK/dV by atomics), to a few bf16
+// roundings on a bf16 one.
+TEST(GpuAttention, GroupsOfOneAndTwoTakeTheUnionAsGatheredBlocksWould) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t t, hq, hkv, hd, p, pages;
+  };
+  for (const Shape sh : {Shape{256, 4, 4, 64, 128, 24}, Shape{384, 2, 2, 64, 128, 12},
+                         Shape{200, 3, 3, 64, 256, 9}, Shape{4096, 2, 2, 128, 128, 40},
+                         Shape{3072, 4, 2, 64, 256, 20}, Shape{3200, 4, 2, 64, 128, 41}}) {
+    ASSERT_TRUE(AttentionBackwardOverUnion(sh.t, sh.hq, sh.hkv, sh.hd, sh.p));
+    Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
+    pr.Generate(53);
+    SelectTopK(pr, 4, 1, 91);
+    const std::vector<int32_t> union_pages = UnionOf(pr.sel);
+    const DeviceProblem dp(pr);
+    const FwdResult f = GpuForward(pr, dp);
+    std::mt19937 init_rng(6);
+    const std::vector<float> dkv_init =
+        RandomBf16(pr.num_slots * pr.PageShape().page_elements(), init_rng);
+    const DeviceBuffer<int32_t> union_dev = Upload(union_pages);
+    const auto n_union = static_cast<int64_t>(union_pages.size());
+    for (const bool bf16_pool : {false, true}) {
+      const std::string where = "t " + std::to_string(sh.t) + " heads " + std::to_string(sh.hq) +
+                                "/" + std::to_string(sh.hkv) + " hd " + std::to_string(sh.hd) +
+                                " p " + std::to_string(sh.p) + (bf16_pool ? " bf16" : " fp32");
+      const BwdResult by_union =
+          GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool, &union_dev, n_union);
+      setenv("CTXPLAN_ATTN_BWD_SPARSE", "gather", 1);
+      const BwdResult gathered =
+          GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool, &union_dev, n_union);
+      unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
+      EXPECT_LE(RelErr(by_union.dq, gathered.dq), 1e-4) << where;
+      EXPECT_LE(RelErr(by_union.dk, gathered.dk), 1e-4) << where;
+      EXPECT_LE(RelErr(by_union.dv, gathered.dv), 1e-4) << where;
+      // A bf16 pool: the union adds a page's dK/dV once, the gathered blocks once a tile that
+      // selected it (bf16 atomics, each rounded): apart by a few bf16 roundings (2^-8).
+      EXPECT_LE(RelErr(by_union.dkv, gathered.dkv), bf16_pool ? 1e-2 : 1e-5) << where;
+      EXPECT_GT(RelErr(by_union.dkv, dkv_init), 1e-3) << where << ": no page's dKV was added";
+    }
+  }
 }
 
 // Gathered key blocks (a selection tile's selected positions, 128 at a time, dK/dV added into the

@@ -714,6 +714,19 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
         AttentionBackwardCost(tokens * (tokens + 1.0) / 2, tokens, tokens, 28, 512, 128, 2);
     return TicksToSeconds(KernelTimeModel(m).Duration(cost, Phase::kBackward));
   };
+  // The page-sparse backward over the union: GQA groups 1-2 over whole 128-key pages, from the
+  // chunk sizes where it ran faster than gathered blocks.
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 128));
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 32, 32, 128, 256));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 32, 32, 128, 128));  // group 1, d_h 128: 4096 up
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 8, 64, 128));
+  EXPECT_FALSE(AttentionBackwardOverUnion(2048, 16, 8, 64, 128));
+  EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128));  // group 2, d_h 128: 16384 up
+  EXPECT_TRUE(AttentionBackwardOverUnion(16384, 16, 8, 128, 128));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));  // not whole blocks
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 192));
+  EXPECT_FALSE(AttentionBackwardOverUnion(16384, 24, 8, 64, 128));  // group 3: gathered
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 0, 64, 128));   // no KV heads
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128, /*own_only=*/false));
   ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/false));
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/true));

@@ -59,6 +59,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
 #include "ctxplan/traces/atomic_file.h"
@@ -583,10 +584,10 @@ struct SweepPoint {
   // (TimeInTurnMs): its attended pairs and times, from which the /p128 ratios come. Zero at page
   // 128 itself.
   double ref_pairs = 0, ref_fwd_ms = 0, ref_bwd_ms = 0;
-  // Sparse: the backward with its earlier keys in key blocks over the union's pages
-  // (CTXPLAN_ATTN_BWD_SPARSE=union), which gathered blocks replace where pages are not whole
-  // 128-key blocks.
-  double bwd_keys_ms = 0;
+  // Sparse: the backward on the other blocks: gathered (CTXPLAN_ATTN_BWD_SPARSE=gather) where the
+  // kernel takes key blocks over the union's pages (AttentionBackwardOverUnion: GQA groups 1-2),
+  // else those key blocks (=union).
+  double bwd_alt_ms = 0;
 };
 
 const SweepPoint* FindPoint(const std::vector<SweepPoint>& points, int64_t hd, int64_t chunk,
@@ -645,7 +646,7 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
       static_cast<long long>(kSparseTokens));
   std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
               "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
-              "fwd/d128", "bwd/d128", "bwd keys/");
+              "fwd/d128", "bwd/d128", "bwd alt/");
   // Dense rows, then sparse ones, each by page size (the order they were measured in is by page).
   for (const bool sparse : {false, true}) {
     for (size_t i = first; i < points.size(); ++i) {
@@ -653,8 +654,10 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
       if (x.sparse != sparse) continue;
       const SweepRatios r = RatiosOf(x, points);
       char keys[16] = "-";
-      if (x.bwd_keys_ms > 0)
-        std::snprintf(keys, sizeof(keys), "%.2f", x.bwd_keys_ms / x.row.bwd_ms);
+      if (x.bwd_alt_ms > 0)
+        std::snprintf(
+            keys, sizeof(keys), "%.2f%s", x.bwd_alt_ms / x.row.bwd_ms,
+            ctxplan::AttentionBackwardOverUnion(x.chunk, s.hq, s.hkv, x.hd, x.page) ? "g" : "u");
       std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s\n",
                   sparse ? "sparse" : "dense", static_cast<long long>(x.page),
                   static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
@@ -666,8 +669,9 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
   }
   std::printf(
       "(TF/s per FLOP as counted for the attended pairs; * outside issue 14's bounds: /p128 more "
-      "than %.0f%% from 1, /d128 more than %.0f%%; bwd keys/: the sparse backward's time with its "
-      "earlier keys in key blocks over the union's pages, over this one's)\n",
+      "than %.0f%% from 1, /d128 more than %.0f%%; bwd alt/: the sparse backward's time on the "
+      "other blocks, over this one's: u key blocks over the union's pages where this one gathers "
+      "each tile's selected positions, g those where this one takes the union)\n",
       kPageBound * 100, kHeadDimBound * 100);
   std::fflush(stdout);
 }
@@ -754,8 +758,9 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     {
       const char* was = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
       const std::string before = was != nullptr ? was : "";
-      setenv("CTXPLAN_ATTN_BWD_SPARSE", "union", 1);
-      sp.bwd_keys_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
+      const bool union_default = ctxplan::AttentionBackwardOverUnion(c, s.hq, s.hkv, s.hd, p);
+      setenv("CTXPLAN_ATTN_BWD_SPARSE", union_default ? "gather" : "union", 1);
+      sp.bwd_alt_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
       if (was != nullptr) {
         setenv("CTXPLAN_ATTN_BWD_SPARSE", before.c_str(), 1);
       } else {

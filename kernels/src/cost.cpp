@@ -284,6 +284,23 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
          (tokens * group * head_dim * 8 > kL2Budget || (own_only && tokens >= kOwnOnlyTokens));
 }
 
+bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                int64_t page_tokens) {
+  // Measured on the H200 (kernels/PERF.md, 2026-11-28: the union's blocks' time over the gathered
+  // ones', 6144 random earlier tokens a 128-query tile of ~61K): group 1 at head_dim 64 0.51-0.77
+  // over pages of 128 and 256 at every chunk; group 1 at head_dim 128 0.54-0.76 there from chunks
+  // of 4096 (3072: 0.91-0.95); group 2 at head_dim 64 0.78-0.82 from 3072 (1024: 0.93-1.01);
+  // group 2 at head_dim 128 0.80-0.82 at 16384 (4096: 0.91-0.93). From group 3 on the gathered
+  // blocks win. Pages that are not whole 128-key blocks keep the gathered ones (at group 1, head
+  // dim 64 the union ran 0.59-0.78 there too, on blocks the planner does not model apart yet).
+  if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || page_tokens % 128 != 0)
+    return false;
+  const int64_t group = heads / kv_heads;
+  if (group == 1) return head_dim == 64 || tokens >= 4096;
+  if (group == 2) return tokens >= (head_dim == 64 ? 3072 : 16384);
+  return false;
+}
+
 int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_dim, bool selected,
                                   int64_t sm_count) {
   // At head_dim 64 a tile's exponentials keep the MUFU units as busy as its GEMMs keep the tensor

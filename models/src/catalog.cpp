@@ -527,6 +527,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "own_bwd_split",
                    "attention_bwd_gathered_item_us",
                    "attention_bwd_gathered_item_us_d64",
+                   "attention_bwd_union_block_us",
+                   "sparse_bwd_union_efficiency",
                    "attention_bwd_own_item_us",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
@@ -614,6 +616,10 @@ KernelProfile ReadKernelProfile(const Fields& f) {
       f.OptionalNumber("attention_bwd_gathered_item_us", kFixedCostLimit).value_or(0.0);
   k.attention_bwd_gathered_item_us_d64 =
       f.OptionalNumber("attention_bwd_gathered_item_us_d64", kFixedCostLimit).value_or(0.0);
+  k.attention_bwd_union_block_us =
+      f.OptionalNumber("attention_bwd_union_block_us", kFixedCostLimit).value_or(0.0);
+  k.sparse_bwd_union_efficiency =
+      f.OptionalNumber("sparse_bwd_union_efficiency", NumberLimit{2.0}).value_or(1.0);
   k.attention_bwd_own_item_us =
       f.OptionalNumber("attention_bwd_own_item_us", kFixedCostLimit).value_or(0.0);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});

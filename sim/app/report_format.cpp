@@ -149,12 +149,20 @@ std::string GqaGroupRateNote(const PlanContext& c) {
   if (r >= 0.5) return "";
   const ModelSpec& m = c.model;
   const int64_t group = m.num_attention_heads / m.num_key_value_heads;
+  const bool over_union =
+      sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0 &&
+      AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
+                                 m.num_key_value_heads, m.head_dim, c.options.page_tokens);
+  const std::string blocks =
+      over_union ? "its key blocks over the union of the tiles' pages each serve the tiles that "
+                   "selected their page"
+                 : "a gathered key block serves " + std::to_string(2 * group) +
+                       " query items for its fixed cost";
   return "  page-sparse attention backward at GQA group " + std::to_string(group) + " (" +
          std::to_string(m.num_attention_heads) + " / " + std::to_string(m.num_key_value_heads) +
          " heads): " + Printf("%.0f%%", 100.0 * r) +
-         " of its per-FLOP rate at group 8 on this GPU (a gathered key block serves " +
-         std::to_string(2 * group) +
-         " query items for its fixed cost; from its profile; the step time includes it)\n";
+         " of its per-FLOP rate at group 8 on this GPU (" + blocks +
+         "; from its profile; the step time includes it)\n";
 }
 
 // The kernel changes the GPU's profile predates for these options: its kernel times are the
@@ -164,9 +172,25 @@ std::vector<sim::KernelChange> PredatedChanges(const PlanContext& c) {
                                   c.model.head_dim);
 }
 
+// Whether the run's page-sparse backward takes key blocks over the union (GQA groups 1-2,
+// AttentionBackwardOverUnion) on a GPU whose profile has not timed them: the plan times the
+// gathered blocks there instead, which ran 1.1-2.0x slower on an H200 (kernels/PERF.md).
+bool UnionBlocksUntimed(const PlanContext& c) {
+  const ModelSpec& m = c.model;
+  return !c.options.dense() && c.options.context_tokens > c.options.chunk_tokens &&
+         sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us <= 0 &&
+         AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
+                                    m.num_key_value_heads, m.head_dim, c.options.page_tokens);
+}
+
 // One line a change PredatedChanges names.
 std::string ProfilePredatesNote(const PlanContext& c) {
   std::string s;
+  if (UnionBlocksUntimed(c))
+    s += "  note: this GPU's profile has not timed the page-sparse attention backward's key blocks "
+         "over the union of the tiles' pages, which ctxtrain runs at GQA groups 1-2 (from "
+         "2026-11-28): the step time takes gathered blocks there, 1.1-2.0x slower on an H200 "
+         "(re-run `ctxplan calibrate` on this GPU)\n";
   const KernelProfile profile = sim::EffectiveKernelProfile(c.machine.gpu);
   for (const sim::KernelChange& change : PredatedChanges(c))
     s += "  note: this GPU's kernel times were calibrated on " + profile.date + ", before " +
@@ -341,6 +365,8 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
         .Field("backward", head.backward)
         .EndObject();
     j.Field("attention_sparse_backward_rate_vs_group_8", SparseBackwardGroupRate(c));
+    // The union's key blocks (groups 1-2) timed as gathered ones: the profile has no rate for them.
+    j.Field("attention_union_blocks_untimed", UnionBlocksUntimed(c));
     // Kernel changes the GPU's profile predates for these options (dates): empty when current.
     j.BeginArray("profile_predates_kernel_changes");
     for (const sim::KernelChange& change : PredatedChanges(c))

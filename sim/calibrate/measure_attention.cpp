@@ -38,6 +38,11 @@ constexpr Heads kQwen7b{28, 4, 128};   // Qwen2.5-7B
 constexpr Heads kLlama8b{32, 8, 128};  // Llama-3-8B
 constexpr Heads kHeadDim64{32, 8, 64};
 constexpr Heads kHeadDim64Group7{28, 4, 64};  // page-sparse rows only: d_h 64's second GQA group
+// Page-sparse rows only: GQA groups 1 and 2, whose backward takes key blocks over the union
+// (AttentionBackwardOverUnion) and fits their block cost.
+constexpr Heads kGroup1{16, 16, 128}, kGroup1HeadDim64{16, 16, 64};
+constexpr Heads kGroup2{16, 8, 128}, kGroup2HeadDim64{16, 8, 64};
+constexpr int64_t kGroup2Tokens = 16384;  // head dim 128's group 2 takes the union from there
 const std::vector<Heads> kAllHeads = {kQwen7b, kLlama8b, kHeadDim64};
 
 // a) the chunk's own positions only
@@ -121,6 +126,14 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
       // H200's profile put group 8's page-sparse backward 12-20% above what it ran.
       paged(kChunkTokens, kHeadDim64Group7, kDefaultPage, kSparseEarlier, k);
     }
+    for (const int64_t k : {int64_t{16}, int64_t{64}}) {  // f)
+      paged(kChunkTokens, kGroup1, kDefaultPage, kSparseEarlier, k);
+      paged(kChunkTokens, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, k);
+      paged(kChunkTokens, kGroup2HeadDim64, kDefaultPage, kSparseEarlier, k);
+    }
+    paged(kChunkTokens, kGroup1, 256, kSparseEarlier, kDefaultBudget);
+    paged(kChunkTokens, kGroup1HeadDim64, 256, kSparseEarlier, kDefaultBudget);
+    paged(kGroup2Tokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);
   } else {

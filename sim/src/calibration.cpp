@@ -41,6 +41,7 @@ constexpr double kAccumulateWaveUsMax = 6.0, kAccumulateWaveUsStep = 0.25;  // p
 // on the H200 and 32 on the H100).
 constexpr double kAttentionItemUsMax = 40.0, kAttentionItemUsStep = 0.5;
 constexpr double kGatheredItemUsMax = 48.0;
+constexpr double kUnionBlockUsMax = 120.0;
 constexpr double kLaunchUsStep = 0.1;
 // A fitted power exponent outside this range is a failed measurement, not physics.
 constexpr double kPowerExponentMin = 1.0, kPowerExponentMax = 4.0;
@@ -1001,9 +1002,16 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
     } else {
       fit_dense();
     }
-    const auto sparse = Select(samples, [&](const CalibrationSample& s) {
+    // Page-sparse rows; those at GQA groups 1-2 whose backward takes key blocks over the union
+    // (AttentionBackwardOverUnion) fit the union's block cost alone, below.
+    auto page_sparse = [&](const CalibrationSample& s) {
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
-    });
+    };
+    auto by_union = [](const CalibrationSample& s) {
+      return AttentionBackwardOverUnion(s.m, s.heads, s.kv_heads, s.head_dim, s.page_tokens);
+    };
+    const auto sparse =
+        Select(samples, [&](const CalibrationSample& s) { return page_sparse(s) && !by_union(s); });
     Require(sparse, op + " sparse");
     // The sparse fraction overall, then per page size where a size has its own sparse rows; per
     // head dim, head dim 64 having its own backward blocks (its table only where it has rows).
@@ -1039,6 +1047,20 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       // is both head dims': judged on every sparse row).
       fit_fixed_cost(&KernelProfile::attention_bwd_gathered_item_us_d64, kGatheredItemUsMax,
                      fit_sparse, sparse);
+    }
+    const auto union_rows =
+        Select(samples, [&](const CalibrationSample& s) { return page_sparse(s) && by_union(s); });
+    if (backward && !union_rows.empty()) {
+      // The union's key blocks: their block cost, and with each candidate the per-pair rate
+      // against the gathered blocks' fractions (held) that explains the rows.
+      fit_fixed_cost(
+          &KernelProfile::attention_bwd_union_block_us, kUnionBlockUsMax,
+          [&] {
+            k.sparse_bwd_union_efficiency = ImpliedMedian(
+                gpu, k, [](KernelProfile& q, double x) { q.sparse_bwd_union_efficiency = x; },
+                union_rows, 0.3, 2.0);
+          },
+          union_rows);
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
@@ -1206,6 +1228,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  attention_bwd_gathered_item_us: " << k.attention_bwd_gathered_item_us << "\n";
   if (k.attention_bwd_gathered_item_us_d64 > 0)
     o << "  attention_bwd_gathered_item_us_d64: " << k.attention_bwd_gathered_item_us_d64 << "\n";
+  if (k.attention_bwd_union_block_us > 0) {
+    o << "  attention_bwd_union_block_us: " << k.attention_bwd_union_block_us << "\n";
+    o << "  sparse_bwd_union_efficiency: " << k.sparse_bwd_union_efficiency << "\n";
+  }
   if (k.attention_bwd_own_item_us > 0)
     o << "  attention_bwd_own_item_us: " << k.attention_bwd_own_item_us << "\n";
   if (!k.sparse_fwd_page_efficiency.empty())

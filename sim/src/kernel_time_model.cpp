@@ -255,7 +255,12 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   // Key blocks (of 128 keys) each query tile attends, and the blocks the launch's items cover.
   const double tile_blocks = static_cast<double>(s.tile_pages) * p / kAttentionBlock;
   const double key_pages = static_cast<double>(std::max(s.key_pages, s.tile_pages));
-  if (sparse && k.sparse_bwd_gathered) {
+  // At GQA groups 1-2 the kernel takes key blocks over the union (AttentionBackwardOverUnion); a
+  // profile that timed them has their block cost, one that did not times gathered blocks there.
+  const bool over_union = sparse && k.attention_bwd_union_block_us > 0 &&
+                          AttentionBackwardOverUnion(s.rows, s.heads, s.kv_heads,
+                                                     static_cast<int64_t>(head_dim), s.page_tokens);
+  if (sparse && k.sparse_bwd_gathered && !over_union) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
     const double gathered_us = d64 && k.attention_bwd_gathered_item_us_d64 > 0
@@ -268,14 +273,18 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     const double longest = block_item + group * std::min(1.0, tile_blocks) * paged_block;
     return LaunchSeconds(work, longest, sms, own_items + items);
   }
-  // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
+  // Backward items are key blocks (64 keys over sparse pages under 128 tokens); over the union
+  // (pages of a multiple of 128), the union's block cost and per-pair rate.
   const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;
   const double items = kv_heads * std::ceil(key_pages * p / keys_per_item);
+  const double block_cost = over_union ? k.attention_bwd_union_block_us * 1e-6 : item;
+  const double pair_block = over_union ? paged_block / k.sparse_bwd_union_efficiency : paged_block;
   const double work =
-      own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
+      own_work + items * block_cost + kv_heads * group * q_blocks * tile_blocks * pair_block;
   // A key block serves every query block (dense), or those whose tiles selected it.
   const double served = sparse ? q_blocks * std::min(1.0, s.tile_pages / key_pages) : q_blocks;
-  const double longest = item + group * served * (keys_per_item / kAttentionBlock) * paged_block;
+  const double longest =
+      block_cost + group * served * (keys_per_item / kAttentionBlock) * pair_block;
   return LaunchSeconds(work, longest, sms, own_items + items);
 }
 

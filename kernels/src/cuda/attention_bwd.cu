@@ -776,15 +776,17 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       // kProducer: every thread, its reads of the buffer's LSE2 and D done (the wgmmas that read
       // Q and dO are), arrives on the buffer's empty mbarrier, which the producer waits on (one
       // thread a warp after __syncwarp is as safe, but racecheck cannot follow it).
-      if constexpr (kProducer) {
-        MbarArrive(empty_bars + 8 * buf);
-      } else {
-        NamedBarrierSync(1 + wg, 128);
-      }
+      // Without one, every thread arrives there too, and the warpgroup whose count on s_release
+      // comes second waits for that phase (complete by then) before it loads item n + 2: the
+      // count picks the loader without a wait, the mbarrier orders the reads before the load in
+      // a way racecheck follows (the count alone it reported as 3 races).
+      MbarArrive(empty_bars + 8 * buf);
+      if constexpr (!kProducer) NamedBarrierSync(1 + wg, 128);
       if (!kProducer && dq_issuer) {
         __threadfence_block();
         if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
           __threadfence_block();
+          MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
           load_cursor(ahead, buf);
         }
       }
@@ -1177,10 +1179,17 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // lists of chunks up to ~24K tokens; longer ones take the 64-key blocks.)
   const bool lists_fit = WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles) <= kMaxBwdSmem;
   // Gathered blocks (a selection tile's selected positions, 128 keys at a time) for every
-  // page-sparse chunk: no item masked at any page size, and at pages of 128 and 256 1.10-1.26x
-  // the key blocks over the union's pages (kernels/PERF.md). CTXPLAN_ATTN_BWD_SPARSE=union (or
-  // =positions) keeps key blocks, to compare.
-  const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union");
+  // page-sparse chunk from GQA groups of 3: no item masked at any page size, and at pages of 128
+  // and 256 1.10-1.26x the key blocks over the union's pages (kernels/PERF.md). At groups 1-2,
+  // where AttentionBackwardOverUnion says, the key blocks over the union (a gathered block's fixed
+  // cost, its K/V gather and dKV atomics, is carried by 2 x group items there), in one launch with
+  // the own blocks (the own blocks apart, beside the producer, ran 0.87-0.99x at chunks of 4096).
+  // CTXPLAN_ATTN_BWD_SPARSE=union (or =positions) keeps key blocks everywhere, =gather gathered
+  // blocks everywhere, to compare.
+  const bool union_by_group = prm.union_pages != nullptr && lists_fit &&
+                              AttentionBackwardOverUnion(prm.t, prm.hq, prm.hkv, HD, prm.p);
+  const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union") &&
+                      (sparse_mode("gather") || !union_by_group);
   if (gather) {
     BwdParams q = prm;
     q.union_pages = nullptr;

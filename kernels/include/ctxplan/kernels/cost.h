@@ -180,6 +180,13 @@ OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes);
 // 128-query block.
 bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, bool own_only);
+// Whether the page-sparse attention backward runs its earlier keys as key blocks over the union
+// of the query tiles' selected pages (each page's block serving every tile that selected it, its
+// dK/dV added without atomics) instead of gathered blocks (one query tile's selected positions a
+// block, added by atomics; kernels/src/cuda/attention_bwd.cu): at GQA groups of 1 and 2, where a
+// gathered block's 2 x group items do not carry its fixed cost. `tokens`: the chunk's.
+bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                int64_t page_tokens);
 // Query rows a block of the attention forward takes (kernels/src/cuda/attention_fwd.cu): 192, three
 // consumer warpgroups, at head_dim 64 without a page selection where the launch's blocks fill the
 // multiprocessors' waves about as well as 128-row blocks would; else 128. (Over a page selection

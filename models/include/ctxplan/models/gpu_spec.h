@@ -96,6 +96,14 @@ struct KernelProfile {
   // one group its block cost and per-pair rate are not told apart: the H200's profile put group
   // 8's rate 12-20% above what it ran, kernels/PERF.md.)
   double attention_bwd_gathered_item_us_d64 = 0;
+  // A key block's fixed cost over the union of the tiles' selected pages, where the page-sparse
+  // backward takes those at GQA groups 1-2 (AttentionBackwardOverUnion; ctxtrain from
+  // 2026-11-28T19:00Z): its selection scan, K/V load and dK/dV read-add-write, fitted on those
+  // groups' page-sparse rows; 0: the profile timed gathered blocks there.
+  double attention_bwd_union_block_us = 0;
+  // Those blocks' per-pair rate against the gathered blocks' (the sparse fractions above): they
+  // run without the producer warpgroup. Fitted with the block cost.
+  double sparse_bwd_union_efficiency = 1.0;
   // The backward's items over a chunk's own positions (a launch started heaviest first; split own
   // blocks add their dK/dV by fp32 atomics), fitted on the own-only launches; 0: the backward's
   // item cost, which is then fitted there too.
