@@ -723,7 +723,8 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_FALSE(AttentionBackwardOverUnion(2048, 16, 8, 64, 128));
   EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128));  // group 2, d_h 128: 16384 up
   EXPECT_TRUE(AttentionBackwardOverUnion(16384, 16, 8, 128, 128));
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));  // not whole blocks
+  EXPECT_FALSE(AttentionBackwardOverUnion(32768, 16, 16, 64, 128));  // past the measured chunks
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));    // not whole blocks
   EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 192));
   EXPECT_FALSE(AttentionBackwardOverUnion(16384, 24, 8, 64, 128));  // group 3: gathered
   EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 0, 64, 128));   // no KV heads

@@ -293,7 +293,11 @@ bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads,
   // group 2 at head_dim 128 0.80-0.82 at 16384 (4096: 0.91-0.93). From group 3 on the gathered
   // blocks win. Pages that are not whole 128-key blocks keep the gathered ones (at group 1, head
   // dim 64 the union ran 0.59-0.78 there too, on blocks the planner does not model apart yet).
-  if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || page_tokens % 128 != 0)
+  // Chunks up to 16384 tokens, as measured (the 128-key blocks' selection lists fit in shared
+  // memory to ~24K at query tiles of 128).
+  constexpr int64_t kMaxTokens = 16384;
+  if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || page_tokens % 128 != 0 ||
+      tokens > kMaxTokens)
     return false;
   const int64_t group = heads / kv_heads;
   if (group == 1) return head_dim == 64 || tokens >= 4096;

@@ -184,7 +184,8 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 // of the query tiles' selected pages (each page's block serving every tile that selected it, its
 // dK/dV added without atomics) instead of gathered blocks (one query tile's selected positions a
 // block, added by atomics; kernels/src/cuda/attention_bwd.cu): at GQA groups of 1 and 2, where a
-// gathered block's 2 x group items do not carry its fixed cost. `tokens`: the chunk's.
+// gathered block's 2 x group items do not carry its fixed cost. `tokens`: the chunk's (up to
+// 16384).
 bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                 int64_t page_tokens);
 // Query rows a block of the attention forward takes (kernels/src/cuda/attention_fwd.cu): 192, three
