@@ -370,6 +370,39 @@ TEST(Catalog, PowerValuesAreChecked) {
   EXPECT_NE(InputErrorOf([&] { LoadGpu(word); }).find("tdp_w"), std::string::npos);
 }
 
+// The union's key blocks at GQA groups 1-2: the H200's profile has timed them; a wrong value names
+// its key, and a profile without them reads as untimed (0) at the gathered blocks' rate (1).
+TEST(Catalog, UnionBlockValuesAreChecked) {
+  std::ifstream in(std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/h200.yaml");
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t cost_at = good.find("  attention_bwd_union_block_us: ");
+  const size_t rate_at = good.find("  sparse_bwd_union_efficiency: ");
+  ASSERT_NE(cost_at, std::string::npos);
+  ASSERT_NE(rate_at, std::string::npos);
+  TempDir dir;
+  const GpuSpec loaded = LoadGpu(dir.Write("good.yaml", good));
+  EXPECT_GT(loaded.kernels.attention_bwd_union_block_us, 0.0);
+  EXPECT_GT(loaded.kernels.sparse_bwd_union_efficiency, 0.3);
+  EXPECT_LT(loaded.kernels.sparse_bwd_union_efficiency, 2.0);
+  auto replaced = [&](size_t at, const std::string& line) {
+    std::string text = good;
+    text.replace(at, text.find('\n', at) - at, line);
+    return dir.Write("bad.yaml", text);
+  };
+  const std::string fast = replaced(rate_at, "  sparse_bwd_union_efficiency: 5");
+  EXPECT_NE(InputErrorOf([&] { LoadGpu(fast); }).find("sparse_bwd_union_efficiency"),
+            std::string::npos);
+  const std::string word = replaced(cost_at, "  attention_bwd_union_block_us: slow");
+  EXPECT_NE(InputErrorOf([&] { LoadGpu(word); }).find("attention_bwd_union_block_us"),
+            std::string::npos);
+  std::string without = good;
+  without.erase(rate_at, without.find('\n', rate_at) + 1 - rate_at);
+  without.erase(cost_at, without.find('\n', cost_at) + 1 - cost_at);
+  const GpuSpec old = LoadGpu(dir.Write("old.yaml", without));
+  EXPECT_EQ(old.kernels.attention_bwd_union_block_us, 0.0);
+  EXPECT_EQ(old.kernels.sparse_bwd_union_efficiency, 1.0);
+}
+
 // --- Hugging Face config.json -------------------------------------------------------------------
 
 // Qwen/Qwen2.5-7B's config.json, keys we do not use included.

@@ -19,7 +19,9 @@
 //     Page-sparse, the earlier keys are gathered instead: a block takes 128 of one selection
 //     tile's selected positions (its pages in selection order) and loops over that tile's queries
 //     only, so no item is masked at any page size; the tiles that selected a page add into its
-//     dKV from different blocks, by atomics.
+//     dKV from different blocks, by atomics. At GQA groups 1-2 (AttentionBackwardOverUnion), where
+//     a gathered block's few items do not carry its gather and atomics, the earlier blocks are the
+//     union's pages instead, each serving the tiles that selected it.
 //     On wgmma: two warpgroups of 64 keys (AttnBwdWgmmaKernel; a FlashAttention-2 style mma.sync
 //     kernel served as a comparison until 2026-11-27, kernels/PERF.md). dK and dV of a key are
 //     complete in one block: they are written (own positions) or added (earlier pages,
