@@ -377,20 +377,29 @@ TEST(Calibration, FitRecoversTheProfileThatMadeTheSamples) {
   EXPECT_EQ(loaded.bf16_gemm_tflops.provenance, Provenance::kMeasured);
 }
 
+// The true profile with gathered page-sparse backward blocks: 12 us a block, 20 at head dim 64;
+// the sparse rows of these GQA groups, two at each head dim.
+KernelProfile GatheredTruth() {
+  KernelProfile truth = TruthProfile();
+  truth.sparse_bwd_gathered = true;
+  truth.attention_bwd_gathered_item_us = 12.0;
+  truth.attention_bwd_gathered_item_us_d64 = 20.0;
+  return truth;
+}
+const std::vector<SparseHeads> kTwoGroups = {{28, 4, 128}, {32, 8, 128}, {32, 8, 64}, {28, 4, 64}};
+
 // At GQA groups 1-2 the page-sparse backward runs key blocks over the union
 // (AttentionBackwardOverUnion): their block cost is fitted on those rows alone, the gathered
 // blocks' on the others; the groups' rows time gathered blocks where the profile has no union
 // cost, and move with it where it has one.
 TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
   const GpuSpec gpu = LoadGpu("h200");
-  KernelProfile truth = TruthProfile();
-  truth.sparse_bwd_gathered = true;
-  truth.attention_bwd_gathered_item_us = 12.0;
-  truth.attention_bwd_gathered_item_us_d64 = 20.0;
+  KernelProfile truth = GatheredTruth();
   truth.attention_bwd_union_block_us = 30.0;
   truth.sparse_bwd_union_efficiency = 0.8;
-  const std::vector<SparseHeads> heads = {{28, 4, 128}, {32, 8, 128}, {32, 8, 64},
-                                          {28, 4, 64},  {16, 16, 64}, {16, 16, 128}};
+  std::vector<SparseHeads> heads = kTwoGroups;
+  heads.push_back({16, 16, 64});
+  heads.push_back({16, 16, 128});
   const CalibrationSamples samples = MakeSamples(gpu, truth, heads);
   const KernelProfile k = FitCalibration(samples, gpu, "s.csv").gpu.kernels;
   EXPECT_NEAR(k.attention_bwd_union_block_us, 30.0, 0.51);
@@ -399,10 +408,7 @@ TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
   EXPECT_NEAR(k.attention_bwd_gathered_item_us_d64, 20.0, 0.51);
   // Without rows at those groups: no union cost, and their time is the gathered blocks'.
   const KernelProfile none =
-      FitCalibration(
-          MakeSamples(gpu, truth, {{28, 4, 128}, {32, 8, 128}, {32, 8, 64}, {28, 4, 64}}), gpu,
-          "s.csv")
-          .gpu.kernels;
+      FitCalibration(MakeSamples(gpu, truth, kTwoGroups), gpu, "s.csv").gpu.kernels;
   EXPECT_EQ(none.attention_bwd_union_block_us, 0.0);
   const MachineSpec machine = MakeMachine(gpu, int64_t{128} << 30);
   auto paged_seconds = [&](const KernelProfile& profile, int64_t hq, int64_t hkv) {
@@ -429,14 +435,9 @@ TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
 // 64's is fitted on its own where its rows hold two groups, and left to the shared one else.
 TEST(Calibration, GatheredBlockCostOfEachHeadDim) {
   const GpuSpec gpu = LoadGpu("h200");
-  KernelProfile truth = TruthProfile();
-  truth.sparse_bwd_gathered = true;
-  truth.attention_bwd_gathered_item_us = 12.0;
-  truth.attention_bwd_gathered_item_us_d64 = 20.0;
-  const std::vector<SparseHeads> two_groups = {
-      {28, 4, 128}, {32, 8, 128}, {32, 8, 64}, {28, 4, 64}};
+  const KernelProfile truth = GatheredTruth();
   const KernelProfile k =
-      FitCalibration(MakeSamples(gpu, truth, two_groups), gpu, "s.csv").gpu.kernels;
+      FitCalibration(MakeSamples(gpu, truth, kTwoGroups), gpu, "s.csv").gpu.kernels;
   EXPECT_TRUE(k.sparse_bwd_gathered);
   EXPECT_NEAR(k.attention_bwd_gathered_item_us, 12.0, 0.51);
   EXPECT_NEAR(k.attention_bwd_gathered_item_us_d64, 20.0, 0.51);

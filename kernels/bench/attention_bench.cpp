@@ -653,10 +653,10 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
       const SweepPoint& x = points[i];
       if (x.sparse != sparse) continue;
       const SweepRatios r = RatiosOf(x, points);
-      char keys[16] = "-";
+      char alt[16] = "-";
       if (x.bwd_alt_ms > 0)
         std::snprintf(
-            keys, sizeof(keys), "%.2f%s", x.bwd_alt_ms / x.row.bwd_ms,
+            alt, sizeof(alt), "%.2f%s", x.bwd_alt_ms / x.row.bwd_ms,
             ctxplan::AttentionBackwardOverUnion(x.chunk, s.hq, s.hkv, x.hd, x.page) ? "g" : "u");
       std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s\n",
                   sparse ? "sparse" : "dense", static_cast<long long>(x.page),
@@ -664,7 +664,7 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
                   RatioText(r.fwd_page, kPageBound).c_str(), x.row.bwd_ms, x.row.BwdTflops(),
                   RatioText(r.bwd_page, kPageBound).c_str(),
                   RatioText(r.fwd_hd, kHeadDimBound).c_str(),
-                  RatioText(r.bwd_hd, kHeadDimBound).c_str(), keys);
+                  RatioText(r.bwd_hd, kHeadDimBound).c_str(), alt);
     }
   }
   std::printf(

@@ -142,6 +142,18 @@ double SparseBackwardGroupRate(const PlanContext& c) {
   return rate(m) / rate(group8);
 }
 
+// Whether the run's page-sparse backward would take key blocks over the union's pages
+// (AttentionBackwardOverUnion, the rule the kernel and the time model share), and whether the
+// GPU's profile has timed those blocks (else the time model takes gathered ones).
+bool RunsUnionBlocks(const PlanContext& c) {
+  const ModelSpec& m = c.model;
+  return AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
+                                    m.num_key_value_heads, m.head_dim, c.options.page_tokens);
+}
+bool UnionBlocksTimed(const PlanContext& c) {
+  return sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0;
+}
+
 // The note for a rate under half: a model's group is not the user's to choose, so only a cliff
 // (groups 1-2) is worth a line; --json carries the rate at every group.
 std::string GqaGroupRateNote(const PlanContext& c) {
@@ -149,15 +161,12 @@ std::string GqaGroupRateNote(const PlanContext& c) {
   if (r >= 0.5) return "";
   const ModelSpec& m = c.model;
   const int64_t group = m.num_attention_heads / m.num_key_value_heads;
-  const bool over_union =
-      sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0 &&
-      AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
-                                 m.num_key_value_heads, m.head_dim, c.options.page_tokens);
   const std::string blocks =
-      over_union ? "its key blocks over the union of the tiles' pages each serve the tiles that "
-                   "selected their page"
-                 : "a gathered key block serves " + std::to_string(2 * group) +
-                       " query items for its fixed cost";
+      RunsUnionBlocks(c) && UnionBlocksTimed(c)
+          ? "its key blocks over the union of the tiles' pages each serve the tiles that "
+            "selected their page"
+          : "a gathered key block serves " + std::to_string(2 * group) +
+                " query items for its fixed cost";
   return "  page-sparse attention backward at GQA group " + std::to_string(group) + " (" +
          std::to_string(m.num_attention_heads) + " / " + std::to_string(m.num_key_value_heads) +
          " heads): " + Printf("%.0f%%", 100.0 * r) +
@@ -172,15 +181,13 @@ std::vector<sim::KernelChange> PredatedChanges(const PlanContext& c) {
                                   c.model.head_dim);
 }
 
-// Whether the run's page-sparse backward takes key blocks over the union (GQA groups 1-2,
-// AttentionBackwardOverUnion) on a GPU whose profile has not timed them: the plan times the
-// gathered blocks there instead, which ran 1.1-2.0x slower on an H200 (kernels/PERF.md).
+// Whether the run's page-sparse backward takes key blocks over the union where the selection
+// applies (GQA groups 1-2, AttentionBackwardOverUnion), on a GPU whose profile has not timed
+// them: the plan times the gathered blocks there instead, which ran 1.1-2.0x slower on an H200
+// (kernels/PERF.md).
 bool UnionBlocksUntimed(const PlanContext& c) {
-  const ModelSpec& m = c.model;
   return !c.options.dense() && c.options.context_tokens > c.options.chunk_tokens &&
-         sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us <= 0 &&
-         AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
-                                    m.num_key_value_heads, m.head_dim, c.options.page_tokens);
+         RunsUnionBlocks(c) && !UnionBlocksTimed(c);
 }
 
 // One line a change PredatedChanges names.

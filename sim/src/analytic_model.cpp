@@ -767,10 +767,7 @@ void AnalyticModel::PredictTime(const PlanGeometry& g, const KernelTimeModel& ti
     const auto pass = static_cast<size_t>(PowerPassOf(phase));
     p.seconds_by_pass[pass] +=
         TicksToSeconds(time[static_cast<size_t>(r)].ComputeEnd() - compute_before);
-    StepEnergy& e = p.energy_by_pass[pass];
-    e.clock_bound_seconds += p.energy.clock_bound_seconds - drawn_before.clock_bound_seconds;
-    e.clock_joules += p.energy.clock_joules - drawn_before.clock_joules;
-    e.fixed_joules += p.energy.fixed_joules - drawn_before.fixed_joules;
+    p.energy_by_pass[pass] += p.energy - drawn_before;
   };
   PipelineSchedule schedule(g);
   PipelineItem item;

@@ -67,6 +67,10 @@ struct StepEnergy {
     fixed_joules += o.fixed_joules;
     return *this;
   }
+  StepEnergy operator-(const StepEnergy& o) const {
+    return {clock_bound_seconds - o.clock_bound_seconds, clock_joules - o.clock_joules,
+            fixed_joules - o.fixed_joules};
+  }
   StepEnergy Times(double n) const {
     return {clock_bound_seconds * n, clock_joules * n, fixed_joules * n};
   }
