@@ -204,7 +204,7 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu,
     for (const auto& [hq, hkv, d] : sparse_heads) {
       for (const auto& [p, budget] : std::vector<std::pair<int64_t, int64_t>>{
                {128, 16}, {128, 64}, {128, 128}, {64, 16}, {64, 64}}) {
-        if (hq / hkv <= 2 && p != 128) continue;  // groups 1-2: ctxplan-measure's union rows
+        if (hq / hkv == 2 && p != 128) continue;  // group 2: ctxplan-measure's union rows
         CalibrationSample s = Row(op);
         const int64_t t = 4096, pages = 65536 / p, per_tile = budget + 1, kv_dim = hkv * d;
         s.m = t, s.heads = hq, s.kv_heads = hkv, s.head_dim = d, s.grad_bytes = 2;
@@ -428,6 +428,37 @@ TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
   gathered_only.attention_bwd_union_block_us = 0.0;
   other_gathered_only.attention_bwd_union_block_us = 0.0;
   EXPECT_GT(paged_seconds(gathered_only, 16, 16), paged_seconds(other_gathered_only, 16, 16));
+}
+
+// At group 1 the union's pages of 64 run in 64-key blocks (UnionKeyBlocksOf): their own block cost
+// and per-pair rate, fitted on those rows after the 128-key blocks' (which keep theirs); a
+// profile without them times those blocks as 128-key ones.
+TEST(Calibration, UnionSixtyFourKeyBlocksAtGroupOne) {
+  const GpuSpec gpu = LoadGpu("h200");
+  KernelProfile truth = GatheredTruth();
+  truth.attention_bwd_union_block_us = 30.0;
+  truth.sparse_bwd_union_efficiency = 0.8;
+  truth.attention_bwd_union64_block_us = 8.0;
+  truth.sparse_bwd_union64_efficiency = 0.6;
+  std::vector<SparseHeads> heads = kTwoGroups;
+  heads.push_back({16, 16, 64});
+  heads.push_back({16, 16, 128});
+  const KernelProfile k = FitCalibration(MakeSamples(gpu, truth, heads), gpu, "s.csv").gpu.kernels;
+  EXPECT_NEAR(k.attention_bwd_union_block_us, 30.0, 0.51);
+  EXPECT_NEAR(k.sparse_bwd_union_efficiency, 0.8, 0.01);
+  EXPECT_NEAR(k.attention_bwd_union64_block_us, 8.0, 0.51);
+  EXPECT_NEAR(k.sparse_bwd_union64_efficiency, 0.6, 0.01);
+  const MachineSpec machine = MakeMachine(gpu, int64_t{128} << 30);
+  auto p64_seconds = [&](const KernelProfile& profile) {
+    const OpCost b = AttentionBackwardCost(4096.0 * 65 * 64, 4096, 32 * 65 * 64, 16, 16 * 64, 64, 2,
+                                           true, 64, 65, 900);
+    return KernelTimeModel(machine, profile).Seconds(b, Phase::kBackward);
+  };
+  KernelProfile as_128 = truth;
+  as_128.attention_bwd_union64_block_us = 0.0;
+  as_128.sparse_bwd_union64_efficiency = 1.0;
+  // 30 us a block where they cost 8 (at 0.8 / 0.6 the rate): the blocks' cost tells.
+  EXPECT_GT(p64_seconds(as_128), 1.2 * p64_seconds(truth));
 }
 
 // A gathered page-sparse backward block's fixed cost is told apart from the per-pair rate where

@@ -766,9 +766,16 @@ TEST(GpuAttention, GroupsOfOneAndTwoTakeTheUnionAsGatheredBlocksWould) {
   struct Shape {
     int64_t t, hq, hkv, hd, p, pages;
   };
+  // At group 1 also pages that are not whole 128-key blocks: 48 and 64 in one-warpgroup 64-key
+  // blocks, 96 in 128-key blocks three quarters full, 192 at head_dim 64 in 64-key halves two a
+  // block, of one page or two (an odd count of halves leaves the last block's second warpgroup
+  // without keys).
   for (const Shape sh : {Shape{256, 4, 4, 64, 128, 24}, Shape{384, 2, 2, 64, 128, 12},
                          Shape{200, 3, 3, 64, 256, 9}, Shape{4096, 2, 2, 128, 128, 40},
-                         Shape{3072, 4, 2, 64, 256, 20}, Shape{3200, 4, 2, 64, 128, 41}}) {
+                         Shape{3072, 4, 2, 64, 256, 20}, Shape{3200, 4, 2, 64, 128, 41},
+                         Shape{256, 4, 4, 64, 64, 48}, Shape{1000, 2, 2, 64, 192, 13},
+                         Shape{4096, 2, 2, 128, 64, 81}, Shape{384, 2, 2, 64, 48, 40},
+                         Shape{576, 3, 3, 64, 96, 22}, Shape{2048, 2, 2, 64, 192, 21}}) {
     ASSERT_TRUE(AttentionBackwardOverUnion(sh.t, sh.hq, sh.hkv, sh.hd, sh.p));
     Problem pr = Make(sh.t, sh.hq, sh.hkv, sh.hd, sh.p, sh.pages);
     pr.Generate(53);
@@ -791,9 +798,13 @@ TEST(GpuAttention, GroupsOfOneAndTwoTakeTheUnionAsGatheredBlocksWould) {
       const BwdResult gathered =
           GpuBackward(pr, dp, f.out, f.lse, dkv_init, bf16_pool, &union_dev, n_union);
       unsetenv("CTXPLAN_ATTN_BWD_SPARSE");
+      // dK and dV (bf16) of the own positions: in 64-key blocks the items come in another order
+      // than in the gathered launch's 128-key own blocks, so a few sums round to the other bf16
+      // neighbour (1.2-1.4e-4 measured at 4096 tokens, d_h 128).
+      const double own_tolerance = UnionKeyBlocksOf(sh.p, sh.hd).keys == 64 ? 5e-4 : 1e-4;
       EXPECT_LE(RelErr(by_union.dq, gathered.dq), 1e-4) << where;
-      EXPECT_LE(RelErr(by_union.dk, gathered.dk), 1e-4) << where;
-      EXPECT_LE(RelErr(by_union.dv, gathered.dv), 1e-4) << where;
+      EXPECT_LE(RelErr(by_union.dk, gathered.dk), own_tolerance) << where;
+      EXPECT_LE(RelErr(by_union.dv, gathered.dv), own_tolerance) << where;
       // A bf16 pool: the union adds a page's dK/dV once, the gathered blocks once a tile that
       // selected it (bf16 atomics, each rounded): apart by a few bf16 roundings (2^-8).
       EXPECT_LE(RelErr(by_union.dkv, gathered.dkv), bf16_pool ? 1e-2 : 1e-5) << where;

@@ -395,12 +395,31 @@ TEST(Catalog, UnionBlockValuesAreChecked) {
   const std::string word = replaced(cost_at, "  attention_bwd_union_block_us: slow");
   EXPECT_NE(InputErrorOf([&] { LoadGpu(word); }).find("attention_bwd_union_block_us"),
             std::string::npos);
+  // The 64-key blocks' own cost and rate, checked the same way.
+  const size_t cost64_at = good.find("  attention_bwd_union64_block_us: ");
+  const size_t rate64_at = good.find("  sparse_bwd_union64_efficiency: ");
+  ASSERT_NE(cost64_at, std::string::npos);
+  ASSERT_NE(rate64_at, std::string::npos);
+  EXPECT_GT(loaded.kernels.attention_bwd_union64_block_us, 0.0);
+  EXPECT_GT(loaded.kernels.sparse_bwd_union64_efficiency, 0.3);
+  EXPECT_NE(InputErrorOf([&] {
+              LoadGpu(replaced(rate64_at, "  sparse_bwd_union64_efficiency: -1"));
+            }).find("sparse_bwd_union64_efficiency"),
+            std::string::npos);
+  EXPECT_NE(InputErrorOf([&] {
+              LoadGpu(replaced(cost64_at, "  attention_bwd_union64_block_us: [1]"));
+            }).find("attention_bwd_union64_block_us"),
+            std::string::npos);
   std::string without = good;
+  without.erase(rate64_at, without.find('\n', rate64_at) + 1 - rate64_at);
+  without.erase(cost64_at, without.find('\n', cost64_at) + 1 - cost64_at);
   without.erase(rate_at, without.find('\n', rate_at) + 1 - rate_at);
   without.erase(cost_at, without.find('\n', cost_at) + 1 - cost_at);
   const GpuSpec old = LoadGpu(dir.Write("old.yaml", without));
   EXPECT_EQ(old.kernels.attention_bwd_union_block_us, 0.0);
   EXPECT_EQ(old.kernels.sparse_bwd_union_efficiency, 1.0);
+  EXPECT_EQ(old.kernels.attention_bwd_union64_block_us, 0.0);
+  EXPECT_EQ(old.kernels.sparse_bwd_union64_efficiency, 1.0);
 }
 
 // --- Hugging Face config.json -------------------------------------------------------------------

@@ -724,8 +724,28 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128));  // group 2, d_h 128: 16384 up
   EXPECT_TRUE(AttentionBackwardOverUnion(16384, 16, 8, 128, 128));
   EXPECT_FALSE(AttentionBackwardOverUnion(32768, 16, 16, 64, 128));  // past the measured chunks
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));    // not whole blocks
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 192));
+  // Other pages at group 1 only: head dim 64 where the blocks are three quarters full or more
+  // (UnionKeyBlocksOf), head dim 128 pages of 64 from 4096 tokens.
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 48));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 96));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 192));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 32));  // half-empty 64-key blocks
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 80));  // 0.625 of a 128-key block
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64));   // group 2
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 128, 64));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 128, 192));
+  // The blocks a page is cut into.
+  EXPECT_EQ(UnionKeyBlocksOf(64, 64).keys, 64);
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(48, 64).fill, 0.75);
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(96, 64).fill, 0.75);
+  EXPECT_EQ(UnionKeyBlocksOf(96, 64).keys, 128);
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 64).per_page, 1.5);  // halves
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 64).fill, 1.0);
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 128).per_page, 2.0);  // a 128 and a half-full block
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 128).fill, 0.75);
+  EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(256, 128).per_page, 2.0);
   EXPECT_FALSE(AttentionBackwardOverUnion(16384, 24, 8, 64, 128));  // group 3: gathered
   EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 0, 64, 128));   // no KV heads
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128, /*own_only=*/false));

@@ -287,22 +287,38 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                 int64_t page_tokens) {
   // Measured on the H200 (kernels/PERF.md, 2026-11-28: the union's blocks' time over the gathered
-  // ones', 6144 random earlier tokens a 128-query tile of ~61K): group 1 at head_dim 64 0.51-0.77
-  // over pages of 128 and 256 at every chunk; group 1 at head_dim 128 0.54-0.76 there from chunks
-  // of 4096 (3072: 0.91-0.95); group 2 at head_dim 64 0.78-0.82 from 3072 (1024: 0.93-1.01);
-  // group 2 at head_dim 128 0.80-0.82 at 16384 (4096: 0.91-0.93). From group 3 on the gathered
-  // blocks win. Pages that are not whole 128-key blocks keep the gathered ones (at group 1, head
-  // dim 64 the union ran 0.59-0.78 there too, on blocks the planner does not model apart yet).
-  // Chunks up to 16384 tokens, as measured (the 128-key blocks' selection lists fit in shared
-  // memory to ~24K at query tiles of 128).
+  // ones', 6144 random earlier tokens a 128-query tile of ~61K). Pages of whole 128-key blocks:
+  // group 1 at head_dim 64 0.51-0.77 at every chunk; group 1 at head_dim 128 0.54-0.76 from
+  // chunks of 4096 (3072: 0.91-0.95); group 2 at head_dim 64 0.78-0.82 from 3072 (1024:
+  // 0.93-1.01); group 2 at head_dim 128 0.80-0.82 at 16384 (4096: 0.91-0.93). Other pages, group 1
+  // only (at group 2 0.92-1.06): head_dim 64 where the union's blocks are at least three quarters
+  // full (48 and 64 in 64-key blocks 0.59-0.80, 96 in 128-key blocks 0.72-0.73, 192 in 64-key
+  // halves 0.60), head_dim 128 pages of 64 from chunks of 4096 (0.84-0.88; 3072: 0.98). From
+  // group 3 on the gathered blocks win. Chunks up to 16384 tokens, as measured (the 128-key
+  // blocks' selection lists fit in shared memory to ~24K at query tiles of 128).
   constexpr int64_t kMaxTokens = 16384;
-  if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || page_tokens % 128 != 0 ||
-      tokens > kMaxTokens)
+  if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || tokens > kMaxTokens)
     return false;
   const int64_t group = heads / kv_heads;
-  if (group == 1) return head_dim == 64 || tokens >= 4096;
-  if (group == 2) return tokens >= (head_dim == 64 ? 3072 : 16384);
-  return false;
+  if (page_tokens % 128 == 0) {
+    if (group == 1) return head_dim == 64 || tokens >= 4096;
+    if (group == 2) return tokens >= (head_dim == 64 ? 3072 : 16384);
+    return false;
+  }
+  if (group != 1) return false;
+  if (head_dim != 64) return page_tokens == 64 && tokens >= 4096;
+  return UnionKeyBlocksOf(page_tokens, head_dim).fill >= 0.75;
+}
+
+UnionKeyBlocks UnionKeyBlocksOf(int64_t page_tokens, int64_t head_dim) {
+  if (page_tokens <= 0) return {};
+  if (page_tokens % 128 == 0) return {128, static_cast<double>(page_tokens / 128), 1.0};
+  if (head_dim == 64 && page_tokens > 64 && page_tokens % 64 == 0)
+    return {128, static_cast<double>(page_tokens) / 128.0, 1.0};  // halves
+  const int64_t keys = page_tokens <= 64 ? 64 : 128;
+  const int64_t per_page = (page_tokens + keys - 1) / keys;
+  return {keys, static_cast<double>(per_page),
+          static_cast<double>(page_tokens) / static_cast<double>(per_page * keys)};
 }
 
 int64_t AttentionForwardQueryRows(int64_t tokens, int64_t heads, int64_t head_dim, bool selected,

@@ -30,16 +30,43 @@ std::string Header(const PlanContext& c) {
   return s;
 }
 
+bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens);
+bool UnionBlocksTimed(const PlanContext& c);
+
+// The per-FLOP rate of attention over pages of `page_tokens` against pages of 128 (the page
+// tables of the GPU's profile). Where the page-sparse backward takes key blocks over the union at
+// either size (GQA groups 1-2), the backward's is the time model's for the run's last chunk
+// instead, at the same selected tokens a query tile: those blocks' cost goes with the page
+// (UnionKeyBlocksOf: 64-key blocks, part-full blocks, halves), which the tables, fitted on
+// gathered blocks, do not hold.
+sim::KernelTimeModel::PageRate RunPageRate(const PlanContext& c, int64_t page_tokens) {
+  const RunOptions& o = c.options;
+  const sim::KernelTimeModel time(c.machine);
+  sim::KernelTimeModel::PageRate r =
+      time.PageRateAgainst128(page_tokens, c.model.head_dim, !o.dense());
+  if (o.dense() || o.context_tokens <= o.chunk_tokens || page_tokens == 128 ||
+      o.chunk_tokens % 128 != 0 || o.chunk_tokens % page_tokens != 0 || !UnionBlocksTimed(c) ||
+      !(RunsUnionBlocks(c, page_tokens) || RunsUnionBlocks(c, 128)))
+    return r;
+  auto rate = [&](int64_t page) {
+    RunOptions at = o;
+    at.page_tokens = page;
+    at.page_budget = std::max<int64_t>(1, o.page_budget * o.page_tokens / page);
+    const PlanGeometry g(c.model, at);
+    const OpCost cost = g.paged_attention_backward_cost(g.Chunk(g.num_chunks() - 1));
+    return cost.flops / sim::TicksToSeconds(time.Duration(cost, Phase::kBackward));
+  };
+  r.backward = rate(page_tokens) / rate(128);
+  return r;
+}
+
 // Attention over pages of a size off the kernels' fast path runs slower per FLOP; the profile
 // knows by how much, or says it never measured the size. Empty when the rate is measured and
 // within 10% of pages of 128, or no page is attended.
 std::string PageRateWarning(const PlanContext& c) {
   const RunOptions& o = c.options;
   if (o.context_tokens <= o.chunk_tokens || o.page_tokens == 128) return "";
-  const sim::KernelTimeModel model(c.machine);
-  auto rate = [&](int64_t page) {
-    return model.PageRateAgainst128(page, c.model.head_dim, !o.dense());
-  };
+  auto rate = [&](int64_t page) { return RunPageRate(c, page); };
   const sim::KernelTimeModel::PageRate r = rate(o.page_tokens);
   if (r.measured && std::min(r.forward, r.backward) >= 0.9) return "";
   std::string faster;  // page sizes that divide the chunk and run within 10% of 128's rate
@@ -145,10 +172,13 @@ double SparseBackwardGroupRate(const PlanContext& c) {
 // Whether the run's page-sparse backward would take key blocks over the union's pages
 // (AttentionBackwardOverUnion, the rule the kernel and the time model share), and whether the
 // GPU's profile has timed those blocks (else the time model takes gathered ones).
-bool RunsUnionBlocks(const PlanContext& c) {
+bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens) {
   const ModelSpec& m = c.model;
   return AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
-                                    m.num_key_value_heads, m.head_dim, c.options.page_tokens);
+                                    m.num_key_value_heads, m.head_dim, page_tokens);
+}
+bool RunsUnionBlocks(const PlanContext& c) {
+  return RunsUnionBlocks(c, c.options.page_tokens);
 }
 bool UnionBlocksTimed(const PlanContext& c) {
   return sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0;
@@ -358,8 +388,7 @@ void PlanJson(JsonOut& j, const PlanContext& c, const sim::PlanReport& r) {
       .EndObject();
   j.Field("chunks", r.chunks);
   {
-    const sim::KernelTimeModel::PageRate rate = sim::KernelTimeModel(c.machine).PageRateAgainst128(
-        o.page_tokens, c.model.head_dim, !o.dense());
+    const sim::KernelTimeModel::PageRate rate = RunPageRate(c, o.page_tokens);
     j.BeginObject("attention_page_rate_vs_128")
         .Field("forward", rate.forward)
         .Field("backward", rate.backward)

@@ -133,6 +133,14 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     }
     paged(kChunkTokens, kGroup1, 256, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup1HeadDim64, 256, kSparseEarlier, kDefaultBudget);
+    // Group 1 over pages that are not whole 128-key blocks (UnionKeyBlocksOf): 64-key blocks
+    // (48, 64; and 64 at head dim 128), 128-key blocks three quarters full (96), halves (192).
+    for (const int64_t k : {int64_t{16}, int64_t{64}}) {
+      paged(kChunkTokens, kGroup1HeadDim64, 64, kSparseEarlier, k);
+      paged(kChunkTokens, kGroup1, 64, kSparseEarlier, k);
+    }
+    for (const int64_t p : {48, 96, 192})
+      paged(kChunkTokens, kGroup1HeadDim64, p, kSparseEarlier, kDefaultBudget);
     paged(kGroup2Tokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);

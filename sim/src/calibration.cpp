@@ -1048,8 +1048,17 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       fit_fixed_cost(&KernelProfile::attention_bwd_gathered_item_us_d64, kGatheredItemUsMax,
                      fit_sparse, sparse);
     }
-    const auto union_rows =
-        Select(samples, [&](const CalibrationSample& s) { return page_sparse(s) && by_union(s); });
+    // The union's rows by its blocks (UnionKeyBlocksOf): whole 128-key pages fit the block cost
+    // and per-pair rate; 64-key blocks (pages of 48 and 64) their own rate after; part-full
+    // blocks (96) and halves (192) are timed from these, not fitted.
+    auto union_keys = [](const CalibrationSample& s) {
+      return s.page_tokens % 128 == 0                                 ? int64_t{128}
+             : UnionKeyBlocksOf(s.page_tokens, s.head_dim).keys == 64 ? int64_t{64}
+                                                                      : int64_t{0};
+    };
+    const auto union_rows = Select(samples, [&](const CalibrationSample& s) {
+      return page_sparse(s) && by_union(s) && union_keys(s) == 128;
+    });
     if (backward && !union_rows.empty()) {
       // The union's key blocks: their block cost, and with each candidate the per-pair rate
       // against the gathered blocks' fractions (held) that explains the rows.
@@ -1061,6 +1070,19 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
                 union_rows, 0.3, 2.0);
           },
           union_rows);
+      const auto union64_rows = Select(samples, [&](const CalibrationSample& s) {
+        return page_sparse(s) && by_union(s) && union_keys(s) == 64;
+      });
+      if (!union64_rows.empty()) {
+        fit_fixed_cost(
+            &KernelProfile::attention_bwd_union64_block_us, kUnionBlockUsMax,
+            [&] {
+              k.sparse_bwd_union64_efficiency = ImpliedMedian(
+                  gpu, k, [](KernelProfile& q, double x) { q.sparse_bwd_union64_efficiency = x; },
+                  union64_rows, 0.3, 2.0);
+            },
+            union64_rows);
+      }
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
@@ -1231,6 +1253,10 @@ std::string GpuProfileYaml(const GpuSpec& g) {
   if (k.attention_bwd_union_block_us > 0) {
     o << "  attention_bwd_union_block_us: " << k.attention_bwd_union_block_us << "\n";
     o << "  sparse_bwd_union_efficiency: " << k.sparse_bwd_union_efficiency << "\n";
+    if (k.attention_bwd_union64_block_us > 0) {
+      o << "  attention_bwd_union64_block_us: " << k.attention_bwd_union64_block_us << "\n";
+      o << "  sparse_bwd_union64_efficiency: " << k.sparse_bwd_union64_efficiency << "\n";
+    }
   }
   if (k.attention_bwd_own_item_us > 0)
     o << "  attention_bwd_own_item_us: " << k.attention_bwd_own_item_us << "\n";

@@ -273,18 +273,36 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
     const double longest = block_item + group * std::min(1.0, tile_blocks) * paged_block;
     return LaunchSeconds(work, longest, sms, own_items + items);
   }
-  // Backward items are key blocks (64 keys over sparse pages under 128 tokens); over the union
-  // (pages of a multiple of 128), the union's block cost and per-pair rate.
+  // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
+  if (over_union) {
+    // Over the union: UnionKeyBlocksOf's blocks a page, at the union's block cost and per-pair
+    // rate (against the gathered blocks' at page 128: the same kernel whatever the page), the
+    // keys past a page's end in its last block computed masked, 64-key blocks (one warpgroup,
+    // two a multiprocessor) at their own rate.
+    const UnionKeyBlocks cut = UnionKeyBlocksOf(s.page_tokens, static_cast<int64_t>(head_dim));
+    const double rate = k.sparse_bwd_union_efficiency * cut.fill *
+                        (cut.keys == 64 ? k.sparse_bwd_union64_efficiency : 1.0);
+    const double pair_block = block / PagedEfficiency(kAttentionBlock, true, d64, sparse) / rate;
+    const double block_cost =
+        (cut.keys == 64 && k.attention_bwd_union64_block_us > 0 ? k.attention_bwd_union64_block_us
+                                                                : k.attention_bwd_union_block_us) *
+        1e-6;
+    const double items = kv_heads * std::ceil(key_pages * cut.per_page);
+    const double work =
+        own_work + items * block_cost + kv_heads * group * q_blocks * tile_blocks * pair_block;
+    const double served = q_blocks * std::min(1.0, s.tile_pages / key_pages);
+    const double block_keys = std::min(static_cast<double>(cut.keys), p);
+    const double longest =
+        block_cost + group * served * (block_keys / kAttentionBlock) * pair_block;
+    return LaunchSeconds(work, longest, sms, own_items + items);
+  }
   const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;
   const double items = kv_heads * std::ceil(key_pages * p / keys_per_item);
-  const double block_cost = over_union ? k.attention_bwd_union_block_us * 1e-6 : item;
-  const double pair_block = over_union ? paged_block / k.sparse_bwd_union_efficiency : paged_block;
   const double work =
-      own_work + items * block_cost + kv_heads * group * q_blocks * tile_blocks * pair_block;
+      own_work + items * item + kv_heads * group * q_blocks * tile_blocks * paged_block;
   // A key block serves every query block (dense), or those whose tiles selected it.
   const double served = sparse ? q_blocks * std::min(1.0, s.tile_pages / key_pages) : q_blocks;
-  const double longest =
-      block_cost + group * served * (keys_per_item / kAttentionBlock) * pair_block;
+  const double longest = item + group * served * (keys_per_item / kAttentionBlock) * paged_block;
   return LaunchSeconds(work, longest, sms, own_items + items);
 }
 

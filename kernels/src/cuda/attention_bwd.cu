@@ -21,7 +21,9 @@
 //     only, so no item is masked at any page size; the tiles that selected a page add into its
 //     dKV from different blocks, by atomics. At GQA groups 1-2 (AttentionBackwardOverUnion), where
 //     a gathered block's few items do not carry its gather and atomics, the earlier blocks are the
-//     union's pages instead, each serving the tiles that selected it.
+//     union's pages instead, each serving the tiles that selected it (UnionKeyBlocksOf: 128-key
+//     blocks, 64-key ones for pages up to 64, two 64-key halves of one page or two for pages of
+//     192 at head_dim 64, whose warpgroups each take only their own half's items).
 //     On wgmma: two warpgroups of 64 keys (AttnBwdWgmmaKernel; a FlashAttention-2 style mma.sync
 //     kernel served as a comparison until 2026-11-27, kernels/PERF.md). dK and dV of a key are
 //     complete in one block: they are written (own positions) or added (earlier pages,
@@ -32,7 +34,8 @@
 //     summed over the GQA group in an fp32 accumulator by atomics, then written by a second kernel,
 //     AttnBwdOwnDkvPostKernel). dQ is summed over key blocks, into an fp32 workspace: by bulk
 //     reduces in the two-warpgroup kernel (a tiled accumulator, DqTileOffset; one 16 KB (head_dim
-//     64) or 32 KB reduce an item), by fp32 atomics in the others.
+//     64) or 32 KB reduce an item; the halves by fp32 atomics into it), by fp32 atomics in the
+//     others.
 //  3. postprocess: dQ = bf16(scale * accumulator) (and the split own blocks' dK/dV).
 // An item is bound by its serial chain (S, exp, dV + dP, dS, dK, the block-wide dQ). With two
 // computing warpgroups (operands loaded two items ahead; no block barrier an item) an item's
@@ -281,7 +284,7 @@ struct BwdTensorMaps {
 // named barrier of their own nor on a bulk copy (cuDNN's backward does the same, ncu,
 // kernels/PERF.md).
 template <int HD, int NWG, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
-          bool kProducer = false>
+          bool kProducer = false, bool kHalves = false>
 __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     AttnBwdWgmmaKernel(const BwdParams prm, const __grid_constant__ BwdTensorMaps maps) {
   static_assert(!kGather || (NWG == 2 && !kOverUnion), "gathered blocks: two warpgroups");
@@ -289,6 +292,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   static_assert(HD == 64 || HD == 128, "head_dim 64 or 128");
   static_assert(!kProducer || (NWG == 2 && !kOverUnion),
                 "a producer warpgroup: two computing warpgroups");
+  static_assert(!kHalves || (NWG == 2 && kOverUnion), "halves: two warpgroups over the union");
   // Gathered blocks (a few items each) keep a block barrier an item (kItemBarrier, below) unless
   // a producer loads their items.
   constexpr bool kItemBarrier = kGather && !kProducer;
@@ -313,7 +317,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int wg = warp >> 2, wwarp = warp & 3;
-  const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather, kSplitOwn>(prm);
+  const KeyBlock block = LocateKeyBlock<BN, kOverUnion, kGather, kSplitOwn, kHalves>(prm);
   const int hkv = block.hkv;
   // The query heads whose items the block takes: the GQA group, or one head (kSplitOwn: every
   // own block is one head's). Apart from kSplitOwn the kernel keeps the KV head's arithmetic:
@@ -330,10 +334,14 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
   // (kProducer: dense launches' key blocks and gathered blocks, never selection masks.)
   const bool sparse = !kProducer && !kGather && earlier && prm.sel != nullptr;
   const int first_page = earlier && !kGather ? kb0 / prm.p : 0;
+  // Over the union's halves: each warpgroup's keys are its own half (of its own page).
+  const bool halves = kHalves && earlier;
 
   uint32_t union_mask = 0xffffffffu;
   if (sparse) {
-    union_mask = ScanSelections<kWbThreads, BN>(prm, kb0, region_end, first_page, s_mask, s_union);
+    union_mask =
+        halves ? ScanHalves<kWbThreads>(prm, block.half_key0, s_mask, s_union)
+               : ScanSelections<kWbThreads, BN>(prm, kb0, region_end, first_page, s_mask, s_union);
     if (union_mask == 0u) return;
   }
   const int tiles_per_sel = prm.query_tile / BM;
@@ -343,18 +351,28 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       : gathered ? min(tiles_per_sel, prm.n_q_tiles - qt_begin)
                  : prm.n_q_tiles - qt_begin;
 
-  // Key rows of this thread (accumulator rows): 64 wg + 16 wwarp + g (+ 8).
+  // Key rows of this thread (accumulator rows): 64 wg + 16 wwarp + g (+ 8), key row_key0 + row.
   const int kr0 = wg * 64 + wwarp * 16 + g;
+  const int my_half_key0 = wg == 0 ? block.half_key0[0] : block.half_key0[1];
+  const int row_key0 = halves ? my_half_key0 - 64 * wg : kb0;
   bool key_ok[2];
   int key_bit[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    const int kidx = kb0 + kr0 + hf * 8;
+    const int kidx = row_key0 + kr0 + hf * 8;
+    if (halves) {
+      key_bit[hf] = wg;
+      key_ok[hf] = my_half_key0 >= 0;
+      continue;
+    }
     key_bit[hf] = earlier && !kGather ? kidx / prm.p - first_page : 0;
     key_ok[hf] = kidx < region_end && ((union_mask >> key_bit[hf]) & 1u);
   }
 
-  if (!kProducer || tid < kWbThreads) {
+  if (halves) {
+    LoadHalvesKv<HD, kWbThreads>(prm, block.half_key0, hkv, kv_row, sK, sV,
+                                 [](int row, int c) { return Sw128<BN>(row, c); });
+  } else if (!kProducer || tid < kWbThreads) {
     LoadKeyBlockKv<HD, BN, kWbThreads>(
         prm, kb0, earlier, region_end, union_mask, first_page, hkv, kv_row, sK, sV,
         [](int row, int c) { return Sw128<BN>(row, c); }, block.gathered);
@@ -598,12 +616,14 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // by the warpgroup whose turn it is, items alternating between the two. At head_dim 128 as
     // m64n128 wgmmas: 48 KB of shared-memory operands an item where two m64n64 halves, one a
     // warpgroup, read 64 KB (cuDNN's backward does the same, ncu, kernels/PERF.md).
-    auto issue_dq = [&](uint32_t ds) {
+    // (Over the kKeys keys from `keys`, dS^T's rows from `ds`: the halves' loop takes its own 64.)
+    auto issue_dq_over = [&](auto keys_n, uint32_t ds, uint32_t keys) {
+      constexpr int kKeys = decltype(keys_n)::value;
       const SmemTileDesc dq_scores(ds, BN * 128, 1024);
-      const SmemTileDesc dq_keys(sK, BN * 128, 1024);
+      const SmemTileDesc dq_keys(keys, BN * 128, 1024);
       WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
         if constexpr (HD == 128) {
           WgmmaSS_m64n128<1, 1>(dq, dq_scores.At(kk * 16 * 128), dq_keys.At(kk * 16 * 128),
                                 kk > 0 ? 1 : 0);
@@ -614,6 +634,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       }
       WgmmaCommit();
     };
+    auto issue_dq = [&](uint32_t ds) { issue_dq_over(std::integral_constant<int, BN>{}, ds, sK); };
     // dQ into the tiled fp32 accumulator by one bulk reduce an item (16 KB a 64-column half,
     // added in the L2 line by line), from a staging buffer in the accumulator's own order: the
     // per-thread fp32 atomics (16 a thread an item) held each warp until the memory system took
@@ -700,117 +721,169 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       SetMaxRegistersInc<240>();
     }
 
-    // Without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled read
-    // (staging_free).
-    bool staging_owed = false;
-    auto signal_staging = [&] {
-      if (staging_owed && dq_issuer) {
-        BulkWaitRead<0>();
-        MbarArrive(staging_free);
-      }
-      staging_owed = false;
-    };
-    // Item m's whole dQ by its owner, from its issue to the bulk reduce.
-    auto whole_dq = [&](int m, int h, int q0, uint32_t ds) {
-      issue_dq(ds);
-      WgmmaWait<0>();  // dQ (and dV, dK)
-      FenceAcc(dv);
-      FenceAcc(dk);
-      FenceAcc(dq);
-      if (!kItemBarrier && m > 0) MbarWait(staging_free, (m - 1) & 1);
-      add_dq(h, q0);
-      staging_owed = !kProducer;
-    };
-    // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
-    // dQ at the top of item n, ahead of n's S^T and dP^T, and stages it once they are issued, so
-    // that the tensor cores run dQ while the loads and issues go on (head_dim 64 has the
-    // registers: 231; at 128 dQ's 64 would not fit beside S^T and dP^T). 1.085-1.090x on the
-    // sweep's dense rows (H100, kernels/PERF.md). Item n + 2's dS^T is still written only after
-    // dQ(n) is done: the owner waits for it before its softmax of n + 1, so before its arrival
-    // at n + 1's kDsReady, where the other warpgroup syncs before it reaches n + 2.
-    constexpr bool kDeferDq = HD == 64 && !kItemBarrier;
-    int prev_h = 0, prev_q0 = 0;
-    for (int n = 0; n < n_items; ++n) {
-      const int buf = n % L::kStages;
-      int h, q0;
-      item_at(cur, h, q0);
-      next_item(cur);
-      const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
-      const bool dq_owed = kDeferDq && n > 0 && ((n - 1) & 1) == wg;
-      if constexpr (kDeferDq) {
-        if (dq_owed) issue_dq(sdS + ((n - 1) & 1) * L::kdSBytes);
-      }
-      wait_operands(n);
-      issue_s_dp(buf);
-      if constexpr (!kItemBarrier) signal_staging();
-      if constexpr (kDeferDq) {
-        WgmmaWait<2>();  // item n - 1's dQ (where this warpgroup owes it)
-        if (dq_owed) {
+    if (halves) {
+      // Over the union's halves: a warpgroup takes only the items whose tile selected its half's
+      // page (a block's two halves may be two pages, which tiles select independently), each
+      // item whole: S^T, dP^T, dV, dK and the dQ of its own 64 keys, added by fp32 atomics into
+      // the tiled accumulator (one staging a warpgroup would not fit beside the own blocks' at
+      // head_dim 128). Neither warpgroup waits for the other's dS^T, so one dS^T buffer serves:
+      // each writes its own 64 rows, and rewrites them only after its barrier below, when all its
+      // warps' dQ reads are done. The operand buffers go round as in the loop below: every thread
+      // releases every item, the second warpgroup to release loads item n + 2; a warpgroup
+      // without the item still waits for its operands (below).
+      for (int n = 0; n < n_items; ++n) {
+        const int buf = n % L::kStages;
+        int h, q0;
+        item_at(cur, h, q0);
+        next_item(cur);
+        const bool active = (s_mask[q0 / prm.query_tile] >> wg) & 1u;
+        // Waited active or not: item n's operands land only once both warpgroups have released
+        // item n - 2, so no warpgroup arrives twice in one phase of the buffer's empty mbarrier.
+        wait_operands(n);
+        if (active) {
+          issue_s_dp(buf);
+          WgmmaWait<1>();  // S^T done; dP^T may still run
+          FenceAcc(s);
+          softmax_backward(q0, buf, sdS);
+          NamedBarrierSync(1 + wg, 128);  // this warpgroup's dS^T
+          issue_dq_over(std::integral_constant<int, 64>{}, sdS + wg * 64 * 128, sK + wg * 64 * 128);
+          WgmmaWait<0>();  // dQ, dV and dK
+          FenceAcc(dv);
+          FenceAcc(dk);
           FenceAcc(dq);
-          if (n > 1) MbarWait(staging_free, (n - 2) & 1);
-          add_dq(prev_h, prev_q0);
-          staging_owed = !kProducer;
+          // In the accumulator's own order, as the staging below holds it (DqTileOffset).
+          float* tile =
+              prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0) + 4 * (tid & 127);
+#pragma unroll
+          for (int c = 0; c < kDqRegs / 4; ++c)
+            atomicAdd(reinterpret_cast<float4*>(tile + (c >> 3) * 4096 + (c & 7) * 512),
+                      make_float4(dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]));
         }
-      }
-      WgmmaWait<1>();  // S^T done; dP^T may still run
-      FenceAcc(s);
-      softmax_backward(q0, buf, ds);
-      if constexpr (kItemBarrier) {
-        if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
-        __syncthreads();                   // both warpgroups' dS^T; item n - 1 done
-        if (tid == 0 && n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
+        MbarArrive(empty_bars + 8 * buf);
+        if (active) NamedBarrierSync(1 + wg, 128);  // every warp's dS^T and operand reads done
+        if (dq_issuer) {
+          __threadfence_block();
+          if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
+            __threadfence_block();
+            MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
+            load_cursor(ahead, buf);
+          }
+        }
         next_item(ahead);
-        if ((n & 1) == wg) {
-          // Its dQ, while the other warpgroup goes on to the next item's S^T and dP^T.
-          whole_dq(n, h, q0, ds);
+      }
+    } else {
+      // Without kItemBarrier: whether this warpgroup's last reduce is yet to be signalled read
+      // (staging_free).
+      bool staging_owed = false;
+      auto signal_staging = [&] {
+        if (staging_owed && dq_issuer) {
+          BulkWaitRead<0>();
+          MbarArrive(staging_free);
+        }
+        staging_owed = false;
+      };
+      // Item m's whole dQ by its owner, from its issue to the bulk reduce.
+      auto whole_dq = [&](int m, int h, int q0, uint32_t ds) {
+        issue_dq(ds);
+        WgmmaWait<0>();  // dQ (and dV, dK)
+        FenceAcc(dv);
+        FenceAcc(dk);
+        FenceAcc(dq);
+        if (!kItemBarrier && m > 0) MbarWait(staging_free, (m - 1) & 1);
+        add_dq(h, q0);
+        staging_owed = !kProducer;
+      };
+      // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
+      // dQ at the top of item n, ahead of n's S^T and dP^T, and stages it once they are issued, so
+      // that the tensor cores run dQ while the loads and issues go on (head_dim 64 has the
+      // registers: 231; at 128 dQ's 64 would not fit beside S^T and dP^T). 1.085-1.090x on the
+      // sweep's dense rows (H100, kernels/PERF.md). Item n + 2's dS^T is still written only after
+      // dQ(n) is done: the owner waits for it before its softmax of n + 1, so before its arrival
+      // at n + 1's kDsReady, where the other warpgroup syncs before it reaches n + 2.
+      constexpr bool kDeferDq = HD == 64 && !kItemBarrier;
+      int prev_h = 0, prev_q0 = 0;
+      for (int n = 0; n < n_items; ++n) {
+        const int buf = n % L::kStages;
+        int h, q0;
+        item_at(cur, h, q0);
+        next_item(cur);
+        const uint32_t ds = sdS + (n & 1) * L::kdSBytes;
+        const bool dq_owed = kDeferDq && n > 0 && ((n - 1) & 1) == wg;
+        if constexpr (kDeferDq) {
+          if (dq_owed) issue_dq(sdS + ((n - 1) & 1) * L::kdSBytes);
+        }
+        wait_operands(n);
+        issue_s_dp(buf);
+        if constexpr (!kItemBarrier) signal_staging();
+        if constexpr (kDeferDq) {
+          WgmmaWait<2>();  // item n - 1's dQ (where this warpgroup owes it)
+          if (dq_owed) {
+            FenceAcc(dq);
+            if (n > 1) MbarWait(staging_free, (n - 2) & 1);
+            add_dq(prev_h, prev_q0);
+            staging_owed = !kProducer;
+          }
+        }
+        WgmmaWait<1>();  // S^T done; dP^T may still run
+        FenceAcc(s);
+        softmax_backward(q0, buf, ds);
+        if constexpr (kItemBarrier) {
+          if (dq_issuer) BulkWaitRead<0>();  // the last dQ staging read
+          __syncthreads();                   // both warpgroups' dS^T; item n - 1 done
+          if (tid == 0 && n + 2 < n_items) load_cursor(ahead, (n + 2) % L::kStages);
+          next_item(ahead);
+          if ((n & 1) == wg) {
+            // Its dQ, while the other warpgroup goes on to the next item's S^T and dP^T.
+            whole_dq(n, h, q0, ds);
+            continue;
+          }
+          WgmmaWait<0>();  // dV and dK
+          FenceAcc(dv);
+          FenceAcc(dk);
           continue;
         }
+        if ((n & 1) != wg) NamedBarrierArrive(kDsReady + (n & 3), 256);
         WgmmaWait<0>();  // dV and dK
         FenceAcc(dv);
         FenceAcc(dk);
-        continue;
-      }
-      if ((n & 1) != wg) NamedBarrierArrive(kDsReady + (n & 3), 256);
-      WgmmaWait<0>();  // dV and dK
-      FenceAcc(dv);
-      FenceAcc(dk);
-      // Release the operands buffer; the second warpgroup to do so loads item n + 2 into it.
-      // kProducer: every thread, its reads of the buffer's LSE2 and D done (the wgmmas that read
-      // Q and dO are), arrives on the buffer's empty mbarrier, which the producer waits on (one
-      // thread a warp after __syncwarp is as safe, but racecheck cannot follow it).
-      // Without one, every thread arrives there too, and the warpgroup whose count on s_release
-      // comes second waits for that phase (complete by then) before it loads item n + 2: the
-      // count picks the loader without a wait, the mbarrier orders the reads before the load in
-      // a way racecheck follows (the count alone it reported as 3 races).
-      MbarArrive(empty_bars + 8 * buf);
-      if constexpr (!kProducer) NamedBarrierSync(1 + wg, 128);
-      if (!kProducer && dq_issuer) {
-        __threadfence_block();
-        if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
+        // Release the operands buffer; the second warpgroup to do so loads item n + 2 into it.
+        // kProducer: every thread, its reads of the buffer's LSE2 and D done (the wgmmas that read
+        // Q and dO are), arrives on the buffer's empty mbarrier, which the producer waits on (one
+        // thread a warp after __syncwarp is as safe, but racecheck cannot follow it).
+        // Without one, every thread arrives there too, and the warpgroup whose count on s_release
+        // comes second waits for that phase (complete by then) before it loads item n + 2: the
+        // count picks the loader without a wait, the mbarrier orders the reads before the load in
+        // a way racecheck follows (the count alone it reported as 3 races).
+        MbarArrive(empty_bars + 8 * buf);
+        if constexpr (!kProducer) NamedBarrierSync(1 + wg, 128);
+        if (!kProducer && dq_issuer) {
           __threadfence_block();
-          MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
-          load_cursor(ahead, buf);
+          if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
+            __threadfence_block();
+            MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
+            load_cursor(ahead, buf);
+          }
+        }
+        next_item(ahead);
+        if ((n & 1) == wg) {
+          NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
+          if constexpr (kDeferDq) {
+            prev_h = h;
+            prev_q0 = q0;
+          } else {
+            whole_dq(n, h, q0, ds);
+          }
         }
       }
-      next_item(ahead);
-      if ((n & 1) == wg) {
-        NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
-        if constexpr (kDeferDq) {
-          prev_h = h;
-          prev_q0 = q0;
-        } else {
-          whole_dq(n, h, q0, ds);
+      if constexpr (kDeferDq) {
+        if (n_items > 0 && ((n_items - 1) & 1) == wg) {
+          signal_staging();
+          whole_dq(n_items - 1, prev_h, prev_q0, sdS + ((n_items - 1) & 1) * L::kdSBytes);
         }
       }
+      if constexpr (!kItemBarrier) signal_staging();
+      if (!kProducer && dq_issuer) BulkWait<0>();  // the reduces done before the shared memory goes
     }
-    if constexpr (kDeferDq) {
-      if (n_items > 0 && ((n_items - 1) & 1) == wg) {
-        signal_staging();
-        whole_dq(n_items - 1, prev_h, prev_q0, sdS + ((n_items - 1) & 1) * L::kdSBytes);
-      }
-    }
-    if constexpr (!kItemBarrier) signal_staging();
-    if (!kProducer && dq_issuer) BulkWait<0>();  // the reduces done before the shared memory goes
   } else {
     // One warpgroup, two blocks a multiprocessor (which overlap each other's chains): every
     // item's wgmmas waited within it. Written out apart from the pipelined loop's pieces: built
@@ -1020,7 +1093,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     if (!key_ok[hf]) continue;
-    const int kidx = kb0 + kr0 + hf * 8;
+    const int kidx = row_key0 + kr0 + hf * 8;
     auto dk_pair = [&](int i) {
       return make_float2(dk[4 * i + 2 * hf] * prm.scale, dk[4 * i + 2 * hf + 1] * prm.scale);
     };
@@ -1192,6 +1265,16 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
                               AttentionBackwardOverUnion(prm.t, prm.hq, prm.hkv, HD, prm.p);
   const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union") &&
                       (sparse_mode("gather") || !union_by_group);
+  // Pages over 64 keys that are an odd number of 64-key halves (192) at head_dim 64 take the
+  // union in halves: two halves a block, of one page or two, none part full (at group 1 0.91 of
+  // page 128's rate, where the 128-key blocks, one of two half full, ran 0.80). Pages of 64 keep
+  // the one-warpgroup 64-key blocks, two a multiprocessor, which ran 0.81-0.88 of page 128's rate
+  // against the halves' 0.78-0.87 (the two warpgroups walk every item of either page and wait
+  // for its operands); at head_dim 128 the halves spilled registers beside the own blocks' loop
+  // (0.53-0.56) and apart from it ran no faster than the 64-key blocks (kernels/PERF.md).
+  const bool halves = HD == 64 && prm.sel != nullptr && !gather && !positions &&
+                      prm.union_pages != nullptr && lists_fit && prm.p > 64 && prm.p % 64 == 0 &&
+                      prm.p % kBwdBN != 0;
   if (gather) {
     BwdParams q = prm;
     q.union_pages = nullptr;
@@ -1203,6 +1286,18 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
     q.own_first = 1;
     dq_tiled = true;
     launch_two_warpgroups(std::true_type{}, q, blocks * prm.hkv, WbSmem<HD, 2, true>::Bytes(0, 0));
+  } else if (halves) {
+    BwdParams q = prm;
+    q.own_first = 0;
+    q.n_earlier_blocks = static_cast<int>((prm.n_union * (prm.p / 64) + 1) / 2);
+    const int64_t blocks = q.n_earlier_blocks + (static_cast<int64_t>(prm.t) + kBwdBN - 1) / kBwdBN;
+    Require(blocks * prm.hkv < (int64_t{1} << 31), "too many key blocks for one launch");
+    dq_tiled = true;
+    if constexpr (HD == 64) {
+      launch(AttnBwdWgmmaKernel<HD, 2, true, false, false, false, true>,
+             dim3(static_cast<unsigned>(blocks * prm.hkv)), 256,
+             WbSmem<HD, 2>::Bytes(sel_tiles, q_tiles), q);
+    }
   } else if ((HD == 64 && keys_64) || (prm.sel != nullptr && small_pages) || !lists_fit) {
     const auto [q, grid] = with_blocks(64, 64);
     const int smem = WbSmem<HD, 1>::Bytes(sel_tiles, q_tiles);

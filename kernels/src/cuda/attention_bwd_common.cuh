@@ -91,6 +91,9 @@ struct KeyBlock {
   int sel_tile = 0;
   // An own block of one query head (kSplitOwn), -1 for the whole GQA group.
   int head = -1;
+  // Over the union's 64-key halves (kHalves): the first key of warpgroup w's half, -1 past the
+  // union's last half. The two may lie on different pages.
+  int half_key0[2] = {-1, -1};
   __device__ int FirstHead(int group) const { return head >= 0 ? head : hkv * group; }
 };
 // Over the union (kOverUnion) is a template parameter: reading the union's page list at the
@@ -98,7 +101,11 @@ struct KeyBlock {
 // slower (kernels/PERF.md).
 // Gathered (kGather): the earlier blocks are the selection tiles' 128-key groups, a tile's
 // groups side by side (they read the same Q and dO and add into the same dQ in the L2).
-template <int BN, bool kOverUnion, bool kGather = false, bool kSplitOwn = false>
+// Halves (kHalves, pages of a multiple of 64 keys that are not whole 128-key blocks: 64, 192):
+// the union's pages cut into 64-key halves, a block two consecutive halves (one a warpgroup), so
+// that no block is part full; the two halves of a block may be of two pages.
+template <int BN, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
+          bool kHalves = false>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
   const int own_blocks = (prm.t + BN - 1) / BN;
   int b = static_cast<int>(blockIdx.x), hkv = 0;
@@ -132,6 +139,21 @@ __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
             st};
   } else if constexpr (!kOverUnion) {
     return {hkv, true, eb * BN, prm.num_pages * prm.p};
+  } else if constexpr (kHalves) {
+    static_assert(BN == 128, "two 64-key halves a block");
+    const int per_page = prm.p / 64;
+    const int n_halves = prm.n_union * per_page;
+    KeyBlock halves{hkv, true, 0, 0};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const int half = 2 * eb + w;
+      halves.half_key0[w] = half < n_halves ? __ldg(prm.union_pages + half / per_page) * prm.p +
+                                                  (half % per_page) * 64
+                                            : -1;
+    }
+    halves.kb0 = halves.half_key0[0];
+    halves.end = halves.kb0 + 64;
+    return halves;
   } else {
     const int per_page = (prm.p + BN - 1) / BN;
     const int page_start = __ldg(prm.union_pages + eb / per_page) * prm.p;
@@ -197,6 +219,36 @@ __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bo
   CpAsyncCommit();
 }
 
+// K and V of a block over the union's halves (kHalves): rows 64 w.. from half_key0[w]'s page,
+// zero-filled past the union's last half. Committed as LoadKeyBlockKv's are.
+template <int HD, int kThreads, typename Offset>
+__device__ __forceinline__ void LoadHalvesKv(const BwdParams& prm, const int (&half_key0)[2],
+                                             int hkv, int64_t kv_row, uint32_t sK, uint32_t sV,
+                                             Offset offset) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  const int tid = threadIdx.x;
+  const int c = tid % kChunks;
+#pragma unroll 4
+  for (int i = 0; i < 128 / kRowsPerPass; ++i) {
+    const int row = i * kRowsPerPass + tid / kChunks;
+    const int key0 = row < 64 ? half_key0[0] : half_key0[1];
+    const bool valid = key0 >= 0;
+    const bf16* ksrc = prm.pool;
+    const bf16* vsrc = prm.pool;
+    if (valid) {
+      const int kidx = key0 + (row & 63);
+      const int slot = __ldg(prm.page_slot + kidx / prm.p);
+      ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + (kidx % prm.p) * kv_row +
+             hkv * HD + c * 8;
+      vsrc = ksrc + prm.p * kv_row;
+    }
+    CpAsync16(sK + offset(row, c), ksrc, valid);
+    CpAsync16(sV + offset(row, c), vsrc, valid);
+  }
+  CpAsyncCommit();
+}
+
 // One item's operands into buffer `buf`: the Q and dO rows of the 64 queries from q0 of query head
 // h (rows past t zero-filled; at sQ / sdO + buf * kBufBytes), and their LSE2 and D (16 chunks
 // each, at sL / sD + buf * BM * 4). offset(row, c) as in LoadKeyBlockKv.
@@ -255,6 +307,34 @@ __device__ __forceinline__ uint32_t ScanSelections(const BwdParams& prm, int kb0
     uint32_t m = 0u;
     for (int pg = first_page; pg <= last_page; ++pg)
       if (ListContains(list, static_cast<int>(prm.sel_stride), pg)) m |= 1u << (pg - first_page);
+    s_mask[st] = m;
+    local_union |= m;
+  }
+  if (local_union) atomicOr(s_union, local_union);
+  __syncthreads();
+  return *s_union;
+}
+
+// The same for a block over the union's halves (kHalves): bit w, tile selected warpgroup w's
+// half's page.
+template <int kThreads>
+__device__ __forceinline__ uint32_t ScanHalves(const BwdParams& prm, const int (&half_key0)[2],
+                                               uint32_t* s_mask, uint32_t* s_union) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) *s_union = 0u;
+  __syncthreads();
+  const int page0 = half_key0[0] / prm.p;
+  const int page1 = half_key0[1] >= 0 ? half_key0[1] / prm.p : -1;
+  const int n = static_cast<int>(prm.sel_stride);
+  uint32_t local_union = 0u;
+  for (int st = tid; st < prm.sel_tiles; st += kThreads) {
+    const int32_t* list = prm.sel + static_cast<int64_t>(st) * prm.sel_stride;
+    uint32_t m = ListContains(list, n, page0) ? 1u : 0u;
+    if (page1 == page0) {
+      m |= m << 1;
+    } else if (page1 >= 0 && ListContains(list, n, page1)) {
+      m |= 2u;
+    }
     s_mask[st] = m;
     local_union |= m;
   }

@@ -188,6 +188,17 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 // 16384).
 bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                 int64_t page_tokens);
+// The key blocks over the union a page of `page_tokens` is cut into: 128 keys (two warpgroups)
+// for whole 128-key pages and, at head_dim 64, pages of an odd number of 64-key halves (192: a
+// block two halves, of one page or two, so 1.5 a page); else 64 keys (one warpgroup) for pages
+// up to 64, 128 above, the page's last block cut at its end. `fill`: the part of the blocks'
+// keys the pages fill (pages of 48 and 96: 0.75).
+struct UnionKeyBlocks {
+  int64_t keys = 0;
+  double per_page = 0.0;
+  double fill = 0.0;
+};
+UnionKeyBlocks UnionKeyBlocksOf(int64_t page_tokens, int64_t head_dim);
 // Query rows a block of the attention forward takes (kernels/src/cuda/attention_fwd.cu): 192, three
 // consumer warpgroups, at head_dim 64 without a page selection where the launch's blocks fill the
 // multiprocessors' waves about as well as 128-row blocks would; else 128. (Over a page selection

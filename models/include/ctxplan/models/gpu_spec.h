@@ -104,6 +104,12 @@ struct KernelProfile {
   // Those blocks' per-pair rate against the gathered blocks' (the sparse fractions above): they
   // run without the producer warpgroup. Fitted with the block cost.
   double sparse_bwd_union_efficiency = 1.0;
+  // The union's 64-key blocks (pages of 48 and 64 at group 1: one warpgroup, two blocks a
+  // multiprocessor, ctxtrain from 2026-11-28T20:30Z): their block cost and per-pair rate against
+  // the 128-key blocks', fitted on their rows; 0 and 1 where a profile has none (the 128-key
+  // blocks' cost and rate).
+  double attention_bwd_union64_block_us = 0;
+  double sparse_bwd_union64_efficiency = 1.0;
   // The backward's items over a chunk's own positions (a launch started heaviest first; split own
   // blocks add their dK/dV by fp32 atomics), fitted on the own-only launches; 0: the backward's
   // item cost, which is then fitted there too.
