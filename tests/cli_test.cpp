@@ -898,6 +898,18 @@ TEST(CliTest, PlanSaysTheSmallGroupSparseBackwardRate) {
   EXPECT_LT(page_rate(m64j.out), 0.85);
   EXPECT_LT(page_rate(m64j.out), page_rate(g64j.out) - 0.1);
   EXPECT_NE(m64.out.find("attention over pages of 64: "), std::string::npos) << m64.out;
+  // The rule goes by the dKV pool's type: at chunks of 2048 group 1 at head dim 128 takes the
+  // union on a bf16 pool (the default; the H100's profile has not timed it), gathered blocks on
+  // an fp32 one.
+  std::vector<std::string> chunk2k = h100;
+  chunk2k.insert(chunk2k.end(), {"--chunk", "2048"});
+  const RunResult bf16_pool = RunCtxplan(chunk2k, dir.path());
+  ASSERT_EQ(bf16_pool.exit_code, 0) << Describe(chunk2k, bf16_pool);
+  EXPECT_NE(bf16_pool.out.find("has not timed"), std::string::npos) << bf16_pool.out;
+  chunk2k.insert(chunk2k.end(), {"--grad-dtype", "fp32"});
+  const RunResult fp32_pool = RunCtxplan(chunk2k, dir.path());
+  ASSERT_EQ(fp32_pool.exit_code, 0) << Describe(chunk2k, fp32_pool);
+  EXPECT_EQ(fp32_pool.out.find("has not timed"), std::string::npos) << fp32_pool.out;
 }
 
 // recommend names a fitting configuration and the ctxtrain command that runs it; with the GPU

@@ -716,26 +716,37 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   };
   // The page-sparse backward over the union: GQA groups 1-2 over whole 128-key pages, from the
   // chunk sizes where it ran faster than gathered blocks.
-  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 128));
-  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 32, 32, 128, 256));
-  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 32, 32, 128, 128));  // group 1, d_h 128: 4096 up
-  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 8, 64, 128));
-  EXPECT_FALSE(AttentionBackwardOverUnion(2048, 16, 8, 64, 128));
-  EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128));  // group 2, d_h 128: 16384 up
-  EXPECT_TRUE(AttentionBackwardOverUnion(16384, 16, 8, 128, 128));
-  EXPECT_FALSE(AttentionBackwardOverUnion(32768, 16, 16, 64, 128));  // past the measured chunks
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 128, true));
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 32, 32, 128, 256, true));
+  EXPECT_FALSE(
+      AttentionBackwardOverUnion(3072, 32, 32, 128, 128, true));  // group 1, d_h 128: 4096 up
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 8, 64, 128, true));
+  EXPECT_FALSE(AttentionBackwardOverUnion(2048, 16, 8, 64, 128, true));
+  EXPECT_FALSE(
+      AttentionBackwardOverUnion(8192, 16, 8, 128, 128, true));  // group 2, d_h 128: 16384 up
+  EXPECT_TRUE(AttentionBackwardOverUnion(16384, 16, 8, 128, 128, true));
+  EXPECT_FALSE(
+      AttentionBackwardOverUnion(32768, 16, 16, 64, 128, true));  // past the measured chunks
   // Other pages at group 1 only: head dim 64 where the blocks are three quarters full or more
   // (UnionKeyBlocksOf), head dim 128 pages of 64 from 4096 tokens.
-  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64));
-  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 48));
-  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 96));
-  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 192));
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 32));  // half-empty 64-key blocks
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 80));  // 0.625 of a 128-key block
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64));   // group 2
-  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 128, 64));
-  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64));
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 128, 192));
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 64, 64, true));
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 16, 64, 48, true));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 96, true));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 64, 192, true));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 32, true));  // half-empty 64-key blocks
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 64, 80, true));  // 0.625 of a 128-key block
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64, true));   // group 2
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 16, 128, 64, true));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64, true));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 128, 192, true));
+  // On a bf16 dKV pool (the runtime's) group 1 at head dim 128 from every chunk, at every page
+  // whose blocks are three quarters full or more; groups 2 and 32-token pages as on fp32.
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 32, 32, 128, 128, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 128, 192, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 32, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64, false));
   // The blocks a page is cut into.
   EXPECT_EQ(UnionKeyBlocksOf(64, 64).keys, 64);
   EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(48, 64).fill, 0.75);
@@ -746,8 +757,8 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 128).per_page, 2.0);  // a 128 and a half-full block
   EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(192, 128).fill, 0.75);
   EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(256, 128).per_page, 2.0);
-  EXPECT_FALSE(AttentionBackwardOverUnion(16384, 24, 8, 64, 128));  // group 3: gathered
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 0, 64, 128));   // no KV heads
+  EXPECT_FALSE(AttentionBackwardOverUnion(16384, 24, 8, 64, 128, true));  // group 3: gathered
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 0, 64, 128, true));   // no KV heads
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(8192, 28, 4, 128, /*own_only=*/false));
   ASSERT_FALSE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/false));
   ASSERT_TRUE(AttentionBackwardSplitsOwnHeads(4096, 28, 4, 128, /*own_only=*/true));

@@ -233,6 +233,11 @@ void BenchFull(const BenchShape& s, int64_t n, int reps) {
 }
 
 // The whole n-token sequence as chunks of c = s.chunk queries over earlier pages of p tokens.
+// The dKV pool's type (--dkv): fp32 as the sweeps before 2026-11-28 ran, or bf16 as the runtime's
+// at its default grad dtype (a bf16 pool costs the union's read-add-write and the gathered
+// blocks' atomics half the bytes).
+bool g_dkv_bf16 = false;
+
 // K/V of every position live in a pool of pages (identity or shuffled table); each chunk's own
 // K/V are also given contiguously (as the runtime's projections produce them).
 struct Chunked {
@@ -244,7 +249,8 @@ struct Chunked {
   Dev<bf16> dq, dk, dv;           // [c][H_q or H_kv][d_h]: the timed chunk's
   Dev<bf16> pool;                 // [pages][2][p][H_kv][d_h]: K/V of all n positions
   Dev<float> lse;                 // [n][H_q]
-  Dev<float> dkv;                 // [pages][2][p][H_kv][d_h]: dK/dV accumulated
+  Dev<float> dkv;                 // [pages][2][p][H_kv][d_h]: dK/dV accumulated (fp32 pool)
+  Dev<bf16> dkv16;                // the same, a bf16 pool (g_dkv_bf16; the other is empty)
   Dev<int32_t> slots, dkv_slots;  // [pages]: logical page -> slot (the same table)
   Dev<uint8_t> ws;                // the backward's workspace for c queries
   size_t ws_bytes;
@@ -266,7 +272,8 @@ struct Chunked {
         dv(s_.chunk * s_.KvRow()),
         pool(static_cast<size_t>(n_) * 2 * s_.KvRow()),
         lse(n_ * s_.hq),
-        dkv(static_cast<size_t>(n_) * 2 * s_.KvRow()),
+        dkv(g_dkv_bf16 ? 0 : static_cast<size_t>(n_) * 2 * s_.KvRow()),
+        dkv16(g_dkv_bf16 ? static_cast<size_t>(n_) * 2 * s_.KvRow() : 0),
         ws(kc::AttentionBackwardWorkspaceBytes(s_.Attention())),
         ws_bytes(kc::AttentionBackwardWorkspaceBytes(s_.Attention())) {
     FillRandom(q.p, q.n, 11);
@@ -286,7 +293,8 @@ struct Chunked {
     pages = n / p;
     slots.Reallocate(pages);
     dkv_slots.Reallocate(pages);
-    CTXPLAN_CUDA_CHECK(cudaMemset(dkv.p, 0, dkv.n * sizeof(float)));
+    if (dkv.n) CTXPLAN_CUDA_CHECK(cudaMemset(dkv.p, 0, dkv.n * sizeof(float)));
+    if (dkv16.n) CTXPLAN_CUDA_CHECK(cudaMemset(dkv16.p, 0, dkv16.n * sizeof(bf16)));
     std::vector<int32_t> perm(pages);
     std::iota(perm.begin(), perm.end(), 0);
     if (shuffled) {
@@ -320,6 +328,15 @@ struct Chunked {
   // own_dkv: fuse the DkvAccumulate of the chunk's own pages (as later chunks left them).
   void Backward(int64_t chunk, const PageSelection& sel, bool own_dkv = false) {
     const int64_t o = chunk * c;
+    if (g_dkv_bf16) {
+      const PagedKv<const bf16> own{PageShape(), dkv16.p, dkv_slots.p + o / p, c / p};
+      const PagedKv<bf16> pool16{PageShape(), dkv16.p, dkv_slots.p, chunk * c / p};
+      kc::AttentionBackward(Shape(), q.p + o * s.QRow(), k.p + o * s.KvRow(), v.p + o * s.KvRow(),
+                            Earlier(chunk), sel, out.p + o * s.QRow(), lse.p + o * s.hq,
+                            dout.p + o * s.QRow(), dq.p, dk.p, dv.p, pool16, ws.p, ws_bytes,
+                            nullptr, own_dkv ? &own : nullptr);
+      return;
+    }
     const PagedKv<const float> own{PageShape(), dkv.p, dkv_slots.p + o / p, c / p};
     kc::AttentionBackward(Shape(), q.p + o * s.QRow(), k.p + o * s.KvRow(), v.p + o * s.KvRow(),
                           Earlier(chunk), sel, out.p + o * s.QRow(), lse.p + o * s.hq,
@@ -639,11 +656,11 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
   std::printf(
       "\nSWEEP d_h %lld, %lld/%lld heads, chunk %lld: the last chunk of %lld tokens, %lld earlier "
       "in shuffled pages\n  dense: every earlier page; sparse: %lld earlier tokens a 128-query "
-      "tile (the sink page and %lld/p - 1 random ones)\n",
+      "tile (the sink page and %lld/p - 1 random ones); dKV pool %s\n",
       static_cast<long long>(s.hd), static_cast<long long>(s.hq), static_cast<long long>(s.hkv),
       static_cast<long long>(s.chunk), static_cast<long long>(context),
       static_cast<long long>(context - s.chunk), static_cast<long long>(kSparseTokens),
-      static_cast<long long>(kSparseTokens));
+      static_cast<long long>(kSparseTokens), g_dkv_bf16 ? "bf16" : "fp32");
   std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
               "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
               "fwd/d128", "bwd/d128", "bwd alt/");
@@ -657,7 +674,9 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<Swe
       if (x.bwd_alt_ms > 0)
         std::snprintf(
             alt, sizeof(alt), "%.2f%s", x.bwd_alt_ms / x.row.bwd_ms,
-            ctxplan::AttentionBackwardOverUnion(x.chunk, s.hq, s.hkv, x.hd, x.page) ? "g" : "u");
+            ctxplan::AttentionBackwardOverUnion(x.chunk, s.hq, s.hkv, x.hd, x.page, !g_dkv_bf16)
+                ? "g"
+                : "u");
       std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s\n",
                   sparse ? "sparse" : "dense", static_cast<long long>(x.page),
                   static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
@@ -758,7 +777,8 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     {
       const char* was = std::getenv("CTXPLAN_ATTN_BWD_SPARSE");
       const std::string before = was != nullptr ? was : "";
-      const bool union_default = ctxplan::AttentionBackwardOverUnion(c, s.hq, s.hkv, s.hd, p);
+      const bool union_default =
+          ctxplan::AttentionBackwardOverUnion(c, s.hq, s.hkv, s.hd, p, !g_dkv_bf16);
       setenv("CTXPLAN_ATTN_BWD_SPARSE", union_default ? "gather" : "union", 1);
       sp.bwd_alt_ms = TimeMs([&] { ch->Backward(last, sel.view); }, reps, 2);
       if (was != nullptr) {
@@ -919,6 +939,12 @@ int main(int argc, char** argv) {
          "sweep: only this head_dim's rows (the /d128 ratios need both); full: the head_dim "
          "(128 unless given; rows named full_<n>k..._d64 at 64)")
       ->check(CLI::IsMember({64, 128}));
+  std::string dkv_type = "fp32";
+  app.add_option("--dkv", dkv_type,
+                 "the backward's dKV pool: fp32, or bf16 as the runtime's at its default grad "
+                 "dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -928,6 +954,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attention_bench: %s; see attention_bench --help\n", e.what());
     return 2;
   }
+  g_dkv_bf16 = dkv_type == "bf16";
   if (head_dim != 0 && only != "sweep" && only != "full") {
     std::fprintf(stderr,
                  "attention_bench: --head-dim %lld: accepted with --only sweep or --only full (the "

@@ -208,10 +208,11 @@ OpCost AttentionBackwardCost(double pairs, int64_t q_tokens, int64_t kv_tokens_r
                  2.0 * D(kv_tokens_read * kv_dim) * kBf16Bytes +           // K, V
                  2.0 * 2.0 * D(kv_tokens_read * kv_dim) * D(grad_bytes) +  // dK, dV RMW
                  D(q_tokens * num_heads) * kFp32Bytes;
+  KernelShape shape = AttentionLaunchShape(q_tokens, num_heads, kv_dim, head_dim, page_tokens,
+                                           tile_pages, key_pages);
+  shape.out_bytes = static_cast<int32_t>(grad_bytes);
   return {flops, bytes,
-          page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward,
-          AttentionLaunchShape(q_tokens, num_heads, kv_dim, head_dim, page_tokens, tile_pages,
-                               key_pages)};
+          page_sparse ? RateClass::kSparseAttentionBackward : RateClass::kAttentionBackward, shape};
 }
 OpCost DkvAccumulateCost(int64_t tokens, int64_t kv_dim, int64_t grad_bytes) {
   return Memory(MemoryKernel::kDkvAccumulate, 3.0 * 2.0 * D(tokens * kv_dim) * D(grad_bytes),
@@ -285,7 +286,7 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 }
 
 bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                int64_t page_tokens) {
+                                int64_t page_tokens, bool dkv_f32) {
   // Measured on the H200 (kernels/PERF.md, 2026-11-28: the union's blocks' time over the gathered
   // ones', 6144 random earlier tokens a 128-query tile of ~61K). Pages of whole 128-key blocks:
   // group 1 at head_dim 64 0.51-0.77 at every chunk; group 1 at head_dim 128 0.54-0.76 from
@@ -293,21 +294,24 @@ bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads,
   // 0.93-1.01); group 2 at head_dim 128 0.80-0.82 at 16384 (4096: 0.91-0.93). Other pages, group 1
   // only (at group 2 0.92-1.06): head_dim 64 where the union's blocks are at least three quarters
   // full (48 and 64 in 64-key blocks 0.59-0.80, 96 in 128-key blocks 0.72-0.73, 192 in 64-key
-  // halves 0.60), head_dim 128 pages of 64 from chunks of 4096 (0.84-0.88; 3072: 0.98). From
-  // group 3 on the gathered blocks win. Chunks up to 16384 tokens, as measured (the 128-key
+  // halves 0.60), head_dim 128 pages of 64 from chunks of 4096 (0.84-0.88; 3072: 0.98). Those
+  // on an fp32 dKV pool; on a bf16 one (the runtime's) the gathered blocks' bf16 atomics cost
+  // more, and at group 1 head_dim 128 the union won at every chunk too (1024: 0.74-0.85 at
+  // pages 64-256; 3072: 0.51-0.79 at pages 48-256 but 32). From group 3 on the gathered blocks
+  // win. Chunks up to 16384 tokens, as measured (the 128-key
   // blocks' selection lists fit in shared memory to ~24K at query tiles of 128).
   constexpr int64_t kMaxTokens = 16384;
   if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || tokens > kMaxTokens)
     return false;
   const int64_t group = heads / kv_heads;
   if (page_tokens % 128 == 0) {
-    if (group == 1) return head_dim == 64 || tokens >= 4096;
+    if (group == 1) return head_dim == 64 || tokens >= 4096 || !dkv_f32;
     if (group == 2) return tokens >= (head_dim == 64 ? 3072 : 16384);
     return false;
   }
   if (group != 1) return false;
-  if (head_dim != 64) return page_tokens == 64 && tokens >= 4096;
-  return UnionKeyBlocksOf(page_tokens, head_dim).fill >= 0.75;
+  if (head_dim == 64 || !dkv_f32) return UnionKeyBlocksOf(page_tokens, head_dim).fill >= 0.75;
+  return page_tokens == 64 && tokens >= 4096;
 }
 
 UnionKeyBlocks UnionKeyBlocksOf(int64_t page_tokens, int64_t head_dim) {

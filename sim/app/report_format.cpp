@@ -175,7 +175,8 @@ double SparseBackwardGroupRate(const PlanContext& c) {
 bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens) {
   const ModelSpec& m = c.model;
   return AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
-                                    m.num_key_value_heads, m.head_dim, page_tokens);
+                                    m.num_key_value_heads, m.head_dim, page_tokens,
+                                    /*dkv_f32=*/c.options.grad_bytes() == 4);
 }
 bool RunsUnionBlocks(const PlanContext& c) {
   return RunsUnionBlocks(c, c.options.page_tokens);

@@ -1008,7 +1008,8 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
       return s.op == op && s.pages > 0 && s.pages_per_tile > 0 && s.pages_per_tile < s.pages;
     };
     auto by_union = [](const CalibrationSample& s) {
-      return AttentionBackwardOverUnion(s.m, s.heads, s.kv_heads, s.head_dim, s.page_tokens);
+      return AttentionBackwardOverUnion(s.m, s.heads, s.kv_heads, s.head_dim, s.page_tokens,
+                                        /*dkv_f32=*/s.grad_bytes == 4);
     };
     const auto sparse =
         Select(samples, [&](const CalibrationSample& s) { return page_sparse(s) && !by_union(s); });

@@ -259,7 +259,8 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   // profile that timed them has their block cost, one that did not times gathered blocks there.
   const bool over_union = sparse && k.attention_bwd_union_block_us > 0 &&
                           AttentionBackwardOverUnion(s.rows, s.heads, s.kv_heads,
-                                                     static_cast<int64_t>(head_dim), s.page_tokens);
+                                                     static_cast<int64_t>(head_dim), s.page_tokens,
+                                                     /*dkv_f32=*/s.out_bytes == 4);
   if (sparse && k.sparse_bwd_gathered && !over_union) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
     // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.

@@ -751,7 +751,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
           FenceAcc(dv);
           FenceAcc(dk);
           FenceAcc(dq);
-          // In the accumulator's own order, as the staging below holds it (DqTileOffset).
+          // In the accumulator's own order, as add_dq's staging holds it (DqTileOffset).
           float* tile =
               prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0) + 4 * (tid & 127);
 #pragma unroll
@@ -1261,8 +1261,9 @@ void LaunchBwd(const BwdParams& prm, const bf16* out, const float* lse, bf16* dq
   // the own blocks (the own blocks apart, beside the producer, ran 0.87-0.99x at chunks of 4096).
   // CTXPLAN_ATTN_BWD_SPARSE=union (or =positions) keeps key blocks everywhere, =gather gathered
   // blocks everywhere, to compare.
-  const bool union_by_group = prm.union_pages != nullptr && lists_fit &&
-                              AttentionBackwardOverUnion(prm.t, prm.hq, prm.hkv, HD, prm.p);
+  const bool union_by_group =
+      prm.union_pages != nullptr && lists_fit &&
+      AttentionBackwardOverUnion(prm.t, prm.hq, prm.hkv, HD, prm.p, prm.dkv_f32 != 0);
   const bool gather = prm.sel != nullptr && !positions && !sparse_mode("union") &&
                       (sparse_mode("gather") || !union_by_group);
   // Pages over 64 keys that are an odd number of 64-key halves (192) at head_dim 64 take the

@@ -84,7 +84,7 @@ struct KernelShape {
   MemoryKernel memory_kernel = MemoryKernel::kOther;
   bool warm_input = false;
   // A GEMM adding into its output (beta 1: weight gradients), of this many bytes an element.
-  // The fused loss: its head gradient's bytes an element.
+  // The fused loss: its head gradient's bytes an element. The attention backward: its dKV pool's.
   bool accumulates = false;
   int32_t out_bytes = 2;
   // The fused loss: the vocabulary columns of one logits tile (its GEMMs run a tile at a time).
@@ -185,9 +185,10 @@ bool AttentionBackwardSplitsOwnHeads(int64_t tokens, int64_t heads, int64_t kv_h
 // dK/dV added without atomics) instead of gathered blocks (one query tile's selected positions a
 // block, added by atomics; kernels/src/cuda/attention_bwd.cu): at GQA groups of 1 and 2, where a
 // gathered block's 2 x group items do not carry its fixed cost. `tokens`: the chunk's (up to
-// 16384).
+// 16384); `dkv_f32`: the dKV pool's type (fp32, or bf16 as the runtime's at its default grad
+// dtype, whose atomics cost the gathered blocks more).
 bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                int64_t page_tokens);
+                                int64_t page_tokens, bool dkv_f32);
 // The key blocks over the union a page of `page_tokens` is cut into: 128 keys (two warpgroups)
 // for whole 128-key pages and, at head_dim 64, pages of an odd number of 64-key halves (192: a
 // block two halves, of one page or two, so 1.5 a page); else 64 keys (one warpgroup) for pages
