@@ -298,8 +298,8 @@ bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads,
   // on an fp32 dKV pool; on a bf16 one (the runtime's) the gathered blocks' bf16 atomics cost
   // more, and at group 1 head_dim 128 the union won at every chunk too (1024: 0.74-0.85 at
   // pages 64-256; 3072: 0.51-0.79 at pages 48-256 but 32). From group 3 on the gathered blocks
-  // win. Chunks up to 16384 tokens, as measured (the 128-key
-  // blocks' selection lists fit in shared memory to ~24K at query tiles of 128).
+  // win. Chunks up to 16384 tokens, as measured (the 128-key blocks' selection lists fit in
+  // shared memory to ~24K at query tiles of 128).
   constexpr int64_t kMaxTokens = 16384;
   if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || tokens > kMaxTokens)
     return false;

@@ -101,9 +101,9 @@ struct KeyBlock {
 // slower (kernels/PERF.md).
 // Gathered (kGather): the earlier blocks are the selection tiles' 128-key groups, a tile's
 // groups side by side (they read the same Q and dO and add into the same dQ in the L2).
-// Halves (kHalves, pages of a multiple of 64 keys that are not whole 128-key blocks: 64, 192):
-// the union's pages cut into 64-key halves, a block two consecutive halves (one a warpgroup), so
-// that no block is part full; the two halves of a block may be of two pages.
+// Halves (kHalves: at head_dim 64, pages of an odd number of 64-key halves past 64, i.e. 192): the
+// union's pages cut into 64-key halves, a block two consecutive halves (one a warpgroup), so that
+// no block is part full; the two halves of a block may be of two pages.
 template <int BN, bool kOverUnion, bool kGather = false, bool kSplitOwn = false,
           bool kHalves = false>
 __device__ __forceinline__ KeyBlock LocateKeyBlock(const BwdParams& prm) {
