@@ -30,8 +30,30 @@ std::string Header(const PlanContext& c) {
   return s;
 }
 
-bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens);
-bool UnionBlocksTimed(const PlanContext& c);
+// Whether the run's page-sparse backward would take key blocks over the union's pages
+// (AttentionBackwardOverUnion, the rule the kernel and the time model share), and whether the
+// GPU's profile has timed those blocks (else the time model takes gathered ones).
+bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens) {
+  const ModelSpec& m = c.model;
+  return AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
+                                    m.num_key_value_heads, m.head_dim, page_tokens,
+                                    /*dkv_f32=*/c.options.grad_bytes() == 4);
+}
+bool RunsUnionBlocks(const PlanContext& c) {
+  return RunsUnionBlocks(c, c.options.page_tokens);
+}
+bool UnionBlocksTimed(const PlanContext& c) {
+  return sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0;
+}
+
+// The page-sparse backward's per-FLOP rate (FLOP/s) for the last chunk of a run of `model` with
+// `options`, as the time model has it.
+double LastChunkSparseBackwardRate(const sim::KernelTimeModel& time, const ModelSpec& model,
+                                   const RunOptions& options) {
+  const PlanGeometry g(model, options);
+  const OpCost cost = g.paged_attention_backward_cost(g.Chunk(g.num_chunks() - 1));
+  return cost.flops / sim::TicksToSeconds(time.Duration(cost, Phase::kBackward));
+}
 
 // The per-FLOP rate of attention over pages of `page_tokens` against pages of 128 (the page
 // tables of the GPU's profile). Where the page-sparse backward takes key blocks over the union at
@@ -52,9 +74,7 @@ sim::KernelTimeModel::PageRate RunPageRate(const PlanContext& c, int64_t page_to
     RunOptions at = o;
     at.page_tokens = page;
     at.page_budget = std::max<int64_t>(1, o.page_budget * o.page_tokens / page);
-    const PlanGeometry g(c.model, at);
-    const OpCost cost = g.paged_attention_backward_cost(g.Chunk(g.num_chunks() - 1));
-    return cost.flops / sim::TicksToSeconds(time.Duration(cost, Phase::kBackward));
+    return LastChunkSparseBackwardRate(time, c.model, at);
   };
   r.backward = rate(page_tokens) / rate(128);
   return r;
@@ -70,10 +90,12 @@ std::string PageRateWarning(const PlanContext& c) {
   const sim::KernelTimeModel::PageRate r = rate(o.page_tokens);
   if (r.measured && std::min(r.forward, r.backward) >= 0.9) return "";
   std::string faster;  // page sizes that divide the chunk and run within 10% of 128's rate
-  for (const int64_t page : {64, 128, 256})
-    if (page != o.page_tokens && o.chunk_tokens % page == 0 &&
-        std::min(rate(page).forward, rate(page).backward) >= 0.9)
+  for (const int64_t page : {64, 128, 256}) {
+    if (page == o.page_tokens || o.chunk_tokens % page != 0) continue;
+    const sim::KernelTimeModel::PageRate other = rate(page);
+    if (std::min(other.forward, other.backward) >= 0.9)
       faster += (faster.empty() ? "" : ", ") + std::to_string(page);
+  }
   const std::string rates = Printf("%.0f%%", 100.0 * r.forward) + " (forward) and " +
                             Printf("%.0f%%", 100.0 * r.backward) +
                             " (backward) of the per-FLOP rate over pages of 128 on this GPU (" +
@@ -158,31 +180,10 @@ double SparseBackwardGroupRate(const PlanContext& c) {
   if (o.dense() || o.context_tokens <= o.chunk_tokens || m.num_key_value_heads <= 0 ||
       m.num_attention_heads >= 8 * m.num_key_value_heads)
     return 1.0;
-  const sim::KernelTimeModel time(c.machine);
-  auto rate = [&](const ModelSpec& model) {
-    const PlanGeometry g(model, o);
-    const OpCost cost = g.paged_attention_backward_cost(g.Chunk(g.num_chunks() - 1));
-    return cost.flops / sim::TicksToSeconds(time.Duration(cost, Phase::kBackward));
-  };
   ModelSpec group8 = m;
   group8.num_attention_heads = m.num_key_value_heads * 8;
-  return rate(m) / rate(group8);
-}
-
-// Whether the run's page-sparse backward would take key blocks over the union's pages
-// (AttentionBackwardOverUnion, the rule the kernel and the time model share), and whether the
-// GPU's profile has timed those blocks (else the time model takes gathered ones).
-bool RunsUnionBlocks(const PlanContext& c, int64_t page_tokens) {
-  const ModelSpec& m = c.model;
-  return AttentionBackwardOverUnion(c.options.chunk_tokens, m.num_attention_heads,
-                                    m.num_key_value_heads, m.head_dim, page_tokens,
-                                    /*dkv_f32=*/c.options.grad_bytes() == 4);
-}
-bool RunsUnionBlocks(const PlanContext& c) {
-  return RunsUnionBlocks(c, c.options.page_tokens);
-}
-bool UnionBlocksTimed(const PlanContext& c) {
-  return sim::EffectiveKernelProfile(c.machine.gpu).attention_bwd_union_block_us > 0;
+  const sim::KernelTimeModel time(c.machine);
+  return LastChunkSparseBackwardRate(time, m, o) / LastChunkSparseBackwardRate(time, group8, o);
 }
 
 // The note for a rate under half: a model's group is not the user's to choose, so only a cliff

@@ -1057,33 +1057,27 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
              : UnionKeyBlocksOf(s.page_tokens, s.head_dim).keys == 64 ? int64_t{64}
                                                                       : int64_t{0};
     };
-    const auto union_rows = Select(samples, [&](const CalibrationSample& s) {
-      return page_sparse(s) && by_union(s) && union_keys(s) == 128;
-    });
-    if (backward && !union_rows.empty()) {
-      // The union's key blocks: their block cost, and with each candidate the per-pair rate
-      // against the gathered blocks' fractions (held) that explains the rows.
-      fit_fixed_cost(
-          &KernelProfile::attention_bwd_union_block_us, kUnionBlockUsMax,
-          [&] {
-            k.sparse_bwd_union_efficiency = ImpliedMedian(
-                gpu, k, [](KernelProfile& q, double x) { q.sparse_bwd_union_efficiency = x; },
-                union_rows, 0.3, 2.0);
-          },
-          union_rows);
-      const auto union64_rows = Select(samples, [&](const CalibrationSample& s) {
-        return page_sparse(s) && by_union(s) && union_keys(s) == 64;
+    // A union block size's rows: their block cost, and with each candidate the per-pair rate
+    // against the gathered blocks' fractions (held) that explains them.
+    auto fit_union_blocks = [&](int64_t keys, double KernelProfile::*cost,
+                                double KernelProfile::*rate) {
+      const auto rows = Select(samples, [&](const CalibrationSample& s) {
+        return page_sparse(s) && by_union(s) && union_keys(s) == keys;
       });
-      if (!union64_rows.empty()) {
-        fit_fixed_cost(
-            &KernelProfile::attention_bwd_union64_block_us, kUnionBlockUsMax,
-            [&] {
-              k.sparse_bwd_union64_efficiency = ImpliedMedian(
-                  gpu, k, [](KernelProfile& q, double x) { q.sparse_bwd_union64_efficiency = x; },
-                  union64_rows, 0.3, 2.0);
-            },
-            union64_rows);
-      }
+      if (rows.empty()) return false;
+      fit_fixed_cost(
+          cost, kUnionBlockUsMax,
+          [&] {
+            k.*rate = ImpliedMedian(
+                gpu, k, [rate](KernelProfile& q, double x) { q.*rate = x; }, rows, 0.3, 2.0);
+          },
+          rows);
+      return true;
+    };
+    if (backward && fit_union_blocks(128, &KernelProfile::attention_bwd_union_block_us,
+                                     &KernelProfile::sparse_bwd_union_efficiency)) {
+      fit_union_blocks(64, &KernelProfile::attention_bwd_union64_block_us,
+                       &KernelProfile::sparse_bwd_union64_efficiency);
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,

@@ -721,6 +721,17 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       SetMaxRegistersInc<240>();
     }
 
+    // Without a producer, after item n's release: the issuing thread of the warpgroup whose
+    // count on s_release comes second waits for that phase of the buffer's empty mbarrier (every
+    // computing thread's arrival) and loads item n + 2 into the buffer.
+    auto second_releaser_loads = [&](int n, int buf) {
+      __threadfence_block();
+      if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
+        __threadfence_block();
+        MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
+        load_cursor(ahead, buf);
+      }
+    };
     if (halves) {
       // Over the union's halves: a warpgroup takes only the items whose tile selected its half's
       // page (a block's two halves may be two pages, which tiles select independently), each
@@ -761,14 +772,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         }
         MbarArrive(empty_bars + 8 * buf);
         if (active) NamedBarrierSync(1 + wg, 128);  // every warp's dS^T and operand reads done
-        if (dq_issuer) {
-          __threadfence_block();
-          if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
-            __threadfence_block();
-            MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
-            load_cursor(ahead, buf);
-          }
-        }
+        if (dq_issuer) second_releaser_loads(n, buf);
         next_item(ahead);
       }
     } else {
@@ -856,14 +860,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         // a way racecheck follows (the count alone it reported as 3 races).
         MbarArrive(empty_bars + 8 * buf);
         if constexpr (!kProducer) NamedBarrierSync(1 + wg, 128);
-        if (!kProducer && dq_issuer) {
-          __threadfence_block();
-          if ((atomicAdd(s_release + buf, 1u) & 1u) != 0u && n + 2 < n_items) {
-            __threadfence_block();
-            MbarWait(empty_bars + 8 * buf, (n / L::kStages) & 1);
-            load_cursor(ahead, buf);
-          }
-        }
+        if (!kProducer && dq_issuer) second_releaser_loads(n, buf);
         next_item(ahead);
         if ((n & 1) == wg) {
           NamedBarrierSync(kDsReady + (n & 3), 256);  // the other warpgroup's dS^T
