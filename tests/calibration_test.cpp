@@ -431,8 +431,8 @@ TEST(Calibration, UnionBlockCostAtGroupsOneAndTwo) {
 }
 
 // At group 1 the union's pages of 64 run in 64-key blocks (UnionKeyBlocksOf): their own block cost
-// and per-pair rate, fitted on those rows after the 128-key blocks' (which keep theirs); a
-// profile without them times those blocks as 128-key ones.
+// and per-pair rate, head dim 64's rate apart, fitted on those rows after the 128-key blocks'
+// (which keep theirs); a profile without them times those blocks as 128-key ones.
 TEST(Calibration, UnionSixtyFourKeyBlocksAtGroupOne) {
   const GpuSpec gpu = LoadGpu("h200");
   KernelProfile truth = GatheredTruth();
@@ -440,6 +440,7 @@ TEST(Calibration, UnionSixtyFourKeyBlocksAtGroupOne) {
   truth.sparse_bwd_union_efficiency = 0.8;
   truth.attention_bwd_union64_block_us = 8.0;
   truth.sparse_bwd_union64_efficiency = 0.6;
+  truth.sparse_bwd_union64_efficiency_d64 = 0.75;
   std::vector<SparseHeads> heads = kTwoGroups;
   heads.push_back({16, 16, 64});
   heads.push_back({16, 16, 128});
@@ -448,6 +449,7 @@ TEST(Calibration, UnionSixtyFourKeyBlocksAtGroupOne) {
   EXPECT_NEAR(k.sparse_bwd_union_efficiency, 0.8, 0.01);
   EXPECT_NEAR(k.attention_bwd_union64_block_us, 8.0, 0.51);
   EXPECT_NEAR(k.sparse_bwd_union64_efficiency, 0.6, 0.01);
+  EXPECT_NEAR(k.sparse_bwd_union64_efficiency_d64, 0.75, 0.01);
   const MachineSpec machine = MakeMachine(gpu, int64_t{128} << 30);
   auto p64_seconds = [&](const KernelProfile& profile) {
     const OpCost b = AttentionBackwardCost(4096.0 * 65 * 64, 4096, 32 * 65 * 64, 16, 16 * 64, 64, 2,

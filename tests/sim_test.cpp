@@ -781,6 +781,37 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_NE(seconds(fitted, 2048), seconds(split, 2048));
 }
 
+// The page-sparse backward over the union is one launch of the two warpgroups without the
+// producer: its own key blocks run at the union's per-pair rate beside the union's blocks (at 64
+// keys where those are), not at the dense launch's, so the whole launch goes as 1 / that rate
+// once the fixed costs are out; head dim 64's 64-key rate applies at head dim 64 alone.
+TEST(KernelTimeModel, UnionLaunchOwnBlocksAtTheUnionRate) {
+  auto seconds = [](double union_rate, double union64_rate, double union64_rate_d64, int64_t page,
+                    int64_t head_dim) {
+    MachineSpec m = H200();
+    KernelProfile& k = m.gpu.kernels;
+    k.attention_bwd_own_item_us = 1e-9;
+    k.attention_bwd_union_block_us = k.attention_bwd_union64_block_us = 1e-9;
+    k.sparse_bwd_union_efficiency = union_rate;
+    k.sparse_bwd_union64_efficiency = union64_rate;
+    k.sparse_bwd_union64_efficiency_d64 = union64_rate_d64;
+    const int64_t tokens = 16384, tile_pages = 6144 / page, tiles = tokens / 128;
+    // Own positions at 16384 tokens outweigh the 6144 earlier keys a tile.
+    const OpCost b = AttentionBackwardCost(tokens * (tokens + 1.0) / 2 + tokens * 6144.0, tokens,
+                                           tiles * tile_pages * page, 16, 16 * head_dim, head_dim,
+                                           2, true, page, tile_pages, 49152 / page);
+    return TicksToSeconds(KernelTimeModel(m).Duration(b, Phase::kBackward));
+  };
+  ASSERT_TRUE(AttentionBackwardOverUnion(16384, 16, 16, 64, 128, false));
+  EXPECT_NEAR(seconds(0.5, 1.0, 0, 128, 64) / seconds(1.0, 1.0, 0, 128, 64), 2.0, 0.01);
+  EXPECT_NEAR(seconds(0.5, 1.0, 0, 128, 128) / seconds(1.0, 1.0, 0, 128, 128), 2.0, 0.01);
+  // Pages of 64: 64-key blocks, own ones too; head dim 64 by its own rate where it has one.
+  EXPECT_NEAR(seconds(1.0, 0.5, 0, 64, 64) / seconds(1.0, 1.0, 0, 64, 64), 2.0, 0.01);
+  EXPECT_NEAR(seconds(1.0, 0.5, 1.0, 64, 64) / seconds(1.0, 1.0, 1.0, 64, 64), 1.0, 1e-9);
+  EXPECT_NEAR(seconds(1.0, 1.0, 0.5, 64, 64) / seconds(1.0, 1.0, 1.0, 64, 64), 2.0, 0.01);
+  EXPECT_NEAR(seconds(1.0, 1.0, 0.5, 64, 128) / seconds(1.0, 1.0, 1.0, 64, 128), 1.0, 1e-9);
+}
+
 // The forward's query rows a block: 192 (three consumers) at head_dim 64 without a page selection
 // where their 1.5x longer blocks fill the waves about as well, the rule the kernel and the time
 // model share; 128 elsewhere.

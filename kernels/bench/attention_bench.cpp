@@ -22,7 +22,9 @@
 //             clock cancels (bound: within 10%) and, for head_dim 64, to head_dim 128's at
 //             the same chunk and page (bound: within 15%), and marks the ratios outside.
 //             --heads sets the head_dim 64 rows' heads (32x8 unless given; 28x4 compares the two
-//             head dims at one GQA group), or with --head-dim 128 the head_dim 128 rows'.
+//             head dims at one GQA group), or with --head-dim 128 the head_dim 128 rows';
+//             --chunks, --pages and --sparse-tokens narrow or move the grid (a kernel's time
+//             against chunk or selection size, for the planner's model).
 //   qtile     (only with --only qtile) the page-sparse last chunk (4096 queries over 61440 earlier
 //             tokens, pages of 128, 48 pages a tile) at query tiles of 128, 256 and 512 queries a
 //             page selection, head_dim 128 (28/4) and 64 (32/8): a gathered backward block runs a
@@ -36,7 +38,7 @@
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
 //                        [--only full|chunked|last|sweep|qtile]
 //                        [--heads HQxHKV (the full family's, default 28x4; the sweep's d_h 64
-//                        rows', default 32x8)]
+//                        rows', default 32x8)] [--chunks N...] [--pages P...] [--sparse-tokens N]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -592,6 +594,15 @@ constexpr double kHeadDimBound = 0.15;  // and head_dim 64 within 15% of head_di
 // attend the same pairs at every page size and their rates compare the same work.
 constexpr int64_t kSparseTokens = 6144;
 
+// The sweep's grid: kSweepChunks, kSweepPages and kSparseTokens unless --chunks, --pages or
+// --sparse-tokens narrow or move it (to read one kernel's rate against chunk or selection size,
+// as the planner's union model was read: each attended page's cost apart from the own blocks').
+struct SweepGrid {
+  std::vector<int64_t> chunks{std::begin(kSweepChunks), std::end(kSweepChunks)};
+  std::vector<int64_t> pages{std::begin(kSweepPages), std::end(kSweepPages)};
+  int64_t sparse_tokens = kSparseTokens;
+};
+
 struct SweepPoint {
   int64_t hd, chunk, page;
   bool sparse;
@@ -651,16 +662,16 @@ std::string RatioText(const std::optional<double>& ratio, double bound) {
 }
 
 // The table of one (head_dim, chunk): points[first..] are its points.
-void PrintSweepTable(const BenchShape& s, int64_t context, const std::vector<SweepPoint>& points,
-                     size_t first) {
+void PrintSweepTable(const BenchShape& s, int64_t context, int64_t sparse_tokens,
+                     const std::vector<SweepPoint>& points, size_t first) {
   std::printf(
       "\nSWEEP d_h %lld, %lld/%lld heads, chunk %lld: the last chunk of %lld tokens, %lld earlier "
       "in shuffled pages\n  dense: every earlier page; sparse: %lld earlier tokens a 128-query "
       "tile (the sink page and %lld/p - 1 random ones); dKV pool %s\n",
       static_cast<long long>(s.hd), static_cast<long long>(s.hq), static_cast<long long>(s.hkv),
       static_cast<long long>(s.chunk), static_cast<long long>(context),
-      static_cast<long long>(context - s.chunk), static_cast<long long>(kSparseTokens),
-      static_cast<long long>(kSparseTokens), g_dkv_bf16 ? "bf16" : "fp32");
+      static_cast<long long>(context - s.chunk), static_cast<long long>(sparse_tokens),
+      static_cast<long long>(sparse_tokens), g_dkv_bf16 ? "bf16" : "fp32");
   std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
               "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
               "fwd/d128", "bwd/d128", "bwd alt/");
@@ -716,7 +727,8 @@ void PrintSweepSummary(const std::vector<SweepPoint>& points) {
 // The last chunk of a `context`-token sequence (context a multiple of s.chunk, at least two
 // chunks) at every swept page size that divides the chunk: dense, then page-sparse, forward and
 // backward. Reports each point (RESULT line, CSV row), appends it to points, prints the table.
-void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<SweepPoint>& points) {
+void SweepChunk(const BenchShape& s, int64_t context, int reps, const SweepGrid& grid,
+                std::vector<SweepPoint>& points) {
   const int64_t c = s.chunk, last = context / c - 1, earlier = last * c;
   const int64_t tile = 128, tiles = c / tile;  // query tiles of the page selection
   const double own_pairs = static_cast<double>(c) * (c + 1) / 2.0;
@@ -727,10 +739,10 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
   const size_t first = points.size();
   std::optional<Chunked> ch;  // one per (head_dim, chunk), re-paged per page size
   // Page 128's, timed beside each other page size's point (TimeInTurnMs): dense, and sparse with
-  // its own selection of kSparseTokens a tile.
+  // its own selection of the grid's sparse tokens a tile.
   Chunked ref(s, context, kRefPage, /*shuffled=*/true);
   const int64_t ref_pages = earlier / kRefPage;
-  const int64_t ref_per_tile = std::min(kSparseTokens / kRefPage, ref_pages);
+  const int64_t ref_per_tile = std::min(grid.sparse_tokens / kRefPage, ref_pages);
   const DeviceSelection ref_sel(RandomSelection(tiles, ref_pages, ref_per_tile, 3), tile,
                                 ref_per_tile);
   const PageSelection dense{};
@@ -745,7 +757,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     x.ref_bwd_ms = t.ref_bwd_ms;
     if (!alone) x.ref_pairs = r_pairs;
   };
-  for (const int64_t p : kSweepPages) {
+  for (const int64_t p : grid.pages) {
     if (c % p != 0) continue;
     if (ch) {
       ch->SetPages(p);
@@ -763,8 +775,9 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     Report(d.row);
     points.push_back(d);
 
-    // BenchSparse's selection (sink + random pages, one generator, seed 3), kSparseTokens a tile.
-    const int64_t per_tile = std::min(kSparseTokens / p, earlier_pages);
+    // BenchSparse's selection (sink + random pages, one generator, seed 3), the grid's sparse
+    // tokens a tile.
+    const int64_t per_tile = std::min(grid.sparse_tokens / p, earlier_pages);
     const DeviceSelection sel(RandomSelection(tiles, earlier_pages, per_tile, 3), tile, per_tile);
     SweepPoint sp{s.hd, c, p, true, per_tile, {}};
     sp.row.shape = name + "_p" + std::to_string(p) + "_sparse_e" + std::to_string(per_tile * p) +
@@ -790,7 +803,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
     Report(sp.row);
     points.push_back(sp);
   }
-  PrintSweepTable(s, context, points, first);
+  PrintSweepTable(s, context, grid.sparse_tokens, points, first);
 }
 
 // Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
@@ -798,12 +811,12 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, std::vector<Swee
 // heads: the head_dim 64 rows' (H_q, H_kv), or with head_dim 128 the head_dim 128 rows', else
 // kSweepHeads'.
 void RunSweep(int64_t tokens, int reps, int64_t head_dim,
-              std::optional<std::pair<int64_t, int64_t>> heads) {
+              std::optional<std::pair<int64_t, int64_t>> heads, const SweepGrid& grid) {
   std::vector<SweepPoint> points;
   for (BenchShape s : kSweepHeads) {
     if (head_dim != 0 && s.hd != head_dim) continue;
     if (heads && (s.hd == 64 || head_dim == 128)) std::tie(s.hq, s.hkv) = *heads;
-    for (const int64_t c : kSweepChunks) {
+    for (const int64_t c : grid.chunks) {
       s.chunk = c;
       const int64_t context = tokens / c * c;
       if (context < 2 * c) {
@@ -812,7 +825,7 @@ void RunSweep(int64_t tokens, int reps, int64_t head_dim,
                     static_cast<long long>(tokens));
         continue;
       }
-      SweepChunk(s, context, reps, points);
+      SweepChunk(s, context, reps, grid, points);
     }
   }
   PrintSweepSummary(points);
@@ -945,6 +958,24 @@ int main(int argc, char** argv) {
                  "dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  SweepGrid grid;
+  app.add_option("--chunks", grid.chunks,
+                 "sweep: the chunks timed (default 1024 3072 4096 16384), multiples of 128")
+      ->check(CLI::Range(int64_t{1024}, int64_t{65536}))
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return std::stoll(v) % 128 == 0 ? std::string{} : "must be a multiple of 128";
+          },
+          "MULTIPLE OF 128"));
+  app.add_option("--pages", grid.pages,
+                 "sweep: the page sizes timed where they divide the chunk (default 32 48 64 96 "
+                 "128 192 256)")
+      ->check(CLI::Range(int64_t{16}, int64_t{256}));
+  app.add_option("--sparse-tokens", grid.sparse_tokens,
+                 "sweep: the earlier tokens a page-sparse 128-query tile attends, a multiple of "
+                 "every --pages size and of 128")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{128}, int64_t{1} << 20));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -955,6 +986,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_dkv_bf16 = dkv_type == "bf16";
+  const bool grid_flags =
+      app.count("--chunks") + app.count("--pages") + app.count("--sparse-tokens") > 0;
+  if (grid_flags && only != "sweep") {
+    std::fprintf(stderr,
+                 "attention_bench: --chunks, --pages and --sparse-tokens: accepted with --only "
+                 "sweep\n");
+    return 2;
+  }
+  for (const int64_t p : grid.pages) {
+    if (grid.sparse_tokens % p != 0 || grid.sparse_tokens % kRefPage != 0) {
+      std::fprintf(stderr,
+                   "attention_bench: --sparse-tokens %lld: must be a multiple of every page size "
+                   "(%lld) and of %lld, so that every page size attends the same pairs\n",
+                   static_cast<long long>(grid.sparse_tokens), static_cast<long long>(p),
+                   static_cast<long long>(kRefPage));
+      return 2;
+    }
+  }
   if (head_dim != 0 && only != "sweep" && only != "full") {
     std::fprintf(stderr,
                  "attention_bench: --head-dim %lld: accepted with --only sweep or --only full (the "
@@ -990,7 +1039,8 @@ int main(int argc, char** argv) {
     if (only == "qtile") {
       RunQueryTiles(n, reps);
     } else if (only == "sweep") {
-      RunSweep(n, reps, head_dim, app.count("--heads") > 0 ? ParseHeads(heads) : std::nullopt);
+      RunSweep(n, reps, head_dim, app.count("--heads") > 0 ? ParseHeads(heads) : std::nullopt,
+               grid);
     } else {
       BenchShape full_heads = kQwen7B;
       std::tie(full_heads.hq, full_heads.hkv) = *ParseHeads(heads);  // validated by the parser

@@ -531,6 +531,7 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "sparse_bwd_union_efficiency",
                    "attention_bwd_union64_block_us",
                    "sparse_bwd_union64_efficiency",
+                   "sparse_bwd_union64_efficiency_d64",
                    "attention_bwd_own_item_us",
                    "memory_efficiency",
                    "memory_kernel_fixed_us",
@@ -626,6 +627,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
       f.OptionalNumber("attention_bwd_union64_block_us", kFixedCostLimit).value_or(0.0);
   k.sparse_bwd_union64_efficiency =
       f.OptionalNumber("sparse_bwd_union64_efficiency", NumberLimit{2.0}).value_or(1.0);
+  k.sparse_bwd_union64_efficiency_d64 =
+      f.OptionalNumber("sparse_bwd_union64_efficiency_d64", NumberLimit{2.0}).value_or(0.0);
   k.attention_bwd_own_item_us =
       f.OptionalNumber("attention_bwd_own_item_us", kFixedCostLimit).value_or(0.0);
   k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});

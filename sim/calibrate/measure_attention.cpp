@@ -43,6 +43,7 @@ constexpr Heads kHeadDim64Group7{28, 4, 64};  // page-sparse rows only: d_h 64's
 constexpr Heads kGroup1{16, 16, 128}, kGroup1HeadDim64{16, 16, 64};
 constexpr Heads kGroup2{16, 8, 128}, kGroup2HeadDim64{16, 8, 64};
 constexpr int64_t kGroup2Tokens = 16384;  // head dim 128's group 2 takes the union from there
+const std::vector<int64_t> kUnionChunkTokens = {1024, 16384};
 const std::vector<Heads> kAllHeads = {kQwen7b, kLlama8b, kHeadDim64};
 
 // a) the chunk's own positions only
@@ -142,6 +143,19 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     for (const int64_t p : {48, 96, 192})
       paged(kChunkTokens, kGroup1HeadDim64, p, kSparseEarlier, kDefaultBudget);
     paged(kGroup2Tokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    // The union's launch at the chunk range's ends: its own key blocks (on the two warpgroups
+    // without the producer, 64-key where its union blocks are) grow as the chunk squared, its
+    // union blocks' count and items as the chunk, so that the union's block cost, its per-pair
+    // rate and the own blocks' are told apart (at 4096 alone they were not: kernels/PERF.md).
+    for (const int64_t t : kUnionChunkTokens) {
+      paged(t, kGroup1, kDefaultPage, kSparseEarlier, kDefaultBudget);
+      paged(t, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
+      paged(t, kGroup1, 64, kSparseEarlier, kDefaultBudget);
+      paged(t, kGroup1HeadDim64, 64, kSparseEarlier, kDefaultBudget);
+    }
+    paged(kGroup2Tokens, kGroup2HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    paged(kGroup2Tokens, kGroup1, kDefaultPage, kSparseEarlier, 16);
+    paged(kGroup2Tokens, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, 16);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);
   } else {

@@ -1058,26 +1058,36 @@ CalibrationFit FitCalibration(const CalibrationSamples& timed, const GpuSpec& ba
                                                                       : int64_t{0};
     };
     // A union block size's rows: their block cost, and with each candidate the per-pair rate
-    // against the gathered blocks' fractions (held) that explains them.
+    // that explains them (against the dense backward's; the 64-key blocks' against the 128-key
+    // ones'), with rate_d64 head dim 64's apart where the rows hold both (each from its own).
     auto fit_union_blocks = [&](int64_t keys, double KernelProfile::*cost,
-                                double KernelProfile::*rate) {
+                                double KernelProfile::*rate, double KernelProfile::*rate_d64) {
       const auto rows = Select(samples, [&](const CalibrationSample& s) {
         return page_sparse(s) && by_union(s) && union_keys(s) == keys;
       });
       if (rows.empty()) return false;
+      std::vector<const CalibrationSample*> at[2];  // [d64]
+      for (const CalibrationSample* s : rows) at[s->head_dim <= 64].push_back(s);
+      const bool apart = rate_d64 != nullptr && !at[0].empty() && !at[1].empty();
+      auto implied = [&](double KernelProfile::*member,
+                         const std::vector<const CalibrationSample*>& of) {
+        k.*member = ImpliedMedian(
+            gpu, k, [member](KernelProfile& q, double x) { q.*member = x; }, of, 0.3, 2.0);
+      };
       fit_fixed_cost(
           cost, kUnionBlockUsMax,
           [&] {
-            k.*rate = ImpliedMedian(
-                gpu, k, [rate](KernelProfile& q, double x) { q.*rate = x; }, rows, 0.3, 2.0);
+            implied(rate, apart ? at[0] : rows);
+            if (apart) implied(rate_d64, at[1]);
           },
           rows);
       return true;
     };
     if (backward && fit_union_blocks(128, &KernelProfile::attention_bwd_union_block_us,
-                                     &KernelProfile::sparse_bwd_union_efficiency)) {
+                                     &KernelProfile::sparse_bwd_union_efficiency, nullptr)) {
       fit_union_blocks(64, &KernelProfile::attention_bwd_union64_block_us,
-                       &KernelProfile::sparse_bwd_union64_efficiency);
+                       &KernelProfile::sparse_bwd_union64_efficiency,
+                       &KernelProfile::sparse_bwd_union64_efficiency_d64);
     }
   }
   measured(gpu.attention_fwd_tflops, k.attention_fwd_tflops_d128,
@@ -1251,6 +1261,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     if (k.attention_bwd_union64_block_us > 0) {
       o << "  attention_bwd_union64_block_us: " << k.attention_bwd_union64_block_us << "\n";
       o << "  sparse_bwd_union64_efficiency: " << k.sparse_bwd_union64_efficiency << "\n";
+      if (k.sparse_bwd_union64_efficiency_d64 > 0)
+        o << "  sparse_bwd_union64_efficiency_d64: " << k.sparse_bwd_union64_efficiency_d64 << "\n";
     }
   }
   if (k.attention_bwd_own_item_us > 0)

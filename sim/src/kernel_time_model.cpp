@@ -276,26 +276,37 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   }
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
   if (over_union) {
-    // Over the union: UnionKeyBlocksOf's blocks a page, at the union's block cost and per-pair
-    // rate (against the gathered blocks' at page 128: the same kernel whatever the page), the
-    // keys past a page's end in its last block computed masked, 64-key blocks (one warpgroup,
-    // two a multiprocessor) at their own rate.
+    // Over the union the launch is the two-warpgroup kernel without the producer warpgroup, its
+    // own key blocks (one a KV head's group, never split) beside the union's: every 128 x 128
+    // block of pairs, own or earlier, at the union's rate against the dense launch's at the head
+    // dim (the gathered blocks' page tables, which the union's rate was once taken against, are
+    // fitted beside the gathered block cost and at head dim 64 put the union's pairs 1.8x
+    // faster than attention_bench measured them, kernels/PERF.md). The union's blocks are
+    // UnionKeyBlocksOf's a page, at their block cost, the keys past a page's end in its last
+    // block computed masked, 64-key blocks (one warpgroup, two a multiprocessor) at their own
+    // rate.
+    // A launch of 64-key blocks takes its own positions in 64-key blocks too.
     const UnionKeyBlocks cut = UnionKeyBlocksOf(s.page_tokens, static_cast<int64_t>(head_dim));
-    const double rate = k.sparse_bwd_union_efficiency * cut.fill *
-                        (cut.keys == 64 ? k.sparse_bwd_union64_efficiency : 1.0);
-    const double pair_block = block / PagedEfficiency(kAttentionBlock, true, d64, sparse) / rate;
+    const double union_rate = k.sparse_bwd_union_efficiency;
+    const double union64_rate = d64 && k.sparse_bwd_union64_efficiency_d64 > 0
+                                    ? k.sparse_bwd_union64_efficiency_d64
+                                    : k.sparse_bwd_union64_efficiency;
+    const double union_block = block / union_rate / (cut.keys == 64 ? union64_rate : 1.0);
+    const double pair_block = union_block / cut.fill;
     const double block_cost =
         (cut.keys == 64 && k.attention_bwd_union64_block_us > 0 ? k.attention_bwd_union64_block_us
                                                                 : k.attention_bwd_union_block_us) *
         1e-6;
+    const double own_union_work =
+        kv_heads * (q_blocks * own_item + group * own_blocks * union_block);
     const double items = kv_heads * std::ceil(key_pages * cut.per_page);
-    const double work =
-        own_work + items * block_cost + kv_heads * group * q_blocks * tile_blocks * pair_block;
+    const double work = own_union_work + items * block_cost +
+                        kv_heads * group * q_blocks * tile_blocks * pair_block;
     const double served = q_blocks * std::min(1.0, s.tile_pages / key_pages);
     const double block_keys = std::min(static_cast<double>(cut.keys), p);
     const double longest =
         block_cost + group * served * (block_keys / kAttentionBlock) * pair_block;
-    return LaunchSeconds(work, longest, sms, own_items + items);
+    return LaunchSeconds(work, longest, sms, kv_heads * q_blocks + items);
   }
   const double keys_per_item = sparse && p < kAttentionBlock ? 64.0 : kAttentionBlock;
   const double items = kv_heads * std::ceil(key_pages * p / keys_per_item);

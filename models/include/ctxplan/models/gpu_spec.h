@@ -101,15 +101,18 @@ struct KernelProfile {
   // 2026-11-28T19:00Z): its selection scan, K/V load and dK/dV read-add-write, fitted on those
   // groups' page-sparse rows; 0: the profile timed gathered blocks there.
   double attention_bwd_union_block_us = 0;
-  // Those blocks' per-pair rate against the gathered blocks' (the sparse fractions above): they
-  // run without the producer warpgroup. Fitted with the block cost.
+  // The per-pair rate of that launch (the union's blocks and the chunk's own ones beside them, on
+  // the two warpgroups without the producer) against the dense backward's at the head dim, fitted
+  // with the block cost.
   double sparse_bwd_union_efficiency = 1.0;
   // The union's 64-key blocks (pages of 48 and 64 at group 1: one warpgroup, two blocks a
-  // multiprocessor, ctxtrain from 2026-11-28T20:30Z): their block cost and per-pair rate against
-  // the 128-key blocks', fitted on their rows; 0 and 1 where a profile has none (the 128-key
-  // blocks' cost and rate).
+  // multiprocessor, own positions in 64-key blocks too, ctxtrain from 2026-11-28T20:30Z): their
+  // block cost and per-pair rate against the 128-key blocks', fitted on their rows; head dim
+  // 64's rate apart where the rows hold both head dims (0: the one before it); 0 and 1 where a
+  // profile has none (the 128-key blocks' cost and rate).
   double attention_bwd_union64_block_us = 0;
   double sparse_bwd_union64_efficiency = 1.0;
+  double sparse_bwd_union64_efficiency_d64 = 0;
   // The backward's items over a chunk's own positions (a launch started heaviest first; split own
   // blocks add their dK/dV by fp32 atomics), fitted on the own-only launches; 0: the backward's
   // item cost, which is then fitted there too.
