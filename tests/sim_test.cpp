@@ -740,13 +740,25 @@ TEST(KernelTimeModel, SplitOwnBackwardBlocks) {
   EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64, true));
   EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 16, 128, 192, true));
   // On a bf16 dKV pool (the runtime's) group 1 at head dim 128 from every chunk, at every page
-  // whose blocks are three quarters full or more; groups 2 and 32-token pages as on fp32.
+  // whose blocks are three quarters full or more; group 2 over whole 128-key pages from every
+  // chunk, at head dim 64 over pages of 64 from 3072 tokens and 192 (halves), at head dim 128
+  // over 96 and 192 (128-key blocks three quarters full); 32-token pages as on fp32.
   EXPECT_TRUE(AttentionBackwardOverUnion(1024, 32, 32, 128, 128, false));
   EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 128, 64, false));
   EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 16, 128, 192, false));
   EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 16, 128, 32, false));
-  EXPECT_FALSE(AttentionBackwardOverUnion(8192, 16, 8, 128, 128, false));
-  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 8, 128, 128, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(8192, 16, 8, 128, 256, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(1024, 16, 8, 64, 128, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(4096, 16, 8, 64, 64, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(1024, 16, 8, 64, 64, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 8, 64, 192, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 8, 64, 48, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(3072, 16, 8, 64, 96, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(4096, 16, 8, 128, 64, false));
+  EXPECT_TRUE(AttentionBackwardOverUnion(3072, 16, 8, 128, 96, false));  // three quarters full
+  EXPECT_TRUE(AttentionBackwardOverUnion(6144, 16, 8, 128, 192, false));
+  EXPECT_FALSE(AttentionBackwardOverUnion(6144, 16, 8, 128, 192, true));
   // The blocks a page is cut into.
   EXPECT_EQ(UnionKeyBlocksOf(64, 64).keys, 64);
   EXPECT_DOUBLE_EQ(UnionKeyBlocksOf(48, 64).fill, 0.75);

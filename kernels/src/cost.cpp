@@ -297,17 +297,28 @@ bool AttentionBackwardOverUnion(int64_t tokens, int64_t heads, int64_t kv_heads,
   // halves 0.60), head_dim 128 pages of 64 from chunks of 4096 (0.84-0.88; 3072: 0.98). Those
   // on an fp32 dKV pool; on a bf16 one (the runtime's) the gathered blocks' bf16 atomics cost
   // more, and at group 1 head_dim 128 the union won at every chunk too (1024: 0.74-0.85 at
-  // pages 64-256; 3072: 0.51-0.79 at pages 48-256 but 32). From group 3 on the gathered blocks
-  // win. Chunks up to 16384 tokens, as measured (the 128-key blocks' selection lists fit in
-  // shared memory to ~24K at query tiles of 128).
+  // pages 64-256; 3072: 0.51-0.79 at pages 48-256 but 32), at group 2 over whole 128-key pages at
+  // every chunk (head_dim 128 1024: 0.93-0.96, 3072-4096: 0.69-0.75; head_dim 64 1024:
+  // 0.91-0.98), at group 2 head_dim 64 over pages of 64 from 3072 (64-key blocks 0.88-0.95;
+  // 1024: 0.99-1.01) and 192 (halves, 0.91-0.92 at 3072; 48 and 96: 1.01-1.17), and at group 2
+  // head_dim 128 over pages of 96 and 192 (128-key blocks three quarters full: 0.88-0.97 at
+  // 3072-12288; 64: 0.97-1.14). From group 3 on the gathered blocks win. Chunks up to 16384 tokens,
+  // as measured (the 128-key blocks' selection lists fit in shared memory to ~24K at query tiles of
+  // 128).
   constexpr int64_t kMaxTokens = 16384;
   if (kv_heads <= 0 || heads % kv_heads != 0 || page_tokens <= 0 || tokens > kMaxTokens)
     return false;
   const int64_t group = heads / kv_heads;
   if (page_tokens % 128 == 0) {
     if (group == 1) return head_dim == 64 || tokens >= 4096 || !dkv_f32;
-    if (group == 2) return tokens >= (head_dim == 64 ? 3072 : 16384);
+    if (group == 2) return !dkv_f32 || tokens >= (head_dim == 64 ? 3072 : 16384);
     return false;
+  }
+  if (group == 2) {
+    if (dkv_f32) return false;
+    if (head_dim == 64) return (page_tokens == 64 && tokens >= 3072) || page_tokens == 192;
+    const UnionKeyBlocks cut = UnionKeyBlocksOf(page_tokens, head_dim);
+    return cut.keys == 128 && cut.fill >= 0.75;
   }
   if (group != 1) return false;
   if (head_dim == 64 || !dkv_f32) return UnionKeyBlocksOf(page_tokens, head_dim).fill >= 0.75;
