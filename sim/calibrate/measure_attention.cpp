@@ -154,6 +154,13 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
       paged(t, kGroup1HeadDim64, 64, kSparseEarlier, kDefaultBudget);
     }
     paged(kGroup2Tokens, kGroup2HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    // Group 2 over the union on a bf16 pool below 16384 tokens (whole pages at head dim 128, and
+    // the 64-key blocks at 64, three-quarter-full 128-key blocks at 128 over pages of 96).
+    for (const int64_t k : {int64_t{16}, int64_t{64}})
+      paged(kChunkTokens, kGroup2, kDefaultPage, kSparseEarlier, k);
+    paged(1024, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    paged(kChunkTokens, kGroup2HeadDim64, 64, kSparseEarlier, kDefaultBudget);
+    paged(kChunkTokens, kGroup2, 96, kSparseEarlier, kDefaultBudget);
     paged(kGroup2Tokens, kGroup1, kDefaultPage, kSparseEarlier, 16);
     paged(kGroup2Tokens, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, 16);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
