@@ -42,8 +42,10 @@ constexpr Heads kHeadDim64Group7{28, 4, 64};  // page-sparse rows only: d_h 64's
 // (AttentionBackwardOverUnion) and fits their block cost.
 constexpr Heads kGroup1{16, 16, 128}, kGroup1HeadDim64{16, 16, 64};
 constexpr Heads kGroup2{16, 8, 128}, kGroup2HeadDim64{16, 8, 64};
-constexpr int64_t kGroup2Tokens = 16384;  // head dim 128's group 2 takes the union from there
-const std::vector<int64_t> kUnionChunkTokens = {1024, 16384};
+// Group 2's long chunk (head dim 128 on an fp32 dKV pool takes the union from there), and the
+// union's chunk range's ends.
+constexpr int64_t kGroup2Tokens = 16384;
+constexpr int64_t kUnionShortTokens = 1024, kUnionLongTokens = 16384;
 const std::vector<Heads> kAllHeads = {kQwen7b, kLlama8b, kHeadDim64};
 
 // a) the chunk's own positions only
@@ -146,23 +148,23 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     // The union's launch at the chunk range's ends: its own key blocks (on the two warpgroups
     // without the producer, 64-key where its union blocks are) grow as the chunk squared, its
     // union blocks' count and items as the chunk, so that the union's block cost, its per-pair
-    // rate and the own blocks' are told apart (at 4096 alone they were not: kernels/PERF.md).
-    for (const int64_t t : kUnionChunkTokens) {
+    // rate and the own blocks' are told apart (at 4096 alone they were not: sim/MODEL-LOG.md).
+    for (const int64_t t : {kUnionShortTokens, kUnionLongTokens}) {
       paged(t, kGroup1, kDefaultPage, kSparseEarlier, kDefaultBudget);
       paged(t, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
       paged(t, kGroup1, 64, kSparseEarlier, kDefaultBudget);
       paged(t, kGroup1HeadDim64, 64, kSparseEarlier, kDefaultBudget);
     }
-    paged(kGroup2Tokens, kGroup2HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    paged(kUnionLongTokens, kGroup1, kDefaultPage, kSparseEarlier, 16);
+    paged(kUnionLongTokens, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, 16);
+    paged(kUnionLongTokens, kGroup2HeadDim64, kDefaultPage, kSparseEarlier, kDefaultBudget);
     // Group 2 over the union on a bf16 pool below 16384 tokens (whole pages at head dim 128, and
     // the 64-key blocks at 64, three-quarter-full 128-key blocks at 128 over pages of 96).
     for (const int64_t k : {int64_t{16}, int64_t{64}})
       paged(kChunkTokens, kGroup2, kDefaultPage, kSparseEarlier, k);
-    paged(1024, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
+    paged(kUnionShortTokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2HeadDim64, 64, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2, 96, kSparseEarlier, kDefaultBudget);
-    paged(kGroup2Tokens, kGroup1, kDefaultPage, kSparseEarlier, 16);
-    paged(kGroup2Tokens, kGroup1HeadDim64, kDefaultPage, kSparseEarlier, 16);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);
   } else {

@@ -277,21 +277,20 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
   // Backward items are key blocks (64 keys over sparse pages under 128 tokens).
   if (over_union) {
     // Over the union the launch is the two-warpgroup kernel without the producer warpgroup, its
-    // own key blocks (one a KV head's group, never split) beside the union's: every 128 x 128
+    // own key blocks (a KV head's group each, never split) beside the union's: every 128 x 128
     // block of pairs, own or earlier, at the union's rate against the dense launch's at the head
-    // dim (the gathered blocks' page tables, which the union's rate was once taken against, are
-    // fitted beside the gathered block cost and at head dim 64 put the union's pairs 1.8x
-    // faster than attention_bench measured them, kernels/PERF.md). The union's blocks are
-    // UnionKeyBlocksOf's a page, at their block cost, the keys past a page's end in its last
-    // block computed masked, 64-key blocks (one warpgroup, two a multiprocessor) at their own
-    // rate.
-    // A launch of 64-key blocks takes its own positions in 64-key blocks too.
+    // dim (taken against the gathered blocks' page tables instead, fitted beside their block
+    // cost, the union's pairs at head dim 64 came out 1.8x faster than they ran: sim/MODEL-LOG.md).
+    // The union's blocks are UnionKeyBlocksOf's a page, at their block cost, the keys past a
+    // page's end in its last block computed masked; a launch of 64-key blocks (one warpgroup, two
+    // a multiprocessor) runs its own positions in 64-key blocks too, all at the 64-key rate (its
+    // own items still counted a 128 keys).
     const UnionKeyBlocks cut = UnionKeyBlocksOf(s.page_tokens, static_cast<int64_t>(head_dim));
-    const double union_rate = k.sparse_bwd_union_efficiency;
     const double union64_rate = d64 && k.sparse_bwd_union64_efficiency_d64 > 0
                                     ? k.sparse_bwd_union64_efficiency_d64
                                     : k.sparse_bwd_union64_efficiency;
-    const double union_block = block / union_rate / (cut.keys == 64 ? union64_rate : 1.0);
+    const double union_block =
+        block / k.sparse_bwd_union_efficiency / (cut.keys == 64 ? union64_rate : 1.0);
     const double pair_block = union_block / cut.fill;
     const double block_cost =
         (cut.keys == 64 && k.attention_bwd_union64_block_us > 0 ? k.attention_bwd_union64_block_us
