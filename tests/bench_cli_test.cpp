@@ -53,6 +53,15 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
   }
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--head-dim", "64"}, dir), "attention_bench", 2,
                      {"--head-dim"});
+  // The sweep's grid flags: the sweep only, chunks of whole 128-query tiles, a tile's tokens
+  // whole pages of every size timed.
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--pages", "64"}, dir), "attention_bench", 2,
+                     {"--chunks, --pages and --sparse-tokens", "--only sweep"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", "sweep", "--chunks", "3000"}, dir),
+                     "attention_bench", 2, {"--chunks", "multiple of 128"});
+  ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE,
+                              {"--only", "sweep", "--pages", "96", "--sparse-tokens", "4096"}, dir),
+                     "attention_bench", 2, {"--sparse-tokens 4096", "(96)"});
   const std::filesystem::path csv = dir.path() / "missing" / "ours.csv";
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--csv", csv.string()}, dir), "attention_bench",
                      2, {"--csv", csv.string()});

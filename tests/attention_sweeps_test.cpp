@@ -1,0 +1,122 @@
+// The kernel-time model against attention_bench's sweeps at GQA groups 1-2
+// (models/gpu/validation/h200-attention-sweeps.csv): the last chunk's page-sparse forward and
+// backward over a random selection, timed on an H200. These rows are validation: the profile's
+// attention parameters are fitted on ctxplan-measure's grid (models/gpu/calibration/), never on
+// them. Each set's error is printed; the assertions hold the model at its accuracy today, so that
+// no change makes it worse unnoticed (tighten them as it improves).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ctxplan/kernels/cost.h"
+#include "ctxplan/models/catalog.h"
+#include "ctxplan/sim/kernel_time_model.h"
+#include "support/csv.h"
+
+namespace ctxplan {
+namespace {
+
+using sim::KernelTimeModel;
+
+struct SweepRow {
+  bool backward;
+  int64_t head_dim, heads, kv_heads, chunk, page, earlier, tile_tokens;
+  double ms;
+  std::string line;
+};
+
+std::vector<SweepRow> ReadSweeps() {
+  std::vector<SweepRow> rows;
+  for (const auto& f : test::ReadCsvRows(std::string(CTXPLAN_SOURCE_DIR) +
+                                         "/models/gpu/validation/h200-attention-sweeps.csv")) {
+    EXPECT_EQ(f.size(), 10u) << test::CsvLine(f);
+    if (f.size() != 10) continue;
+    rows.push_back({f[0] == "bwd", std::stoll(f[1]), std::stoll(f[2]), std::stoll(f[3]),
+                    std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[6]), std::stoll(f[7]),
+                    std::stod(f[8]), test::CsvLine(f)});
+  }
+  return rows;
+}
+
+// The chunk's attention as the runtime costs it: the own positions (merged into the paged launch)
+// and the earlier pages, each tile's sink and random pages; the union's expected size over the
+// tiles' independent draws.
+double PredictedMs(const KernelTimeModel& model, const SweepRow& r) {
+  const double t = static_cast<double>(r.chunk);
+  const int64_t tiles = (r.chunk + 127) / 128;
+  const int64_t pages = r.earlier / r.page, tile_pages = r.tile_tokens / r.page;
+  const double drawn = static_cast<double>(tile_pages - 1) / static_cast<double>(pages - 1);
+  const int64_t key_pages =
+      std::llround(1.0 + static_cast<double>(pages - 1) *
+                             (1.0 - std::pow(1.0 - drawn, static_cast<double>(tiles))));
+  const int64_t kv_dim = r.kv_heads * r.head_dim;
+  const double own_pairs = t * (t + 1) / 2, paged_pairs = t * static_cast<double>(r.tile_tokens);
+  const int64_t read = tiles * r.tile_tokens;
+  OpCost own =
+      r.backward
+          ? AttentionBackwardCost(own_pairs, r.chunk, r.chunk, r.heads, kv_dim, r.head_dim, 2)
+          : AttentionForwardCost(own_pairs, r.chunk, r.chunk, r.heads, kv_dim, r.head_dim);
+  own.shape.merged = true;
+  const OpCost paged =
+      r.backward ? AttentionBackwardCost(paged_pairs, r.chunk, read, r.heads, kv_dim, r.head_dim, 2,
+                                         true, r.page, tile_pages, key_pages)
+                 : AttentionForwardCost(paged_pairs, r.chunk, read, r.heads, kv_dim, r.head_dim,
+                                        true, r.page, tile_pages, key_pages);
+  const double launch = model.profile().launch_us * 1e-6;  // one launch, not two
+  return (model.Seconds(own, Phase::kFill) + model.Seconds(paged, Phase::kFill) - launch) * 1e3;
+}
+
+struct ErrorSet {
+  std::vector<double> errors;
+  double Median() const {
+    std::vector<double> v = errors;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  }
+  double Max() const {
+    return errors.empty() ? 0.0 : *std::max_element(errors.begin(), errors.end());
+  }
+};
+
+TEST(AttentionSweeps, PlannerPredictsTheGroupOneAndTwoSweeps) {
+  const GpuSpec gpu = LoadGpu("h200");
+  const KernelTimeModel model(MakeMachine(gpu, int64_t{128} << 30), gpu.kernels);
+  const std::vector<SweepRow> rows = ReadSweeps();
+  ASSERT_GE(rows.size(), 150u);
+  ErrorSet forward, union_blocks, gathered;
+  for (const SweepRow& r : rows) {
+    ASSERT_LE(r.heads / r.kv_heads, 2) << r.line;
+    const double ratio = PredictedMs(model, r) / r.ms;
+    ASSERT_TRUE(std::isfinite(ratio) && ratio > 0) << r.line;
+    const bool over_union = AttentionBackwardOverUnion(r.chunk, r.heads, r.kv_heads, r.head_dim,
+                                                       r.page, /*dkv_f32=*/false);
+    (!r.backward  ? forward
+     : over_union ? union_blocks
+                  : gathered)
+        .errors.push_back(std::abs(ratio - 1.0));
+    if (std::abs(ratio - 1.0) > 0.15)
+      std::printf("  beyond 15%%: %s predicted x%.2f\n", r.line.c_str(), ratio);
+  }
+  const struct {
+    const char* name;
+    const ErrorSet& set;
+    double median_bound, max_bound;
+  } sets[] = {{"forward", forward, 0.08, 0.20},
+              {"backward over the union", union_blocks, 0.09, 0.20},
+              {"backward on gathered blocks", gathered, 0.07, 0.30}};
+  for (const auto& s : sets) {
+    std::printf("%-28s %3zu rows: |predicted / measured - 1| median %4.1f%%, max %4.1f%%\n", s.name,
+                s.set.errors.size(), 100 * s.set.Median(), 100 * s.set.Max());
+    ASSERT_FALSE(s.set.errors.empty()) << s.name;
+    EXPECT_LE(s.set.Median(), s.median_bound) << s.name;
+    EXPECT_LE(s.set.Max(), s.max_bound) << s.name;
+  }
+}
+
+}  // namespace
+}  // namespace ctxplan
