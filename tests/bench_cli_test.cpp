@@ -56,7 +56,7 @@ TEST(BenchCli, BadFlagsAreOneLineErrors) {
   // The sweep's grid flags: the sweep only, chunks of whole 128-query tiles, a tile's tokens
   // whole pages of every size timed.
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--pages", "64"}, dir), "attention_bench", 2,
-                     {"--chunks, --pages and --sparse-tokens", "--only sweep"});
+                     {"--chunks, --pages, --sparse-tokens and --page-table", "--only sweep"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE, {"--only", "sweep", "--chunks", "3000"}, dir),
                      "attention_bench", 2, {"--chunks", "multiple of 128"});
   ExpectOneLineError(RunBench(ATTENTION_BENCH_EXE,

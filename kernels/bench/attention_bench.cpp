@@ -24,7 +24,8 @@
 //             --heads sets the head_dim 64 rows' heads (32x8 unless given; 28x4 compares the two
 //             head dims at one GQA group), or with --head-dim 128 the head_dim 128 rows';
 //             --chunks, --pages and --sparse-tokens narrow or move the grid (a kernel's time
-//             against chunk or selection size, for the planner's model).
+//             against chunk or selection size, for the planner's model); --page-table identity
+//             keeps the pool's pages in position order.
 //   qtile     (only with --only qtile) the page-sparse last chunk (4096 queries over 61440 earlier
 //             tokens, pages of 128, 48 pages a tile) at query tiles of 128, 256 and 512 queries a
 //             page selection, head_dim 128 (28/4) and 64 (32/8): a gathered backward block runs a
@@ -39,6 +40,7 @@
 //                        [--only full|chunked|last|sweep|qtile]
 //                        [--heads HQxHKV (the full family's, default 28x4; the sweep's d_h 64
 //                        rows', default 32x8)] [--chunks N...] [--pages P...] [--sparse-tokens N]
+//                        [--page-table shuffled|identity]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -601,6 +603,9 @@ struct SweepGrid {
   std::vector<int64_t> chunks{std::begin(kSweepChunks), std::end(kSweepChunks)};
   std::vector<int64_t> pages{std::begin(kSweepPages), std::end(kSweepPages)};
   int64_t sparse_tokens = kSparseTokens;
+  // The pool's page table: shuffled (the paging cost, as the sweeps before 2026-11-28 ran), or
+  // identity (pages in position order, nearer how the runtime fills its pool).
+  bool shuffled = true;
 };
 
 struct SweepPoint {
@@ -662,16 +667,17 @@ std::string RatioText(const std::optional<double>& ratio, double bound) {
 }
 
 // The table of one (head_dim, chunk): points[first..] are its points.
-void PrintSweepTable(const BenchShape& s, int64_t context, int64_t sparse_tokens,
+void PrintSweepTable(const BenchShape& s, int64_t context, const SweepGrid& grid,
                      const std::vector<SweepPoint>& points, size_t first) {
   std::printf(
       "\nSWEEP d_h %lld, %lld/%lld heads, chunk %lld: the last chunk of %lld tokens, %lld earlier "
-      "in shuffled pages\n  dense: every earlier page; sparse: %lld earlier tokens a 128-query "
+      "in %s pages\n  dense: every earlier page; sparse: %lld earlier tokens a 128-query "
       "tile (the sink page and %lld/p - 1 random ones); dKV pool %s\n",
       static_cast<long long>(s.hd), static_cast<long long>(s.hq), static_cast<long long>(s.hkv),
       static_cast<long long>(s.chunk), static_cast<long long>(context),
-      static_cast<long long>(context - s.chunk), static_cast<long long>(sparse_tokens),
-      static_cast<long long>(sparse_tokens), g_dkv_bf16 ? "bf16" : "fp32");
+      static_cast<long long>(context - s.chunk), grid.shuffled ? "shuffled" : "identity",
+      static_cast<long long>(grid.sparse_tokens), static_cast<long long>(grid.sparse_tokens),
+      g_dkv_bf16 ? "bf16" : "fp32");
   std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
               "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
               "fwd/d128", "bwd/d128", "bwd alt/");
@@ -740,7 +746,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, const SweepGrid&
   std::optional<Chunked> ch;  // one per (head_dim, chunk), re-paged per page size
   // Page 128's, timed beside each other page size's point (TimeInTurnMs): dense, and sparse with
   // its own selection of the grid's sparse tokens a tile.
-  Chunked ref(s, context, kRefPage, /*shuffled=*/true);
+  Chunked ref(s, context, kRefPage, grid.shuffled);
   const int64_t ref_pages = earlier / kRefPage;
   const int64_t ref_per_tile = std::min(grid.sparse_tokens / kRefPage, ref_pages);
   const DeviceSelection ref_sel(RandomSelection(tiles, ref_pages, ref_per_tile, 3), tile,
@@ -762,7 +768,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, const SweepGrid&
     if (ch) {
       ch->SetPages(p);
     } else {
-      ch.emplace(s, context, p, /*shuffled=*/true);
+      ch.emplace(s, context, p, grid.shuffled);
     }
     const int64_t earlier_pages = earlier / p;
 
@@ -803,7 +809,7 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, const SweepGrid&
     Report(sp.row);
     points.push_back(sp);
   }
-  PrintSweepTable(s, context, grid.sparse_tokens, points, first);
+  PrintSweepTable(s, context, grid, points, first);
 }
 
 // Every (head_dim, chunk) of the sweep over the last chunk of `tokens` (rounded down to a multiple
@@ -976,6 +982,12 @@ int main(int argc, char** argv) {
                  "every --pages size and of 128")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{128}, int64_t{1} << 20));
+  std::string page_table = "shuffled";
+  app.add_option("--page-table", page_table,
+                 "sweep: the pool's page table, shuffled (the paging cost) or identity (pages in "
+                 "position order)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shuffled", "identity"}));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -986,12 +998,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_dkv_bf16 = dkv_type == "bf16";
-  const bool grid_flags =
-      app.count("--chunks") + app.count("--pages") + app.count("--sparse-tokens") > 0;
+  grid.shuffled = page_table == "shuffled";
+  const bool grid_flags = app.count("--chunks") + app.count("--pages") +
+                              app.count("--sparse-tokens") + app.count("--page-table") >
+                          0;
   if (grid_flags && only != "sweep") {
     std::fprintf(stderr,
-                 "attention_bench: --chunks, --pages and --sparse-tokens: accepted with --only "
-                 "sweep\n");
+                 "attention_bench: --chunks, --pages, --sparse-tokens and --page-table: accepted "
+                 "with --only sweep\n");
     return 2;
   }
   for (const int64_t p : grid.pages) {
