@@ -769,7 +769,7 @@ TEST(GpuAttention, GroupsOfOneAndTwoTakeTheUnionAsGatheredBlocksWould) {
   // At group 1 also pages that are not whole 128-key blocks: 48 and 64 in one-warpgroup 64-key
   // blocks, 96 in 128-key blocks three quarters full, 192 at head_dim 64 in 64-key halves two a
   // block, of one page or two (an odd count of halves leaves the last block's second warpgroup
-  // without keys); at group 2 on a bf16 pool 64 and 192 at head_dim 64.
+  // without keys); at group 2 on a bf16 pool 64 and 192 at head_dim 64, 96 and 192 at 128.
   for (const Shape sh : {Shape{256, 4, 4, 64, 128, 24},   Shape{384, 2, 2, 64, 128, 12},
                          Shape{200, 3, 3, 64, 256, 9},    Shape{4096, 2, 2, 128, 128, 40},
                          Shape{3072, 4, 2, 64, 256, 20},  Shape{3200, 4, 2, 64, 128, 41},
