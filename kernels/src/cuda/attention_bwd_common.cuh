@@ -176,6 +176,14 @@ __device__ __forceinline__ int64_t DkvPoolRow(const BwdParams& prm, const int32_
   return slot * prm.page_elems + (kidx % prm.p) * kv_row + kv_head * head_dim;
 }
 
+// Where key kidx's K row of KV head kv_head starts in the KV pool (elements), its page `page`;
+// its V row is p * kv_row further, in the same page slot (as DkvPoolRow in the dKV pool).
+__device__ __forceinline__ int64_t KvPoolRow(const BwdParams& prm, int page, int kidx, int kv_head,
+                                             int64_t kv_row, int head_dim) {
+  const int64_t slot = __ldg(prm.page_slot + page);
+  return slot * prm.page_elems + (kidx % prm.p) * kv_row + kv_head * head_dim;
+}
+
 // K and V rows of a key block into shared memory (cp.async, once per block): the own positions
 // from k_own / v_own, earlier ones through the page table (gathered: the tile's selected
 // positions); rows past the region or on pages no tile of the block selected are zero-filled.
@@ -203,10 +211,7 @@ __device__ __forceinline__ void LoadKeyBlockKv(const BwdParams& prm, int kb0, bo
       const int pg = valid ? EarlierPage(prm, gathered, kidx) : 0;
       valid = valid && (gathered != nullptr || ((union_mask >> (pg - first_page)) & 1u));
       if (valid) {
-        const int off = kidx % prm.p;
-        const int slot = __ldg(prm.page_slot + pg);
-        ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + off * kv_row + hkv * HD +
-               c * 8;
+        ksrc = prm.pool + KvPoolRow(prm, pg, kidx, hkv, kv_row, HD) + c * 8;
         vsrc = ksrc + prm.p * kv_row;
       }
     } else if (valid) {
@@ -238,9 +243,7 @@ __device__ __forceinline__ void LoadHalvesKv(const BwdParams& prm, const int (&h
     const bf16* vsrc = prm.pool;
     if (valid) {
       const int kidx = key0 + (row & 63);
-      const int slot = __ldg(prm.page_slot + kidx / prm.p);
-      ksrc = prm.pool + static_cast<int64_t>(slot) * prm.page_elems + (kidx % prm.p) * kv_row +
-             hkv * HD + c * 8;
+      ksrc = prm.pool + KvPoolRow(prm, kidx / prm.p, kidx, hkv, kv_row, HD) + c * 8;
       vsrc = ksrc + prm.p * kv_row;
     }
     CpAsync16(sK + offset(row, c), ksrc, valid);
