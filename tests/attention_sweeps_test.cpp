@@ -15,6 +15,7 @@
 
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/models/catalog.h"
+#include "ctxplan/sim/calibration.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "support/csv.h"
 
@@ -43,32 +44,21 @@ std::vector<SweepRow> ReadSweeps() {
   return rows;
 }
 
-// The chunk's attention as the runtime costs it: the own positions (merged into the paged launch)
-// and the earlier pages, each tile's sink and random pages; the union's expected size over the
-// tiles' independent draws.
+// A row as the calibration sample it is (ctxplan-measure's selections are drawn as the sweep's:
+// the sink and random pages a tile), timed as calibrate judges its samples (PredictedSeconds: the
+// own positions and the earlier pages in one launch, the union's expected size).
 double PredictedMs(const KernelTimeModel& model, const SweepRow& r) {
-  const double t = static_cast<double>(r.chunk);
-  const int64_t tiles = (r.chunk + 127) / 128;
-  const int64_t pages = r.earlier / r.page, tile_pages = r.tile_tokens / r.page;
-  const double drawn = static_cast<double>(tile_pages - 1) / static_cast<double>(pages - 1);
-  const int64_t key_pages =
-      std::llround(1.0 + static_cast<double>(pages - 1) *
-                             (1.0 - std::pow(1.0 - drawn, static_cast<double>(tiles))));
-  const int64_t kv_dim = r.kv_heads * r.head_dim;
-  const double own_pairs = t * (t + 1) / 2, paged_pairs = t * static_cast<double>(r.tile_tokens);
-  const int64_t read = tiles * r.tile_tokens;
-  OpCost own =
-      r.backward
-          ? AttentionBackwardCost(own_pairs, r.chunk, r.chunk, r.heads, kv_dim, r.head_dim, 2)
-          : AttentionForwardCost(own_pairs, r.chunk, r.chunk, r.heads, kv_dim, r.head_dim);
-  own.shape.merged = true;
-  const OpCost paged =
-      r.backward ? AttentionBackwardCost(paged_pairs, r.chunk, read, r.heads, kv_dim, r.head_dim, 2,
-                                         true, r.page, tile_pages, key_pages)
-                 : AttentionForwardCost(paged_pairs, r.chunk, read, r.heads, kv_dim, r.head_dim,
-                                        true, r.page, tile_pages, key_pages);
-  const double launch = model.profile().launch_us * 1e-6;  // one launch, not two
-  return (model.Seconds(own, Phase::kFill) + model.Seconds(paged, Phase::kFill) - launch) * 1e3;
+  sim::CalibrationSample s;
+  s.op = r.backward ? "attention_bwd" : "attention_fwd";
+  s.m = r.chunk;
+  s.heads = r.heads;
+  s.kv_heads = r.kv_heads;
+  s.head_dim = r.head_dim;
+  s.page_tokens = r.page;
+  s.pages = r.earlier / r.page;
+  s.pages_per_tile = r.tile_tokens / r.page;
+  s.grad_bytes = 2;  // the bf16 pool
+  return sim::PredictedSeconds(model, s) * 1e3;
 }
 
 struct ErrorSet {

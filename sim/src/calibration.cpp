@@ -165,12 +165,16 @@ SampleCosts CostsOf(const CalibrationSample& s) {
   return out;
 }
 
-double Predict(const KernelTimeModel& model, const CalibrationSample& s) {
+}  // namespace
+
+double PredictedSeconds(const KernelTimeModel& model, const CalibrationSample& s) {
   const SampleCosts c = CostsOf(s);
   double seconds = 0;
   for (const OpCost& cost : c.costs) seconds += model.Seconds(cost, c.phase);
   return seconds - c.merged_launches * model.profile().launch_us * 1e-6;
 }
+
+namespace {
 
 MachineSpec MachineFor(const GpuSpec& gpu) {
   MachineSpec m;
@@ -219,7 +223,7 @@ FitResidual Residual(const KernelTimeModel& model, std::string group,
   r.group = std::move(group);
   std::vector<double> errors;
   for (const CalibrationSample* s : rows) {
-    const double predicted = Predict(model, *s);
+    const double predicted = PredictedSeconds(model, *s);
     r.each.push_back({*s, predicted});
     const double error = std::abs(predicted / s->seconds - 1.0);
     errors.push_back(error);
@@ -264,7 +268,7 @@ double ImpliedMedian(const GpuSpec& gpu, const KernelProfile& base, const Setter
   KernelProfile trial = base;
   auto predict = [&](const CalibrationSample& s, double x) {
     set(trial, x);
-    return Predict(KernelTimeModel(machine, trial), s);
+    return PredictedSeconds(KernelTimeModel(machine, trial), s);
   };
   std::vector<double> implied;
   for (const CalibrationSample* s : rows) {
@@ -292,7 +296,7 @@ double Score(const GpuSpec& gpu, const KernelProfile& k,
   const KernelTimeModel model(MachineFor(gpu), k);
   std::vector<double> errors;
   for (const CalibrationSample* s : rows)
-    errors.push_back(std::abs(std::log(Predict(model, *s) / s->seconds)));
+    errors.push_back(std::abs(std::log(PredictedSeconds(model, *s) / s->seconds)));
   return Median(errors) + 0.25 * *std::max_element(errors.begin(), errors.end());
 }
 
@@ -311,7 +315,7 @@ void FitLoss(const GpuSpec& gpu, const std::vector<const CalibrationSample*>& ro
     // Minimise sum ((a g + b l) / t - 1)^2: g the GEMMs' seconds at efficiency 1, l the logits.
     double gg = 0, gl = 0, ll = 0, g1 = 0, l1 = 0;
     for (const CalibrationSample* s : rows) {
-      const double g = Predict(model, *s) / s->seconds;
+      const double g = PredictedSeconds(model, *s) / s->seconds;
       const double l = static_cast<double>(s->m) * static_cast<double>(s->n) / s->seconds;
       gg += g * g;
       gl += g * l;
@@ -578,7 +582,7 @@ void FitPower(const CalibrationSamples& samples, const KernelTimeModel& model, K
       const double nvml_x = std::min(1.0, s->sm_clock_mhz / max_mhz);
       // A memory-bound kernel's time tells nothing of the clock: NVML's reading stands.
       const bool clock_bound = IsClockBound(timed.op);
-      const double at_max = clock_bound ? Predict(model, timed) : s->seconds;
+      const double at_max = clock_bound ? PredictedSeconds(model, timed) : s->seconds;
       const double took = clock_bound ? s->seconds / nvml_x : s->seconds;
       const double x = clock_bound ? std::clamp(at_max / took, kMinClockFraction, 1.0) : nvml_x;
       const double drawn = std::max(0.0, s->watts - idle) / std::pow(x, kPowerExponent);

@@ -33,6 +33,13 @@ struct CalibrationSamples {
   std::vector<CalibrationSample> rows;
 };
 
+class KernelTimeModel;
+
+// The time `model` gives one sample's kernel (or launch), as calibrate judges its fit: the ops the
+// sample's kernel runs, as the runtime's plan costs them (an attention chunk's own positions and
+// earlier pages, one launch; a random page selection's expected union), summed.
+double PredictedSeconds(const KernelTimeModel& model, const CalibrationSample& s);
+
 // Reads a samples CSV; a malformed file throws InputError naming the file, line and field.
 CalibrationSamples ReadCalibrationSamples(const std::filesystem::path& path);
 
