@@ -34,7 +34,10 @@
 //             128's, timed alternately.
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
-// (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads.
+// (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads. The SM
+// clock over each timed window (NVML, where it opens) goes with the sweep's rows and the CSV
+// (fwd_mhz, bwd_mhz): a sweep runs for minutes at the board's power limit, its clock well under
+// the maximum at which the planner's profile holds (ctxplan-measure's samples carry theirs too).
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
 //                        [--only full|chunked|last|sweep|qtile]
@@ -66,6 +69,8 @@
 #include "ctxplan/kernels/cost.h"
 #include "ctxplan/kernels/cuda/attention.h"
 #include "ctxplan/kernels/cuda/check.h"
+#include "ctxplan/runtime/cuda/gpu_clock_sampler.h"
+#include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "ctxplan/traces/atomic_file.h"
 
 namespace {
@@ -140,16 +145,27 @@ void FillRandom(bf16* dst, size_t n, uint64_t seed, float scale = 1.0f) {
 // Median time (ms) of each of fns over reps after warm-up, timed in turn, a repeat of each
 // before the next repeat; each fn enqueues work on the default stream. Several are timed in turn
 // so that a GPU whose clock drifts over a run (the H100's, by its temperature and power) gives
-// them the same clocks: their ratio holds where two timings apart differ by up to 10%.
+// them the same clocks: their ratio holds where two timings apart differ by up to 10%. Each
+// repeat starts behind an idle kernel (kHoldSeconds), so that its launches are all enqueued before
+// the first runs, as a training step's are: a short call timed from an idle GPU also counted the
+// host's launch latency (1024-token page-sparse forwards of 50-90 us read 4% slower, median, up
+// to 15%; kernels/PERF.md).
+constexpr double kHoldSeconds = 200e-6;
+// The SM clock sampler (null until main opens it) and its reading over the last timed window.
+ctxplan::gpu::GpuClockSampler* g_clocks = nullptr;
+double g_last_mhz = 0;  // 0: not known
+
 std::vector<double> TimeInTurnMs(const std::vector<std::function<void()>>& fns, int reps,
                                  int warmup = 1) {
   for (int i = 0; i < warmup; ++i)
     for (const auto& fn : fns) fn();
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (g_clocks != nullptr) g_clocks->Begin();
   std::vector<cudaEvent_t> marks(fns.size() + 1);
   for (cudaEvent_t& e : marks) CTXPLAN_CUDA_CHECK(cudaEventCreate(&e));
   std::vector<std::vector<double>> ms(fns.size());
   for (int i = 0; i < reps; ++i) {
+    ctxplan::gpu::LaunchIdleKernel(kHoldSeconds, nullptr);
     CTXPLAN_CUDA_CHECK(cudaEventRecord(marks[0]));
     for (size_t f = 0; f < fns.size(); ++f) {
       fns[f]();
@@ -162,6 +178,7 @@ std::vector<double> TimeInTurnMs(const std::vector<std::function<void()>>& fns, 
       ms[f].push_back(x);
     }
   }
+  g_last_mhz = g_clocks != nullptr ? g_clocks->End().sm_clock_mhz : 0.0;
   for (cudaEvent_t e : marks) CTXPLAN_CUDA_CHECK(cudaEventDestroy(e));
   std::vector<double> medians;
   for (std::vector<double>& m : ms) {
@@ -179,6 +196,7 @@ struct Row {
   std::string shape;
   int64_t hq = 0, hd = 0;  // H_q and d_h of the shape: an attended pair is 4 * hq * hd FLOPs fwd
   double pairs = 0, fwd_ms = 0, bwd_ms = 0;
+  double fwd_mhz = 0, bwd_mhz = 0;  // the SM clock while timed (0: not known)
   double FwdTflops() const { return 4.0 * pairs * hq * hd / (fwd_ms * 1e-3) / 1e12; }
   double BwdTflops() const { return 10.0 * pairs * hq * hd / (bwd_ms * 1e-3) / 1e12; }
 };
@@ -191,9 +209,9 @@ void Report(const Row& r) {
   std::printf("RESULT,%s,%.3f,%.1f,%.3f,%.1f\n", r.shape.c_str(), r.fwd_ms, r.FwdTflops(), r.bwd_ms,
               r.BwdTflops());
   if (g_csv) {
-    char line[256];
-    std::snprintf(line, sizeof(line), "%s,%.4f,%.2f,%.4f,%.2f\n", r.shape.c_str(), r.fwd_ms,
-                  r.FwdTflops(), r.bwd_ms, r.BwdTflops());
+    char line[320];
+    std::snprintf(line, sizeof(line), "%s,%.4f,%.2f,%.4f,%.2f,%.0f,%.0f\n", r.shape.c_str(),
+                  r.fwd_ms, r.FwdTflops(), r.bwd_ms, r.BwdTflops(), r.fwd_mhz, r.bwd_mhz);
     *g_csv << line;
   }
   std::fflush(stdout);
@@ -226,6 +244,7 @@ void BenchFull(const BenchShape& s, int64_t n, int reps) {
     kc::AttentionForward(shape, q.p, k.p, v.p, none, dense, out.p, lse.p, nullptr);
   };
   r.fwd_ms = TimeMs(fwd, reps);
+  r.fwd_mhz = g_last_mhz;
   fwd();
   r.bwd_ms = TimeMs(
       [&] {
@@ -233,6 +252,7 @@ void BenchFull(const BenchShape& s, int64_t n, int reps) {
                               dv.p, no_dkv, ws.p, ws_bytes, nullptr);
       },
       reps);
+  r.bwd_mhz = g_last_mhz;
   Report(r);
 }
 
@@ -558,19 +578,24 @@ void RunFamilies(const std::string& only, int64_t n, int reps, const BenchShape&
 // drifts), alone otherwise (ref times 0).
 struct TurnTimes {
   double fwd_ms = 0, bwd_ms = 0, ref_fwd_ms = 0, ref_bwd_ms = 0;
+  double fwd_mhz = 0, bwd_mhz = 0;  // the SM clock over each direction's timed window
 };
 TurnTimes TimeFwdBwd(Chunked& ch, int64_t last, const PageSelection& sel, int reps,
                      Chunked* ref = nullptr, const PageSelection& ref_sel = {}) {
   TurnTimes t;
   if (ref == nullptr) {
     t.fwd_ms = TimeMs([&] { ch.Forward(last, sel); }, reps, 2);
+    t.fwd_mhz = g_last_mhz;
     t.bwd_ms = TimeMs([&] { ch.Backward(last, sel); }, reps, 2);
+    t.bwd_mhz = g_last_mhz;
     return t;
   }
   const std::vector<double> fwd =
       TimeInTurnMs({[&] { ch.Forward(last, sel); }, [&] { ref->Forward(last, ref_sel); }}, reps, 2);
+  t.fwd_mhz = g_last_mhz;
   const std::vector<double> bwd = TimeInTurnMs(
       {[&] { ch.Backward(last, sel); }, [&] { ref->Backward(last, ref_sel); }}, reps, 2);
+  t.bwd_mhz = g_last_mhz;
   t.fwd_ms = fwd[0];
   t.ref_fwd_ms = fwd[1];
   t.bwd_ms = bwd[0];
@@ -678,9 +703,9 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const SweepGrid& grid
       static_cast<long long>(context - s.chunk), grid.shuffled ? "shuffled" : "identity",
       static_cast<long long>(grid.sparse_tokens), static_cast<long long>(grid.sparse_tokens),
       g_dkv_bf16 ? "bf16" : "fp32");
-  std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s\n", "mode", "page",
+  std::printf("%-6s %5s %10s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %8s | %9s\n", "mode", "page",
               "pages/tile", "fwd ms", "fwd TF/s", "/p128", "bwd ms", "bwd TF/s", "/p128",
-              "fwd/d128", "bwd/d128", "bwd alt/");
+              "fwd/d128", "bwd/d128", "bwd alt/", "MHz f/b");
   // Dense rows, then sparse ones, each by page size (the order they were measured in is by page).
   for (const bool sparse : {false, true}) {
     for (size_t i = first; i < points.size(); ++i) {
@@ -694,20 +719,21 @@ void PrintSweepTable(const BenchShape& s, int64_t context, const SweepGrid& grid
             ctxplan::AttentionBackwardOverUnion(x.chunk, s.hq, s.hkv, x.hd, x.page, !g_dkv_bf16)
                 ? "g"
                 : "u");
-      std::printf("%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s\n",
-                  sparse ? "sparse" : "dense", static_cast<long long>(x.page),
-                  static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
-                  RatioText(r.fwd_page, kPageBound).c_str(), x.row.bwd_ms, x.row.BwdTflops(),
-                  RatioText(r.bwd_page, kPageBound).c_str(),
-                  RatioText(r.fwd_hd, kHeadDimBound).c_str(),
-                  RatioText(r.bwd_hd, kHeadDimBound).c_str(), alt);
+      std::printf(
+          "%-6s %5lld %10lld | %8.3f %8.1f %6s | %8.3f %8.1f %6s | %8s %8s | %8s | %4.0f/%4.0f\n",
+          sparse ? "sparse" : "dense", static_cast<long long>(x.page),
+          static_cast<long long>(x.pages_per_tile), x.row.fwd_ms, x.row.FwdTflops(),
+          RatioText(r.fwd_page, kPageBound).c_str(), x.row.bwd_ms, x.row.BwdTflops(),
+          RatioText(r.bwd_page, kPageBound).c_str(), RatioText(r.fwd_hd, kHeadDimBound).c_str(),
+          RatioText(r.bwd_hd, kHeadDimBound).c_str(), alt, x.row.fwd_mhz, x.row.bwd_mhz);
     }
   }
   std::printf(
       "(TF/s per FLOP as counted for the attended pairs; * outside issue 14's bounds: /p128 more "
       "than %.0f%% from 1, /d128 more than %.0f%%; bwd alt/: the sparse backward's time on the "
       "other blocks, over this one's: u key blocks over the union's pages where this one gathers "
-      "each tile's selected positions, g those where this one takes the union)\n",
+      "each tile's selected positions, g those where this one takes the union; MHz f/b: the mean "
+      "SM clock while the forward / backward were timed, 0 where NVML did not open)\n",
       kPageBound * 100, kHeadDimBound * 100);
   std::fflush(stdout);
 }
@@ -761,6 +787,8 @@ void SweepChunk(const BenchShape& s, int64_t context, int reps, const SweepGrid&
     x.row.bwd_ms = t.bwd_ms;
     x.ref_fwd_ms = t.ref_fwd_ms;
     x.ref_bwd_ms = t.ref_bwd_ms;
+    x.row.fwd_mhz = t.fwd_mhz;
+    x.row.bwd_mhz = t.bwd_mhz;
     if (!alone) x.ref_pairs = r_pairs;
   };
   for (const int64_t p : grid.pages) {
@@ -1049,7 +1077,12 @@ int main(int argc, char** argv) {
           static_cast<long long>(kQwen7B.hq), static_cast<long long>(kQwen7B.hkv),
           static_cast<long long>(kQwen7B.hd), heads.c_str(), static_cast<long long>(n));
     }
-    if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops\n";
+    ctxplan::gpu::GpuClockSampler clocks(dev);
+    g_clocks = &clocks;
+    if (clocks.available())
+      std::printf("SM clock: sampled over each timed window (maximum %.0f MHz)\n",
+                  clocks.max_sm_clock_mhz());
+    if (g_csv) *g_csv << "shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops,fwd_mhz,bwd_mhz\n";
     if (only == "qtile") {
       RunQueryTiles(n, reps);
     } else if (only == "sweep") {

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ctxplan/runtime/cuda/probe_kernel.h"
 #include "measure_common.h"
 
 namespace ctxplan::calibrate {
@@ -27,9 +28,8 @@ void MeasurePowerDuty(Session& session);       // measure_kernels.cpp
 void MeasurePowerAttention(Session& session);  // measure_attention.cpp
 void MeasurePowerCopy(Session& session);       // measure_transfers.cpp
 
-// An empty kernel <<<1, 1>>> on `stream`, launch checked (measure_launch.cu).
-void LaunchEmptyKernel(cudaStream_t stream);
-// A kernel <<<1, 1>>> that sleeps `seconds` of wall time on `stream` (measure_launch.cu).
-void LaunchIdleKernel(double seconds, cudaStream_t stream);
+// The empty and idle kernels (ctxplan/runtime/cuda/probe_kernel.h).
+using gpu::LaunchEmptyKernel;
+using gpu::LaunchIdleKernel;
 
 }  // namespace ctxplan::calibrate
