@@ -98,22 +98,22 @@ TEST_F(GuiReplayTest, RecordedTraceMatchesTheReplayCommand) {
   const ReplayData& d = model.LoadNow(kRecorded);
   ASSERT_TRUE(d.ok()) << d.error;
   // `ctxplan replay traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace --json`:
-  // measured_step_seconds 5.279517211, predicted_step_seconds 4.6031667560, plan_ops and
+  // measured_step_seconds 5.279517211, predicted_step_seconds 4.6031864135, plan_ops and
   // traced_ops 10967, 37 by-kind rows, the first attention_bwd.paged (196 ops, 1.199029084 s
-  // measured, 0.7383601886 s predicted: the own positions run in its launch), linear_fwd.gate_up
+  // measured, 0.7383808447 s predicted: the own positions run in its launch), linear_fwd.gate_up
   // 644 ops, copy_h2d 588, copy_d2h 392, embedding_fwd 15, zero_fill 28.
   EXPECT_EQ(d.model_name, "qwen2.5-7b");
   EXPECT_EQ(d.source, "ctxtrain");
   EXPECT_EQ(d.machine_name, "h200-125g");
   EXPECT_NEAR(d.result.measured_step_seconds, 5.279517211, 1e-9);
-  EXPECT_NEAR(d.result.predicted_step_seconds, 4.6031667560, 1e-6);
+  EXPECT_NEAR(d.result.predicted_step_seconds, 4.6031864135, 1e-6);
   EXPECT_EQ(d.result.plan_ops, 10967u);
   EXPECT_EQ(d.result.traced_ops, 10967u);
   ASSERT_EQ(d.by_kind.size(), 37u);
   EXPECT_EQ(d.by_kind[0].name, "attention_bwd.paged");
   EXPECT_EQ(d.by_kind[0].count, 196);
   EXPECT_NEAR(d.by_kind[0].measured_seconds, 1.199029084, 1e-9);
-  EXPECT_NEAR(d.by_kind[0].predicted_seconds, 0.7383601886, 1e-6);
+  EXPECT_NEAR(d.by_kind[0].predicted_seconds, 0.7383808447, 1e-6);
   EXPECT_NEAR(d.by_kind[0].ratio(), 1.6239, 5e-4);  // as printed
   const std::map<std::string, int64_t> counts = {{"linear_fwd.gate_up", 644},
                                                  {"copy_h2d", 588},

@@ -165,6 +165,16 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     paged(kUnionShortTokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2HeadDim64, 64, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2, 96, kSparseEarlier, kDefaultBudget);
+    // g) Gathered blocks at groups 1-2, over the pages the union leaves to them on a bf16 pool
+    // (pages of 32 at group 1; 32, 48 and 64 at group 2 and head dim 128, 32, 48 and 96 at 64):
+    // a block of two or four items pays its gather and dKV atomics for several pages, where the
+    // page tables' rows (groups 4 and 7) spread a page's cost over 8-14 items.
+    paged(kChunkTokens, kGroup1, 32, kSparseEarlier, kDefaultBudget);
+    paged(kChunkTokens, kGroup1HeadDim64, 32, kSparseEarlier, kDefaultBudget);
+    for (const int64_t p : {32, 48, 64})
+      paged(kChunkTokens, kGroup2, p, kSparseEarlier, kDefaultBudget);
+    for (const int64_t p : {32, 48, 96})
+      paged(kChunkTokens, kGroup2HeadDim64, p, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);
   } else {
