@@ -65,10 +65,18 @@ constexpr int64_t kDefaultPage = 128;
 constexpr int64_t kSparseEarlier = 65536;
 const std::vector<int64_t> kSparsePages = {64, 128, 256};
 const std::vector<int64_t> kSparseBudgets = {16, 64, 128};
-// ... and at the default budget over the other page sizes, at both head dims (head dim 64's
-// backward runs its own block size: sparse_*_page_efficiency_d64).
+// ... and over the other page sizes at both head dims (head dim 64's backward runs its own block
+// size: sparse_*_page_efficiency_d64), each tile attending the default budget's tokens
+// (kEqualTokens / p pages): a page size's table entry then tells its rate apart from the
+// selection's length, which the model's per-token time does not follow exactly (at 64 pages a
+// tile, pages of 32 attended 2048 tokens where page 128's 8192, and the fitted forward entry at
+// 32 came out 0.79 of 128's where a sweep at equal tokens ran 0.96-0.99: sim/MODEL-LOG.md).
 const std::vector<int64_t> kSparseOtherPages = {32, 48, 96, 192};
 constexpr int64_t kDefaultBudget = 64;
+constexpr int64_t kEqualTokens = kDefaultBudget * 128;
+constexpr int64_t EqualTokensBudget(int64_t page_tokens) {
+  return kEqualTokens / page_tokens;
+}
 // e) a long context: 262144 earlier positions
 constexpr int64_t kLongEarlier = 262144;
 
@@ -116,10 +124,10 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     for (const int64_t p : kSparsePages)  // d)
       for (const int64_t k : kSparseBudgets) paged(kChunkTokens, kQwen7b, p, kSparseEarlier, k);
     for (const int64_t p : kSparseOtherPages) {
-      paged(kChunkTokens, kQwen7b, p, kSparseEarlier, kDefaultBudget);
-      paged(kChunkTokens, kHeadDim64, p, kSparseEarlier, kDefaultBudget);
+      paged(kChunkTokens, kQwen7b, p, kSparseEarlier, EqualTokensBudget(p));
+      paged(kChunkTokens, kHeadDim64, p, kSparseEarlier, EqualTokensBudget(p));
     }
-    paged(kChunkTokens, kHeadDim64, 64, kSparseEarlier, kDefaultBudget);  // d_h 64's own table
+    paged(kChunkTokens, kHeadDim64, 64, kSparseEarlier, EqualTokensBudget(64));  // d_h 64's table
     for (const int64_t k : {int64_t{16}, int64_t{64}}) {
       paged(kChunkTokens, kHeadDim64, kDefaultPage, kSparseEarlier, k);
       // A GQA group of 4 at head dim 128: a gathered backward block serves 8 items where
@@ -165,16 +173,16 @@ std::vector<AttentionCase> AttentionCases(bool quick) {
     paged(kUnionShortTokens, kGroup2, kDefaultPage, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2HeadDim64, 64, kSparseEarlier, kDefaultBudget);
     paged(kChunkTokens, kGroup2, 96, kSparseEarlier, kDefaultBudget);
-    // g) Gathered blocks at groups 1-2, over the pages the union leaves to them on a bf16 pool
+    // g) Gathered blocks at groups 1-2, over the pages the union leaves them on a bf16 pool
     // (pages of 32 at group 1; 32, 48 and 64 at group 2 and head dim 128, 32, 48 and 96 at 64):
     // a block of two or four items pays its gather and dKV atomics for several pages, where the
     // page tables' rows (groups 4 and 7) spread a page's cost over 8-14 items.
-    paged(kChunkTokens, kGroup1, 32, kSparseEarlier, kDefaultBudget);
-    paged(kChunkTokens, kGroup1HeadDim64, 32, kSparseEarlier, kDefaultBudget);
+    for (const Heads& h : {kGroup1, kGroup1HeadDim64})
+      paged(kChunkTokens, h, 32, kSparseEarlier, EqualTokensBudget(32));
     for (const int64_t p : {32, 48, 64})
-      paged(kChunkTokens, kGroup2, p, kSparseEarlier, kDefaultBudget);
+      paged(kChunkTokens, kGroup2, p, kSparseEarlier, EqualTokensBudget(p));
     for (const int64_t p : {32, 48, 96})
-      paged(kChunkTokens, kGroup2HeadDim64, p, kSparseEarlier, kDefaultBudget);
+      paged(kChunkTokens, kGroup2HeadDim64, p, kSparseEarlier, EqualTokensBudget(p));
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, 0);  // e)
     paged(kChunkTokens, kQwen7b, kDefaultPage, kLongEarlier, kDefaultBudget);
   } else {
