@@ -42,6 +42,17 @@ HQ, HKV, D = 28, 4, 128  # the full / chunked / last_chunk shapes (Qwen2.5-7B)
 SWEEP_RE = re.compile(r"^sweep_d(\d+)_h(\d+)x(\d+)_c(\d+)_p(\d+)_(dense|sparse)_e(\d+)(?:of\d+)?$")
 
 
+# Each repeat starts behind a ~200 us spin of the GPU, as attention_bench's do (its launches are
+# enqueued before the first runs, so a short call is not timed with the host's launch latency).
+HOLD_CYCLES = 400_000
+
+
+def hold():
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(HOLD_CYCLES)
+
+
 def time_ms(fn, reps, warmup=2):
     for _ in range(warmup):
         fn()
@@ -50,6 +61,7 @@ def time_ms(fn, reps, warmup=2):
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
+        hold()
         a.record()
         fn()
         b.record()
@@ -189,7 +201,8 @@ def read_ours(path):
         missing = need - set(k for k, v in row.items() if v not in (None, ""))
         if missing:
             fail(f"{path}:{line}: missing {', '.join(sorted(missing))} "
-                 "(attention_bench --csv writes shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops)")
+                 "(attention_bench --csv writes shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops,"
+                 "fwd_mhz,bwd_mhz)")
         try:
             float(row["fwd_tflops"]), float(row["bwd_tflops"])
         except ValueError:
