@@ -34,10 +34,11 @@
 //             128's, timed alternately.
 // FLOPs as kernels/src/cost.cpp counts them: forward 4 * pairs * H_q * d_h, backward 10 *.
 // Timing: CUDA events, warm-up, median of the repeats. Prints a table and RESULT lines
-// (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads. The SM
-// clock over each timed window (NVML, where it opens) goes with the sweep's rows and the CSV
-// (fwd_mhz, bwd_mhz): a sweep runs for minutes at the board's power limit, its clock well under
-// the maximum at which the planner's profile holds (ctxplan-measure's samples carry theirs too).
+// (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads. The mean SM
+// clock over each timed window (NVML, where it opens) goes with the sweep's and the full family's
+// rows and the CSV (fwd_mhz, bwd_mhz): a long run sits at the board's power limit, its clock
+// under the maximum at which the planner's profile holds. Over a sweep point's few-ms windows the
+// reading does not track the kernels' speed (kernels/PERF.md); over the full family's it does.
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
 //                        [--only full|chunked|last|sweep|qtile]
@@ -1094,6 +1095,7 @@ int main(int argc, char** argv) {
       if (head_dim != 0) full_heads.hd = head_dim;
       RunFamilies(only, n, reps, full_heads);
     }
+    g_clocks = nullptr;  // the sampler goes with this scope
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());
     return 1;
