@@ -38,7 +38,8 @@
 // clock over each timed window (NVML, where it opens) goes with the sweep's and the full family's
 // rows and the CSV (fwd_mhz, bwd_mhz): a long run sits at the board's power limit, its clock
 // under the maximum at which the planner's profile holds. Over a sweep point's few-ms windows the
-// reading does not track the kernels' speed (kernels/PERF.md); over the full family's it does.
+// reading does not track the kernels' speed (kernels/PERF.md); over the full family's it is
+// steadier.
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
 //                        [--only full|chunked|last|sweep|qtile]
