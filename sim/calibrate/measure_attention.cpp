@@ -69,8 +69,9 @@ const std::vector<int64_t> kSparseBudgets = {16, 64, 128};
 // size: sparse_*_page_efficiency_d64), each tile attending the default budget's tokens
 // (kEqualTokens / p pages): a page size's table entry then tells its rate apart from the
 // selection's length, which the model's per-token time does not follow exactly (at 64 pages a
-// tile, pages of 32 attended 2048 tokens where page 128's 8192, and the fitted forward entry at
-// 32 came out 0.79 of 128's where a sweep at equal tokens ran 0.96-0.99: sim/MODEL-LOG.md).
+// tile, pages of 32 attended 2048 tokens where page 128's 8192, and the fitted forward entries
+// came out 0.79 at 32 against 0.94 at 128, where a sweep at equal tokens ran page 32 at 0.96-0.99
+// of page 128's rate: sim/MODEL-LOG.md).
 const std::vector<int64_t> kSparseOtherPages = {32, 48, 96, 192};
 constexpr int64_t kDefaultBudget = 64;
 constexpr int64_t kEqualTokens = kDefaultBudget * 128;
