@@ -1,6 +1,7 @@
 // The kernel-time model against attention_bench's sweeps at GQA groups 1-2
 // (models/gpu/validation/h200-attention-sweeps.csv): the last chunk's page-sparse forward and
-// backward over a random selection, timed on an H200 (the median of three runs). These rows are
+// backward over a random selection, timed on an H200 at the maximum clock, as the calibration's
+// rows are (the GPU idle before each window; the mean of two runs). These rows are
 // validation: the profile's attention parameters are fitted on ctxplan-measure's grid
 // (models/gpu/calibration/), never on them. Each set's error is printed; the assertions hold the
 // model at its accuracy today, so that no change makes it worse unnoticed (tighten them as it
@@ -31,7 +32,7 @@ const std::string kSweeps =
 struct SweepRow {
   bool backward;
   int64_t head_dim, heads, kv_heads, chunk, page, earlier, tile_tokens;
-  double ms;  // as measured (the file's sm_clock_mhz is for the record: its header)
+  double ms;  // as measured at the maximum clock (sm_clock_mhz is for the record: its header)
   std::string line;
 };
 
@@ -84,8 +85,9 @@ TEST(AttentionSweeps, PlannerPredictsTheGroupOneAndTwoSweeps) {
   ErrorSet forward, union_blocks, gathered;
   for (const SweepRow& r : rows) {
     ASSERT_LE(r.heads / r.kv_heads, 2) << r.line;
-    // Times as measured: NVML's clock over a sweep's few-ms windows does not track the kernels'
-    // speed (the file's header), so the rows are not scaled to the maximum clock by it.
+    // Both sides at the maximum clock: the profile's rates, the rows timed cool (the file's
+    // header; back to back at the power limit head_dim 128 ran 7-8% slower, which the planner
+    // gives to its power model on whole steps, not to the kernels' rates).
     const double ratio = sim::PredictedSeconds(model, AsSample(r)) * 1e3 / r.ms;
     ASSERT_TRUE(std::isfinite(ratio) && ratio > 0) << r.line;
     const bool over_union = AttentionBackwardOverUnion(r.chunk, r.heads, r.kv_heads, r.head_dim,
@@ -101,9 +103,9 @@ TEST(AttentionSweeps, PlannerPredictsTheGroupOneAndTwoSweeps) {
     const char* name;
     const ErrorSet& set;
     double median_bound, max_bound;
-  } sets[] = {{"forward", forward, 0.08, 0.20},
-              {"backward over the union", union_blocks, 0.09, 0.20},
-              {"backward on gathered blocks", gathered, 0.07, 0.20}};
+  } sets[] = {{"forward", forward, 0.05, 0.15},
+              {"backward over the union", union_blocks, 0.06, 0.20},
+              {"backward on gathered blocks", gathered, 0.04, 0.15}};
   for (const auto& s : sets) {
     std::printf("%-28s %3zu rows: |predicted / measured - 1| median %4.1f%%, max %4.1f%%\n", s.name,
                 s.set.errors.size(), 100 * s.set.Median(), 100 * s.set.Max());

@@ -37,18 +37,19 @@
 // (shape,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops) that kernels/bench/sdpa_peer.py reads. The mean SM
 // clock over each timed window (NVML, where it opens) goes with the sweep's and the full family's
 // rows and the CSV (fwd_mhz, bwd_mhz): a long run sits at the board's power limit, its clock
-// under the maximum at which the planner's profile holds. Over a sweep point's few-ms windows the
-// reading does not track the kernels' speed (kernels/PERF.md); over the full family's it is
-// steadier.
+// under the maximum at which the planner's profile holds (head_dim 128 7-8% slower than at it;
+// --cool-ms times each window at the maximum). Over a sweep point's few-ms windows the reading
+// does not track the kernels' speed (kernels/PERF.md); over the full family's it is steadier.
 //
 // usage: attention_bench [--reps N] [--tokens N] [--csv FILE]
 //                        [--only full|chunked|last|sweep|qtile]
 //                        [--heads HQxHKV (the full family's, default 28x4; the sweep's d_h 64
 //                        rows', default 32x8)] [--chunks N...] [--pages P...] [--sparse-tokens N]
-//                        [--page-table shuffled|identity]
+//                        [--page-table shuffled|identity] [--cool-ms MS]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -62,6 +63,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -153,6 +155,11 @@ void FillRandom(bf16* dst, size_t n, uint64_t seed, float scale = 1.0f) {
 // host's launch latency (1024-token page-sparse forwards of 50-90 us read 4% slower, median, up
 // to 15%; kernels/PERF.md).
 constexpr double kHoldSeconds = 200e-6;
+// --cool-ms: the host idles this long before each timed window, so that the board's power limiter
+// has let go and the window runs at the maximum SM clock, as ctxplan-measure's calibration rows
+// do (2 ms batches between host work: ~130 W, 1980 MHz). A sweep run back to back sits at the
+// 700 W limit instead, its head_dim 128 windows at 1650-1930 MHz (kernels/PERF.md).
+double g_cool_seconds = 0;
 // The SM clock sampler (null until main opens it) and its reading over the last timed window.
 ctxplan::gpu::GpuClockSampler* g_clocks = nullptr;
 double g_last_mhz = 0;  // 0: not known
@@ -162,6 +169,8 @@ std::vector<double> TimeInTurnMs(const std::vector<std::function<void()>>& fns, 
   for (int i = 0; i < warmup; ++i)
     for (const auto& fn : fns) fn();
   CTXPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (g_cool_seconds > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(g_cool_seconds));
   if (g_clocks != nullptr) g_clocks->Begin();
   std::vector<cudaEvent_t> marks(fns.size() + 1);
   for (cudaEvent_t& e : marks) CTXPLAN_CUDA_CHECK(cudaEventCreate(&e));
@@ -1018,6 +1027,12 @@ int main(int argc, char** argv) {
                  "position order)")
       ->capture_default_str()
       ->check(CLI::IsMember({"shuffled", "identity"}));
+  double cool_ms = 0;
+  app.add_option("--cool-ms", cool_ms,
+                 "idle the GPU this long before each timed window (its clock then at the "
+                 "maximum, as the calibration's rows are timed; 0: back to back)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10000.0));
   app.add_option("--csv", csv, "also write the results as CSV (published when the run completes)");
   try {
     app.parse(argc, argv);
@@ -1028,6 +1043,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_dkv_bf16 = dkv_type == "bf16";
+  g_cool_seconds = cool_ms * 1e-3;
   grid.shuffled = page_table == "shuffled";
   const bool grid_flags = app.count("--chunks") + app.count("--pages") +
                               app.count("--sparse-tokens") + app.count("--page-table") >
