@@ -79,12 +79,14 @@ struct MatrixRun {
 };
 
 // The split, written down before the runs were fitted or judged (traces/recorded/README.md):
-// every run on the H100, every run of Llama-3.1-8B, and every run with page 96 or 192 or chunk
-// 3072 or 6144 is validation; the rest is calibration.
+// every run on the H100, every run of Llama-3.1-8B or (from 2026-11-29, before its first run)
+// Llama-2-7B, and every run with page 96 or 192 or chunk 3072 or 6144 is validation; the rest is
+// calibration.
 bool IsValidation(const MatrixRun& r) {
   const RunOptions& o = r.options;
-  return r.machine.rfind("h100", 0) == 0 || r.model == "llama-3.1-8b" || o.page_tokens == 96 ||
-         o.page_tokens == 192 || o.chunk_tokens == 3072 || o.chunk_tokens == 6144;
+  return r.machine.rfind("h100", 0) == 0 || r.model == "llama-3.1-8b" || r.model == "llama-2-7b" ||
+         o.page_tokens == 96 || o.page_tokens == 192 || o.chunk_tokens == 3072 ||
+         o.chunk_tokens == 6144;
 }
 
 std::vector<MatrixRun> ReadMatrix(const std::string& file = "matrix.csv") {

@@ -188,6 +188,7 @@ TEST(Catalog, ParameterCountsMatchHuggingFace) {
   EXPECT_EQ(LoadModel("llama-3.2-1b").total_params(), 1'235'814'400);
   EXPECT_EQ(LoadModel("llama-3.2-3b").total_params(), 3'212'749'824);
   EXPECT_EQ(LoadModel("mistral-7b-v0.3").total_params(), 7'248'023'552);
+  EXPECT_EQ(LoadModel("llama-2-7b").total_params(), 6'738'415'616);
   const ModelSpec tied = LoadModel("qwen2.5-0.5b");
   EXPECT_TRUE(tied.tie_word_embeddings);
   EXPECT_EQ(tied.lm_head_params(), 0);
@@ -212,7 +213,7 @@ TEST(Catalog, TinyModel) {
 
 TEST(Catalog, EveryEntryLoadsAndNamesItsFile) {
   const std::vector<std::string> models = CatalogModelNames();
-  EXPECT_EQ(models.size(), 11u);
+  EXPECT_EQ(models.size(), 12u);
   for (const std::string& name : models) {
     SCOPED_TRACE(name);
     const ModelSpec m = LoadModel(name);
