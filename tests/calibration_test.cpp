@@ -75,6 +75,24 @@ CalibrationSample Row(std::string op) {
   return s;
 }
 
+// A power-group attention row: a 4096-token causal launch sustained at 0.85 of the clock, drawing
+// `watts`, 1024-wide KV (kv_heads = 1024 / head_dim).
+CalibrationSample PowerAttentionRow(const KernelTimeModel& truth, bool backward, int64_t head_dim,
+                                    double watts) {
+  CalibrationSample s = Row(backward ? "power_attention_bwd" : "power_attention_fwd");
+  const int64_t heads = 4096 / head_dim;
+  s.m = 4096, s.heads = heads, s.kv_heads = 1024 / head_dim;
+  s.head_dim = head_dim, s.grad_bytes = 2;
+  const double pairs = 4096 * 4097 / 2.0;
+  const OpCost cost = backward ? AttentionBackwardCost(pairs, 4096, 4096, heads, 1024, head_dim, 2)
+                               : AttentionForwardCost(pairs, 4096, 4096, heads, 1024, head_dim);
+  s.bytes = cost.bytes, s.flops = cost.flops;
+  s.seconds = truth.Seconds(cost, Phase::kFill) / 0.85;
+  s.sm_clock_mhz = 1980 * 0.85;
+  s.watts = watts;
+  return s;
+}
+
 // A grid like ctxplan-measure's, timed by the model with the true profile. sparse_heads: the
 // (H_q, H_kv, d_h) of the page-sparse rows (Qwen2.5-7B's unless given).
 struct SparseHeads {
@@ -261,18 +279,8 @@ CalibrationSamples MakeSamples(const GpuSpec& gpu,
     s.watts = 100 + busy / s.seconds * 1500 * std::pow(x, 2.2);
     out.rows.push_back(s);
   }
-  for (const bool backward : {false, true}) {  // attention sustained at 0.85 of the clock
-    CalibrationSample s = Row(backward ? "power_attention_bwd" : "power_attention_fwd");
-    s.m = 4096, s.heads = 32, s.kv_heads = 8, s.head_dim = 128, s.grad_bytes = 2;
-    const double pairs = 4096 * 4097 / 2.0;
-    const OpCost cost = backward ? AttentionBackwardCost(pairs, 4096, 4096, 32, 1024, 128, 2)
-                                 : AttentionForwardCost(pairs, 4096, 4096, 32, 1024, 128);
-    s.bytes = cost.bytes, s.flops = cost.flops;
-    s.seconds = truth.Seconds(cost, Phase::kFill) / 0.85;
-    s.sm_clock_mhz = 1980 * 0.85;
-    s.watts = 690;
-    out.rows.push_back(s);
-  }
+  for (const bool backward : {false, true})  // attention sustained at 0.85 of the clock
+    out.rows.push_back(PowerAttentionRow(truth, backward, 128, 690));
   CalibrationSample swiglu = Row("power_swiglu_fwd");
   swiglu.m = 16384, swiglu.n = 14336;
   swiglu.bytes = SwigluForwardCost(16384, 14336).bytes;
@@ -480,6 +488,33 @@ TEST(Calibration, GatheredBlockCostOfEachHeadDim) {
       FitCalibration(MakeSamples(gpu, truth, one_group), gpu, "s.csv").gpu.kernels;
   EXPECT_EQ(one.attention_bwd_gathered_item_us_d64, 0.0);
   EXPECT_GT(one.attention_bwd_gathered_item_us, 0.0);
+}
+
+// The power group's attention rows at head dim 64 give its own watts; the head dim 128 rows keep
+// theirs, and a group of one head dim gives one value for both (the d64 entries 0).
+TEST(Calibration, PowerGroupFitsHeadDim64AttentionApart) {
+  const GpuSpec gpu = LoadGpu("h200");
+  CalibrationSamples samples = MakeSamples(gpu);
+  const KernelProfile one = FitCalibration(samples, gpu, "s.csv").gpu.kernels;
+  EXPECT_EQ(one.attention_fwd_w_d64, 0.0);
+  EXPECT_EQ(one.attention_bwd_w_d64, 0.0);
+  ASSERT_GT(one.attention_fwd_w, 0.0);
+  MachineSpec machine;
+  machine.gpu = gpu;
+  machine.host_ram_bytes = 1;
+  machine.host_memory_gbs = 100;
+  const KernelTimeModel truth(machine, TruthProfile());
+  for (const bool backward : {false, true})  // as the head dim 128 rows, 0.6 the watts above idle
+    samples.rows.push_back(PowerAttentionRow(truth, backward, 64, 100 + 0.6 * (690 - 100)));
+  const KernelProfile apart = FitCalibration(samples, gpu, "s.csv").gpu.kernels;
+  EXPECT_NEAR(apart.attention_fwd_w, one.attention_fwd_w, 1e-6);
+  EXPECT_NEAR(apart.attention_bwd_w, one.attention_bwd_w, 1e-6);
+  for (const bool backward : {false, true}) {
+    // Watts at the full rate: 0.6 of head dim 128's, over the two head dims' efficiencies.
+    const double ratio = apart.attention_w(backward, true) / apart.attention_w(backward, false);
+    EXPECT_GT(ratio, 0.4) << backward;
+    EXPECT_LT(ratio, 0.75) << backward;
+  }
 }
 
 // The catalogue's calibrated profiles are what `ctxplan calibrate` fits from the samples committed

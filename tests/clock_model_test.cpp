@@ -74,6 +74,32 @@ TEST(ClockModel, ComputeBoundOpsSlowWithTheClockMemoryBoundOpsDoNot) {
               at_max.Time(gemm, Phase::kFill).energy.clock_joules, 1e-12);
 }
 
+// Attention draws its head dim's watts: the power group timed head dim 64 apart (H200: ~0.65 of
+// 128's at the same clock), and a profile without that row gives both head dims one value.
+TEST(ClockModel, AttentionDrawsTheWattsOfItsHeadDim) {
+  const MachineSpec machine = LoadMachine("h200-125g");
+  const KernelProfile& k = machine.gpu.kernels;
+  ASSERT_GT(k.attention_fwd_w_d64, 0);
+  ASSERT_GT(k.attention_bwd_w_d64, 0);
+  EXPECT_LT(k.attention_fwd_w_d64, k.attention_fwd_w);
+  const KernelTimeModel model = KernelTimeModel(machine).AtClock(1.0);
+  const double pairs = 4096.0 * 4097.0 / 2;
+  for (const bool backward : {false, true}) {
+    for (const int64_t d : {64, 128}) {
+      const int64_t heads = 8192 / d;  // the same hidden width at both head dims
+      const OpCost cost = backward ? AttentionBackwardCost(pairs, 4096, 4096, heads, 0, d, 2)
+                                   : AttentionForwardCost(pairs, 4096, 4096, heads, 0, d);
+      const double full_seconds = cost.flops / (k.attention_tflops(backward, d == 64) * 1e12);
+      const double joules = model.Time(cost, Phase::kFill).energy.clock_joules;
+      EXPECT_NEAR(joules / full_seconds, k.attention_w(backward, d == 64), 1e-6)
+          << backward << " " << d;
+    }
+  }
+  KernelProfile shared = k;
+  shared.attention_fwd_w_d64 = 0;
+  EXPECT_DOUBLE_EQ(shared.attention_w(false, true), k.attention_fwd_w);
+}
+
 // A GPU known only by its datasheet takes a calibrated sibling's powers scaled to its own limit
 // and work rate; without a datasheet limit it has no power model (its clock stays at maximum).
 TEST(ClockModel, AnEstimateScalesItsSiblingsPowers) {

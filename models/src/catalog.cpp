@@ -557,6 +557,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
                    "gemm_w",
                    "attention_fwd_w",
                    "attention_bwd_w",
+                   "attention_fwd_w_d64",
+                   "attention_bwd_w_d64",
                    "memory_w",
                    "nvml_clock_speed_error",
                    "loss_ns_per_logit",
@@ -677,6 +679,8 @@ KernelProfile ReadKernelProfile(const Fields& f) {
   k.gemm_w = f.OptionalNumber("gemm_w", kProfileLimit).value_or(0.0);
   k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
   k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
+  k.attention_fwd_w_d64 = f.OptionalNumber("attention_fwd_w_d64", kProfileLimit).value_or(0.0);
+  k.attention_bwd_w_d64 = f.OptionalNumber("attention_bwd_w_d64", kProfileLimit).value_or(0.0);
   k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
   k.nvml_clock_speed_error =
       f.OptionalNumber("nvml_clock_speed_error", kNvmlClockErrorLimit).value_or(-1.0);

@@ -49,6 +49,8 @@ KernelProfile ScaleKernelProfile(const GpuSpec& sibling, const GpuSpec& target) 
     k.gemm_w *= compute;
     k.attention_fwd_w *= compute;
     k.attention_bwd_w *= compute;
+    k.attention_fwd_w_d64 *= compute;
+    k.attention_bwd_w_d64 *= compute;
     k.memory_w *= memory;
     if (target.boost_clock_mhz > 0) k.max_sm_clock_mhz = target.boost_clock_mhz;
   } else {

@@ -573,10 +573,12 @@ void FitPower(const CalibrationSamples& samples, const KernelTimeModel& model, K
   // (`tflops`, the head dim's for attention): what an op draws goes with its FLOPs
   // (kernel_time_model.cpp). The sustained compute-bound rows' seconds were scaled to the maximum
   // clock by NVML's reading (AtMaxClock); undone here to give the time they took.
-  auto kind = [&](std::string_view op, std::function<double(const CalibrationSample&)> tflops) {
+  auto kind = [&](std::string_view op, std::function<double(const CalibrationSample&)> tflops,
+                  std::function<bool(const CalibrationSample&)> keep = nullptr) {
     std::vector<double> watts;
     for (const CalibrationSample* s : Op(samples, op)) {
       if (s->watts <= 0 || s->sm_clock_mhz <= 0 || s->seconds <= 0) continue;
+      if (keep && !keep(*s)) continue;
       CalibrationSample timed = *s;
       timed.op = std::string(op.substr(6));
       const double nvml_x = std::min(1.0, s->sm_clock_mhz / max_mhz);
@@ -596,12 +598,18 @@ void FitPower(const CalibrationSamples& samples, const KernelTimeModel& model, K
   k.power_limit_w = limit;
   k.idle_w = idle;
   k.gemm_w = kind("power_gemm_fwd", [&](const CalibrationSample&) { return k.gemm_tflops; });
-  k.attention_fwd_w = kind("power_attention_fwd", [&](const CalibrationSample& s) {
-    return k.attention_tflops(false, d64(s));
-  });
-  k.attention_bwd_w = kind("power_attention_bwd", [&](const CalibrationSample& s) {
-    return k.attention_tflops(true, d64(s));
-  });
+  // Attention by head dim where the group timed both: at the same clock head dim 64's kernels
+  // draw ~0.65 of 128's (fewer FLOPs a byte of shared memory read; sim/MODEL-LOG.md). A group of
+  // one head dim gives one value for both.
+  for (const bool backward : {false, true}) {
+    const std::string op = backward ? "power_attention_bwd" : "power_attention_fwd";
+    auto tflops = [&](const CalibrationSample& s) { return k.attention_tflops(backward, d64(s)); };
+    const double d128_w = kind(op, tflops, [&](const CalibrationSample& s) { return !d64(s); });
+    const double d64_w = kind(op, tflops, d64);
+    const bool apart = d128_w > 0 && d64_w > 0;
+    (backward ? k.attention_bwd_w : k.attention_fwd_w) = apart ? d128_w : kind(op, tflops);
+    (backward ? k.attention_bwd_w_d64 : k.attention_fwd_w_d64) = apart ? d64_w : 0.0;
+  }
   k.memory_w = kind("power_swiglu_fwd", nullptr);
 }
 
@@ -1319,6 +1327,8 @@ std::string GpuProfileYaml(const GpuSpec& g) {
     o << "  gemm_w: " << k.gemm_w << "\n";
     o << "  attention_fwd_w: " << k.attention_fwd_w << "\n";
     o << "  attention_bwd_w: " << k.attention_bwd_w << "\n";
+    if (k.attention_fwd_w_d64 > 0) o << "  attention_fwd_w_d64: " << k.attention_fwd_w_d64 << "\n";
+    if (k.attention_bwd_w_d64 > 0) o << "  attention_bwd_w_d64: " << k.attention_bwd_w_d64 << "\n";
     o << "  memory_w: " << k.memory_w << "\n";
     if (k.nvml_clock_speed_error >= 0)
       o << "  nvml_clock_speed_error: " << k.nvml_clock_speed_error << "\n";

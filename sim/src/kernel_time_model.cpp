@@ -543,7 +543,8 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       const bool backward = cost.rate == RateClass::kAttentionBackward ||
                             cost.rate == RateClass::kSparseAttentionBackward;
       // A shape left empty is timed as a contiguous launch at the head dim 128 rate.
-      const double tflops = k.attention_tflops(backward, s.head_dim > 0 && s.head_dim <= 64);
+      const bool d64 = s.head_dim > 0 && s.head_dim <= 64;
+      const double tflops = k.attention_tflops(backward, d64);
       double flops = cost.flops;
       if (s.page_tokens > 0) {  // with the own positions' causal pairs
         const int64_t t = s.rows, heads = std::max(1, s.heads);
@@ -559,8 +560,7 @@ KernelTimeModel::OpTime KernelTimeModel::Time(const OpCost& cost, Phase phase) c
       const bool sparse = cost.rate == RateClass::kSparseAttentionForward ||
                           cost.rate == RateClass::kSparseAttentionBackward;
       const double full_seconds = sparse ? compute_at_max : flops / (tflops * 1e12);
-      return bounded(launches, compute_at_max, full_seconds,
-                     backward ? k.attention_bwd_w : k.attention_fwd_w);
+      return bounded(launches, compute_at_max, full_seconds, k.attention_w(backward, d64));
     }
     case RateClass::kMemoryBound: {
       double fixed = launches, seconds = memory + side;

@@ -161,9 +161,14 @@ struct KernelProfile {
   double power_limit_w = 0;
   double idle_w = 0;
   double gemm_w = 0;           // GEMMs and the fused loss
-  double attention_fwd_w = 0;  // attention forward
+  double attention_fwd_w = 0;  // attention forward (head dim 128; both where no d64 below)
   double attention_bwd_w = 0;  // attention backward
-  double memory_w = 0;         // HBM-bound kernels
+  // Head dim 64's attention watts where the power group timed it apart (0: the ones above).
+  // At the same clock its kernels draw ~0.6-0.7 of head dim 128's (H200: 703 / 711 W forward /
+  // backward against 1121 / 1005; sim/MODEL-LOG.md).
+  double attention_fwd_w_d64 = 0;
+  double attention_bwd_w_d64 = 0;
+  double memory_w = 0;  // HBM-bound kernels
   // How well NVML's SM clock reading explains the kernels' speed under the power limit: the
   // median |error| of 1 / clock over the power group's sustained kernels (ctxplan calibrate's
   // "sustained" residual). The planner's clock is the kernels' speed (clock_model.h), which NVML
@@ -171,6 +176,12 @@ struct KernelProfile {
   double nvml_clock_speed_error = -1;
 
   bool empty() const { return gemm_tflops <= 0; }
+  // The attention watts of a direction at head dim 64 (d64) or 128.
+  double attention_w(bool backward, bool d64) const {
+    const double d64_w = backward ? attention_bwd_w_d64 : attention_fwd_w_d64;
+    if (d64 && d64_w > 0) return d64_w;
+    return backward ? attention_bwd_w : attention_fwd_w;
+  }
   // The attention rate of a direction at head dim 64 (d64) or 128.
   double attention_tflops(bool backward, bool d64) const {
     return backward ? (d64 ? attention_bwd_tflops_d64 : attention_bwd_tflops_d128)
