@@ -11,6 +11,7 @@
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/clock_model.h"
 #include "ctxplan/sim/kernel_time_model.h"
+#include "ctxplan/sim/measured_pass_clocks.h"
 
 namespace ctxplan::sim {
 namespace {
@@ -150,6 +151,47 @@ TEST(ClockModel, ThePlannerTimesAHeavyStepAtItsSustainedClock) {
   // The step's clock is theirs weighted by time, and the passes fill the step.
   EXPECT_NEAR(p.sm_clock_fraction, weighted / seconds, 1e-12);
   EXPECT_NEAR(seconds, p.step_seconds(), 0.01 * p.step_seconds());
+}
+
+// A traced step's NVML readings go to the pass of the compute op running when each was taken:
+// the loss and the optimizer with the backward, an op nested in another to the inner one, a
+// reading while the compute stream is idle or only a copy runs to none.
+TEST(ClockModel, MeasuredPassClocksTakeTheComputeOpRunning) {
+  auto op = [](Phase phase, Stream stream, int64_t start, int64_t end) {
+    OpRecord r;
+    r.phase = static_cast<uint8_t>(phase);
+    r.stream = static_cast<uint8_t>(stream);
+    r.start_ns = start;
+    r.end_ns = end;
+    return r;
+  };
+  const std::vector<OpRecord> ops = {
+      op(Phase::kBackward, Stream::kCompute, 400, 500),  // out of order
+      op(Phase::kFill, Stream::kCompute, 0, 100),
+      op(Phase::kFill, Stream::kCompute, 100, 200),
+      op(Phase::kRecompute, Stream::kCompute, 250, 350),
+      op(Phase::kLoss, Stream::kCompute, 360, 380),
+      op(Phase::kRecompute, Stream::kCompute, 300, 320),  // inside the one before
+      op(Phase::kFill, Stream::kH2D, 200, 260),           // a copy: no pass of its own
+      op(Phase::kOptimizer, Stream::kCompute, 600, 700),
+  };
+  const std::vector<ClockSampleAt> samples = {
+      {50, 1900, 600},  {150, 1800, 640}, {225, 1000, 100},  // idle: the copy alone
+      {260, 1700, 690}, {310, 1600, 690}, {340, 1650, 700},
+      {370, 1500, 700}, {450, 1400, 700}, {550, 1200, 200},  // idle
+      {650, 1300, 650}, {120, 0, 0}};                        // no reading
+  const MeasuredPassClocks clocks = MeasurePassClocks(ops, samples);
+  const auto& fill = clocks[static_cast<size_t>(PowerPass::kFill)];
+  const auto& recompute = clocks[static_cast<size_t>(PowerPass::kRecompute)];
+  const auto& backward = clocks[static_cast<size_t>(PowerPass::kBackward)];
+  EXPECT_EQ(fill.samples, 2);
+  EXPECT_DOUBLE_EQ(fill.sm_clock_mhz, 1850);
+  EXPECT_DOUBLE_EQ(fill.watts, 620);
+  EXPECT_EQ(recompute.samples, 3);
+  EXPECT_DOUBLE_EQ(recompute.sm_clock_mhz, 1650);
+  EXPECT_EQ(backward.samples, 3);  // the loss, the backward and the optimizer
+  EXPECT_DOUBLE_EQ(backward.sm_clock_mhz, 1400);
+  EXPECT_EQ(MeasurePassClocks({}, samples)[0].samples, 0);
 }
 
 }  // namespace

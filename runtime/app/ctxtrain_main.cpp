@@ -52,6 +52,7 @@
 #include "ctxplan/runtime/plan/step_backend.h"
 #include "ctxplan/sim/analytic_model.h"
 #include "ctxplan/sim/gpu_tier.h"
+#include "ctxplan/sim/measured_pass_clocks.h"
 #include "ctxplan/sim/plan_report.h"
 #include "ctxplan/sim/recommend.h"
 #include "ctxplan/traces/atomic_file.h"
@@ -708,6 +709,8 @@ int Main(int argc, char** argv) {
   // The SM clock and board power over the steps tokens/s counts (NVML; 0 where not known): a
   // step held at the power limit runs below the maximum clock (sim/clock_model.h).
   double sm_clock_mhz = 0, board_watts = 0;
+  // The traced step's clock pass by pass, as the planner predicts it (CUDA, with --trace).
+  sim::MeasuredPassClocks traced_pass_clocks{};
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   std::unique_ptr<gpu::GpuClockSampler> sampler;
   if (cuda) {
@@ -818,8 +821,22 @@ int Main(int argc, char** argv) {
             CuptiStepObserver observer(tracer, ranks ? ranks->rank : 0);
             BothObservers both(&observer, &progress);
             tracer.BeginStep();
+            // The trace's clock against the host's, to put NVML's readings on the ops' times.
+            const int64_t trace_at_begin = tracer.NowNs();
+            const auto host_at_begin = std::chrono::steady_clock::now();
+            if (sampler) sampler->StartRecording();
             traced_run(&both);
             const gpu::TraceStepSummary summary = tracer.EndStep();
+            if (sampler) {
+              std::vector<sim::ClockSampleAt> samples;
+              for (const gpu::TimedClockReading& r : sampler->StopRecording())
+                samples.push_back(
+                    {trace_at_begin +
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(r.at - host_at_begin)
+                             .count(),
+                     r.reading.sm_clock_mhz, r.reading.watts});
+              traced_pass_clocks = sim::MeasurePassClocks(summary.ops, samples);
+            }
             if (!f.json) PrintCopies(summary);
             // GPU work no plan op claims would be missing from the trace's op times: say so.
             // (The step's input uploads before its first op are copies of no op: not counted.)
@@ -1013,6 +1030,19 @@ int Main(int argc, char** argv) {
     }
   }
   if (f.json) {
+    // {"fill": MHz, "recompute": MHz, "backward": MHz}, a pass without readings null; null
+    // without a traced CUDA step.
+    std::string pass_clocks_json = "null";
+    if (sim::HasReadings(traced_pass_clocks)) {
+      pass_clocks_json.clear();
+      for (int p = 0; p < sim::kPowerPassCount; ++p) {
+        const sim::MeasuredPassClock& c = traced_pass_clocks[static_cast<size_t>(p)];
+        pass_clocks_json += std::string(p == 0 ? "{" : ",") + "\"" +
+                            sim::PowerPassName(static_cast<sim::PowerPass>(p)) + "\":" +
+                            (c.samples > 0 ? std::to_string(std::lround(c.sm_clock_mhz)) : "null");
+      }
+      pass_clocks_json += "}";
+    }
     std::printf(
         "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
         "\"loss\":%.6f,\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
@@ -1022,7 +1052,8 @@ int Main(int argc, char** argv) {
         "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
         "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
         "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
-        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"gpu_tier_pages\":%lld,"
+        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"traced_pass_sm_clock_mhz\":%s,"
+        "\"gpu_tier_pages\":%lld,"
         "\"page_read_shares\":%s,\"selection_draw_scale\":%s}\n",
         f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
         static_cast<long long>(f.steps), last_loss, tokens_per_second,
@@ -1034,7 +1065,7 @@ int Main(int argc, char** argv) {
         first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
         sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
         board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null",
-        static_cast<long long>(tier_pages), shares_json.c_str(),
+        pass_clocks_json.c_str(), static_cast<long long>(tier_pages), shares_json.c_str(),
         selection_scale > 0 ? std::to_string(selection_scale).c_str() : "null");
   } else {
     std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
@@ -1073,6 +1104,21 @@ int Main(int argc, char** argv) {
     if (sm_clock_mhz > 0)
       std::printf("  GPU over those steps: SM clock %.0f MHz, board power %.0f W (NVML means)\n",
                   sm_clock_mhz, board_watts);
+    if (sim::HasReadings(traced_pass_clocks)) {
+      // As `ctxplan plan` prints its clock by pass: the power model's error, pass by pass.
+      std::string passes;
+      for (int p = 0; p < sim::kPowerPassCount; ++p) {
+        const sim::MeasuredPassClock& c = traced_pass_clocks[static_cast<size_t>(p)];
+        if (c.samples == 0) continue;
+        char text[96];
+        std::snprintf(text, sizeof(text), "%s%s %.0f MHz (%d readings)", passes.empty() ? "" : ", ",
+                      sim::PowerPassName(static_cast<sim::PowerPass>(p)), c.sm_clock_mhz,
+                      c.samples);
+        passes += text;
+      }
+      std::printf("  SM clock by pass of the traced step (NVML, while its compute ops ran): %s\n",
+                  passes.c_str());
+    }
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
     // Lent machines of one kind differ: name the very GPU and host CPU.
     if (cuda) {

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <chrono>
+#include <utility>
 
 namespace ctxplan::gpu {
 
@@ -83,9 +84,11 @@ ClockReading GpuClockSampler::Read() const {
 void GpuClockSampler::Poll() {
   while (!stop_) {
     const ClockReading r = Read();
+    const auto at = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (in_window_) window_.push_back(r);
+      if (recording_) recorded_.push_back({at, r});
     }
     std::this_thread::sleep_for(kPeriod);
   }
@@ -112,6 +115,18 @@ ClockReading GpuClockSampler::End() {
 
 ClockReading GpuClockSampler::Now() const {
   return Read();
+}
+
+void GpuClockSampler::StartRecording() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorded_.clear();
+  recording_ = true;
+}
+
+std::vector<TimedClockReading> GpuClockSampler::StopRecording() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = false;
+  return std::move(recorded_);
 }
 
 }  // namespace ctxplan::gpu

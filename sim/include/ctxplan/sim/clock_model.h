@@ -93,6 +93,11 @@ inline PowerPass PowerPassOf(Phase phase) {
          : phase == Phase::kRecompute ? PowerPass::kRecompute
                                       : PowerPass::kBackward;
 }
+inline const char* PowerPassName(PowerPass pass) {
+  return pass == PowerPass::kFill        ? "fill"
+         : pass == PowerPass::kRecompute ? "recompute"
+                                         : "backward";
+}
 using PassClocks = std::array<double, kPowerPassCount>;  // fractions of the maximum SM clock
 
 }  // namespace ctxplan::sim

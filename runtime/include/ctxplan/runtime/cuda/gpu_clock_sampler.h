@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -20,6 +21,12 @@ namespace ctxplan::gpu {
 struct ClockReading {
   double sm_clock_mhz = 0;  // mean SM clock over the window; 0: not known
   double watts = 0;         // mean board power over the window; 0: not known
+};
+
+// A reading and when it was taken.
+struct TimedClockReading {
+  std::chrono::steady_clock::time_point at;
+  ClockReading reading;
 };
 
 class GpuClockSampler {
@@ -39,6 +46,10 @@ class GpuClockSampler {
   ClockReading End();
   // The power right now (NVML's own average over its last second on Hopper).
   ClockReading Now() const;
+  // Every reading from StartRecording() to StopRecording(), each with its time: a traced step's
+  // clock op by op (sim/measured_pass_clocks.h). Independent of the Begin / End window.
+  void StartRecording();
+  std::vector<TimedClockReading> StopRecording();
 
  private:
   void Poll();
@@ -51,6 +62,8 @@ class GpuClockSampler {
   std::mutex mutex_;
   std::vector<ClockReading> window_;
   bool in_window_ = false;
+  std::vector<TimedClockReading> recorded_;
+  bool recording_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
