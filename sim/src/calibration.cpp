@@ -598,9 +598,9 @@ void FitPower(const CalibrationSamples& samples, const KernelTimeModel& model, K
   k.power_limit_w = limit;
   k.idle_w = idle;
   k.gemm_w = kind("power_gemm_fwd", [&](const CalibrationSample&) { return k.gemm_tflops; });
-  // Attention by head dim where the group timed both: at the same clock head dim 64's kernels
-  // draw ~0.65 of 128's (fewer FLOPs a byte of shared memory read; sim/MODEL-LOG.md). A group of
-  // one head dim gives one value for both.
+  // Attention by head dim where the group timed both: at its full rate head dim 64's kernels
+  // draw 0.6-0.7 of 128's (the H200's and H100's rows; sim/MODEL-LOG.md). A group of one head
+  // dim gives one value for both.
   for (const bool backward : {false, true}) {
     const std::string op = backward ? "power_attention_bwd" : "power_attention_fwd";
     auto tflops = [&](const CalibrationSample& s) { return k.attention_tflops(backward, d64(s)); };
