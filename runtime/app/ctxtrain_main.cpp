@@ -60,6 +60,7 @@
 #include "ctxplan/traces/op_trace.h"
 #include "ctxplan_git_commit.h"  // generated at build time: CTXPLAN_GIT_COMMIT
 #include "run_flags.h"
+#include "run_report.h"
 
 namespace ctxplan::train {
 namespace {
@@ -76,25 +77,6 @@ const Clock::time_point kProcessStart = Clock::now();
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Start-up: from the process's start to the first step's, by phase, in seconds. A long run pays
-// it once; a short measurement run can be dominated by it, so it is reported apart from the steps.
-struct Startup {
-  double context = 0;  // creating the CUDA context
-  double weights = 0;  // random init or safetensors (or checkpoint) load; on CUDA also the upload
-  double arena = 0;    // reserving the device arena
-  double pinning = 0;  // pinning the host page stores; setting up the host optimizer's buffers
-  double total = 0;    // process start to the first step's start
-  double other() const { return std::max(0.0, total - context - weights - arena - pinning); }
-};
-
-// A duration as trace metadata and the JSON output write it: microseconds, so that the short
-// phases of a small CPU run do not all read 0.
-std::string SecondsText(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6f", seconds);
-  return text;
 }
 
 // The command line the run was started with, without the program's name: a trace says how to run
@@ -957,191 +939,76 @@ int Main(int argc, char** argv) {
     board_watts = clocks.watts;
   }
 #endif
-  const double tokens_per_second =
+  RunReport report;
+  report.backend = f.backend;
+  report.model = model.name;
+  report.cuda = cuda;
+  report.context_tokens = options.context_tokens;
+  report.steps = f.steps;
+  report.loss = last_loss;
+  report.tokens_per_second =
       f.steps > 1 ? static_cast<double>(options.context_tokens * (f.steps - 1)) / steady_seconds
                   : static_cast<double>(options.context_tokens) / total_seconds;
-  // Memory three ways. CUDA: what the arena really carved out (allocated, at the peak), its one
-  // cudaMalloc (reserved), and the device-level figure nvidia-smi shows (CUDA context, cuBLASLt
-  // workspace and all), sampled after each step; pinned host memory as the page stores pinned it.
-  // CPU: the plan's own accounting (its "GPU arena" is host memory). The plan's figures are
-  // printed beside the measured ones either way.
-  int64_t allocated = last.peak_arena_bytes;
-  int64_t reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) / sim::kArenaGranularity *
-                     sim::kArenaGranularity;
-  int64_t device_used = -1;
-  int64_t pinned = last.peak_host_bytes;
+  report.startup = startup;
+  report.steps_seconds = total_seconds;
+  report.first_step_seconds = first_seconds;
+  report.later_step_seconds = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;
+  // Memory: CUDA's as its allocators hold it; the CPU backend's as the plan accounts it (its "GPU
+  // arena" is host memory).
+  report.arena_allocated = last.peak_arena_bytes;
+  report.arena_reserved = (last.peak_arena_bytes + sim::kArenaGranularity - 1) /
+                          sim::kArenaGranularity * sim::kArenaGranularity;
+  report.pinned_host = last.peak_host_bytes;
+  report.plan_arena_peak = last.peak_arena_bytes;
+  report.plan_host_peak = last.peak_host_bytes;
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   if (cuda_backend) {
     const CudaMemoryReport memory = cuda_backend->Memory();
-    allocated = memory.arena_allocated_peak_bytes;
-    reserved = memory.arena_reserved_bytes;
-    device_used = memory.device_used_peak_bytes;
-    pinned = memory.host_bytes;
+    report.arena_allocated = memory.arena_allocated_peak_bytes;
+    report.arena_reserved = memory.arena_reserved_bytes;
+    report.device_used = memory.device_used_peak_bytes;
+    report.pinned_host = memory.host_bytes;
+  }
+  if (cuda) {
+    int device = 0;
+    CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+    report.machine = gpu::GpuUuid(device) + ", host CPU " + gpu::HostCpuModel();
   }
 #endif
-  // The GPU tier the run kept (the earliest pages of every layer), 0 when off.
-  const int64_t geometry_pages = plan.geometry().total_pages();
-  const int64_t tier_pages = plan.geometry().gpu_tier_pages();
-  // The steps' own time, start-up excluded: the first step (one-time costs: cuBLASLt plans, first
-  // touches) and the mean of the steps after it.
-  const double after_first = f.steps > 1 ? steady_seconds / static_cast<double>(f.steps - 1) : 0.0;
-  // Which pages the last step read most (page_reads.h): what a GPU tier of 10, 25, 50% of each
-  // layer's pages would keep off PCIe, holding the earliest pages or the most-read ones.
-  constexpr double kTierFractions[] = {0.1, 0.25, 0.5};
-  std::string shares_json = "null", shares_text;
-  if (last.page_reads.total() > 0) {
-    std::string earliest, per_layer, overall;
-    for (const double fraction : kTierFractions) {
-      const PageReadShares s = ShareOfReads(last.page_reads, fraction);
-      const char* sep = earliest.empty() ? "" : ",";
-      earliest += sep + std::to_string(s.earliest);
-      per_layer += sep + std::to_string(s.most_read_per_layer);
-      overall += sep + std::to_string(s.most_read);
-      char line[160];
-      std::snprintf(line, sizeof line, "%s%.0f%%: %.1f / %.1f / %.1f%%",
-                    shares_text.empty() ? "" : "; ", 100 * fraction, 100 * s.earliest,
-                    100 * s.most_read_per_layer, 100 * s.most_read);
-      shares_text += line;
-    }
-    shares_json = "{\"fractions\":[0.1,0.25,0.5],\"earliest\":[" + earliest +
-                  "],\"most_read_per_layer\":[" + per_layer + "],\"most_read\":[" + overall + "]}";
-  }
+  report.gpu_tier_pages = plan.geometry().gpu_tier_pages();
+  report.pages_per_layer = plan.geometry().total_pages();
+  if (last.page_reads.total() > 0)
+    for (const double fraction : kTierFractions)
+      report.read_shares.push_back(ShareOfReads(last.page_reads, fraction));
+  report.sm_clock_mhz = sm_clock_mhz;
+  report.board_watts = board_watts;
+  report.traced_pass_clocks = traced_pass_clocks;
   if (!lead) {  // one line each for the lead rank's log; the report is the lead's
     std::fprintf(stderr,
                  "ctxtrain: %sstage of layers %d-%d: arena allocated peak %s, device-level peak "
                  "%s, host %s; the plan's ops account %s\n",
                  rank_prefix.c_str(), plan.geometry().stage_first_layer(ranks->rank),
                  plan.geometry().stage_first_layer(ranks->rank + 1) - 1,
-                 FormatGiB(allocated).c_str(), FormatGiB(device_used).c_str(),
-                 FormatGiB(pinned).c_str(), FormatGiB(last.peak_arena_bytes).c_str());
+                 FormatGiB(report.arena_allocated).c_str(), FormatGiB(report.device_used).c_str(),
+                 FormatGiB(report.pinned_host).c_str(), FormatGiB(last.peak_arena_bytes).c_str());
     return 0;
   }
   // Page-sparse: how this model's tiles overlapped in their selections, as the planner's union
   // rule's draw scale (plan_geometry.h), for `ctxplan plan --selection disjoint:S`; 0 where the
   // run says nothing of it (dense, or the CPU backend, which does not record its unions).
-  double selection_scale = 0;
   {
     std::vector<DrawnUnion> drawn;
     for (const StepOutputs::PageUnion& u : last.page_unions)
       if (u.phase == Phase::kFill) drawn.push_back({u.chunk, u.pages});
     try {
-      selection_scale = FitUnionDrawScale(UnionSamplesOf(plan.geometry(), drawn));
+      report.selection_draw_scale = FitUnionDrawScale(UnionSamplesOf(plan.geometry(), drawn));
     } catch (const InputError&) {  // no chunk whose union says anything
     }
   }
-  if (f.json) {
-    // {"fill": MHz, "recompute": MHz, "backward": MHz}, a pass without readings null; null
-    // without a traced CUDA step.
-    std::string pass_clocks_json = "null";
-    if (sim::HasReadings(traced_pass_clocks)) {
-      pass_clocks_json.clear();
-      for (int p = 0; p < sim::kPowerPassCount; ++p) {
-        const sim::MeasuredPassClock& c = traced_pass_clocks[static_cast<size_t>(p)];
-        pass_clocks_json += std::string(p == 0 ? "{" : ",") + "\"" +
-                            sim::PowerPassName(static_cast<sim::PowerPass>(p)) + "\":" +
-                            (c.samples > 0 ? std::to_string(std::lround(c.sm_clock_mhz)) : "null");
-      }
-      pass_clocks_json += "}";
-    }
-    std::printf(
-        "{\"backend\":\"%s\",\"model\":\"%s\",\"context_tokens\":%lld,\"steps\":%lld,"
-        "\"loss\":%.6f,\"tokens_per_second\":%.2f,\"arena_allocated_peak_bytes\":%lld,"
-        "\"arena_reserved_bytes\":%lld,\"device_bytes\":%s,\"pinned_host_peak_bytes\":%lld,"
-        "\"plan_gpu_peak_bytes\":%lld,\"plan_host_peak_bytes\":%lld,"
-        "\"startup_seconds\":%.6f,\"startup_context_seconds\":%.6f,"
-        "\"startup_weights_seconds\":%.6f,\"startup_arena_seconds\":%.6f,"
-        "\"startup_pinning_seconds\":%.6f,\"startup_other_seconds\":%.6f,"
-        "\"steps_seconds\":%.6f,\"first_step_seconds\":%.6f,\"later_step_seconds\":%s,"
-        "\"sm_clock_mhz\":%s,\"board_watts\":%s,\"traced_pass_sm_clock_mhz\":%s,"
-        "\"gpu_tier_pages\":%lld,"
-        "\"page_read_shares\":%s,\"selection_draw_scale\":%s}\n",
-        f.backend.c_str(), model.name.c_str(), static_cast<long long>(options.context_tokens),
-        static_cast<long long>(f.steps), last_loss, tokens_per_second,
-        static_cast<long long>(allocated), static_cast<long long>(reserved),
-        device_used >= 0 ? std::to_string(device_used).c_str() : "null",
-        static_cast<long long>(pinned), static_cast<long long>(last.peak_arena_bytes),
-        static_cast<long long>(last.peak_host_bytes), startup.total, startup.context,
-        startup.weights, startup.arena, startup.pinning, startup.other(), total_seconds,
-        first_seconds, f.steps > 1 ? SecondsText(after_first).c_str() : "null",
-        sm_clock_mhz > 0 ? std::to_string(std::lround(sm_clock_mhz)).c_str() : "null",
-        board_watts > 0 ? std::to_string(std::lround(board_watts)).c_str() : "null",
-        pass_clocks_json.c_str(), static_cast<long long>(tier_pages), shares_json.c_str(),
-        selection_scale > 0 ? std::to_string(selection_scale).c_str() : "null");
-  } else {
-    std::printf("ctxtrain (%s): %s, %s tokens, %lld step(s)\n", f.backend.c_str(),
-                model.name.c_str(), FormatTokens(options.context_tokens).c_str(),
-                static_cast<long long>(f.steps));
-    // The CPU backend has no context, arena reservation or pinning: its start-up is the weights
-    // and the rest.
-    if (cuda)
-      std::printf(
-          "  start-up %.1f s (context %.1f, weights %.1f, arena %.1f, pinning %.1f, other %.1f); "
-          "first step after %.1f s\n",
-          startup.total, startup.context, startup.weights, startup.arena, startup.pinning,
-          startup.other(), startup.total);
-    else
-      std::printf("  start-up %.1f s (weights %.1f, other %.1f); first step after %.1f s\n",
-                  startup.total, startup.weights, startup.other(), startup.total);
-    if (f.steps > 1)
-      std::printf("  steps %.1f s, start-up excluded: first %.3f s, then %.3f s a step\n",
-                  total_seconds, first_seconds, after_first);
-    else
-      std::printf("  steps %.1f s, start-up excluded\n", total_seconds);
-    std::printf("  loss %.6f, %.1f tokens/s\n", last_loss, tokens_per_second);
-    if (selection_scale > 0)
-      std::printf(
-          "  page selection: the tiles' unions fit the planner's union rule at draw scale %.3g "
-          "(its default %.2g); plan this model and data with --selection disjoint:%.3g\n",
-          selection_scale, kUnionDrawScale, selection_scale);
-    if (tier_pages > 0)
-      std::printf("  page store: GPU tier of the first %lld of %lld pages a layer (KV and dKV)\n",
-                  static_cast<long long>(tier_pages), static_cast<long long>(geometry_pages));
-    if (!shares_text.empty())
-      std::printf(
-          "  page reads kept off PCIe by a GPU tier of each layer's pages (earliest / most-read "
-          "per layer / most-read overall): %s\n",
-          shares_text.c_str());
-    if (sm_clock_mhz > 0)
-      std::printf("  GPU over those steps: SM clock %.0f MHz, board power %.0f W (NVML means)\n",
-                  sm_clock_mhz, board_watts);
-    if (sim::HasReadings(traced_pass_clocks)) {
-      // As `ctxplan plan` prints its clock by pass: the power model's error, pass by pass.
-      std::string passes;
-      for (int p = 0; p < sim::kPowerPassCount; ++p) {
-        const sim::MeasuredPassClock& c = traced_pass_clocks[static_cast<size_t>(p)];
-        if (c.samples == 0) continue;
-        char text[96];
-        std::snprintf(text, sizeof(text), "%s%s %.0f MHz (%d readings)", passes.empty() ? "" : ", ",
-                      sim::PowerPassName(static_cast<sim::PowerPass>(p)), c.sm_clock_mhz,
-                      c.samples);
-        passes += text;
-      }
-      std::printf("  SM clock by pass of the traced step (NVML, while its compute ops ran): %s\n",
-                  passes.c_str());
-    }
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-    // Lent machines of one kind differ: name the very GPU and host CPU.
-    if (cuda) {
-      int device = 0;
-      CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
-      std::printf("  machine: %s, host CPU %s\n", gpu::GpuUuid(device).c_str(),
-                  gpu::HostCpuModel().c_str());
-    }
-#endif
-    std::printf("  GPU memory: arena allocated peak %s, reserved %s", FormatGiB(allocated).c_str(),
-                FormatGiB(reserved).c_str());
-    if (device_used >= 0)
-      std::printf(", device-level peak %s (as nvidia-smi counts it)",
-                  FormatGiB(device_used).c_str());
-    std::printf("; the plan's ops account %s\n", FormatGiB(last.peak_arena_bytes).c_str());
-    // Two meanings of host memory: what this process pinned (the KV and dKV stores of every
-    // homed page up front, as `ctxplan plan` predicts it) and the peak of the plan's host
-    // alloc/free ops (a page-sparse step touches fewer dKV pages than it pins).
-    std::printf(
-        "  host memory (pinned pages, optimizer state and staging) %s; the plan's host "
-        "alloc/free ops peak at %s\n",
-        FormatGiB(pinned).c_str(), FormatGiB(last.peak_host_bytes).c_str());
-  }
+  if (f.json)
+    PrintRunReportJson(report);
+  else
+    PrintRunReportText(report);
   return 0;
 }
 
