@@ -219,12 +219,17 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
   const std::vector<MatrixRun> runs = ReadMatrix();
   ASSERT_GE(runs.size(), 40u);
   Errors calibration, validation;
+  // The calibration runs' step time errors by the profile that judges them: the committed one (a
+  // run of today's kernels) or an earlier one (models/gpu/history/). A model change is judged on
+  // all of them; the split tells whether it moves today's runs and the older ones alike.
+  std::vector<double> calibration_today, calibration_earlier;
   std::map<std::string, int> machines;
   for (const MatrixRun& r : runs) {
     const ModelSpec model = LoadModel(r.model);
     const std::optional<MachineSpec> judging = JudgingMachine(r, model);
     if (!judging) continue;
     const MachineSpec& machine = *judging;
+    const bool todays_kernels = machine.gpu.kernels.date == MachineOf(r).gpu.kernels.date;
     ++machines[r.machine];
     r.options.Validate(model);
     const PlanGeometry geometry(model, r.options);
@@ -261,6 +266,8 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
                              time_model.profile().max_sm_clock_mhz;
     Errors& set = r.validation ? validation : calibration;
     set.time.push_back(std::abs(time));
+    if (!r.validation)
+      (todays_kernels ? calibration_today : calibration_earlier).push_back(std::abs(time));
     set.default_rule_time.push_back(std::abs(default_rule_time));
     set.device.push_back(std::abs(device));
     set.host.push_back(std::abs(host));
@@ -306,6 +313,20 @@ TEST(Matrix, PlannerPredictsTheValidationRuns) {
     }
   }
   calibration.Print("calibration");
+  for (const auto& [what, errors] :
+       {std::pair<const char*, const std::vector<double>*>{"the committed profiles (today's "
+                                                           "kernels)",
+                                                           &calibration_today},
+        {"earlier calibrations", &calibration_earlier}}) {
+    if (errors->empty()) continue;
+    double sum = 0;
+    for (const double e : *errors) sum += e;
+    std::printf(
+        "  calibration %2zu runs judged by %s: step time median %4.2f%% mean %4.2f%% max %4.1f%%\n",
+        errors->size(), what, 100 * MedianOf(*errors),
+        100 * sum / static_cast<double>(errors->size()),
+        100 * *std::max_element(errors->begin(), errors->end()));
+  }
   validation.Print("validation");
   for (const auto& [name, count] : machines) std::printf("  %s: %d runs\n", name.c_str(), count);
   ASSERT_GE(validation.time.size(), 10u);
