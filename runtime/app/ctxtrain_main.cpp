@@ -688,11 +688,11 @@ int Main(int argc, char** argv) {
   // steps after it when there are any.
   double last_loss = 0.0, total_seconds = 0.0, steady_seconds = 0.0, first_seconds = 0.0;
   StepOutputs last;
-  // The SM clock and board power over the steps tokens/s counts (NVML; 0 where not known): a
-  // step held at the power limit runs below the maximum clock (sim/clock_model.h).
-  double sm_clock_mhz = 0, board_watts = 0;
-  // The traced step's clock pass by pass, as the planner predicts it (CUDA, with --trace).
-  sim::MeasuredPassClocks traced_pass_clocks{};
+  // What the run reports at its end (run_report.h). Filled as the run goes: the SM clock and
+  // board power over the steps tokens/s counts and the traced step's clock pass by pass (NVML; a
+  // step held at the power limit runs below the maximum clock: sim/clock_model.h); the rest after
+  // the last step.
+  RunReport report;
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   std::unique_ptr<gpu::GpuClockSampler> sampler;
   if (cuda) {
@@ -817,7 +817,7 @@ int Main(int argc, char** argv) {
                          std::chrono::duration_cast<std::chrono::nanoseconds>(r.at - host_at_begin)
                              .count(),
                      r.reading.sm_clock_mhz, r.reading.watts});
-              traced_pass_clocks = sim::MeasurePassClocks(summary.ops, samples);
+              report.traced_pass_clocks = sim::MeasurePassClocks(summary.ops, samples);
             }
             if (!f.json) PrintCopies(summary);
             // GPU work no plan op claims would be missing from the trace's op times: say so.
@@ -935,11 +935,10 @@ int Main(int argc, char** argv) {
 #ifdef CTXPLAN_HAVE_CUDA_BACKEND
   if (sampler) {
     const gpu::ClockReading clocks = sampler->End();
-    sm_clock_mhz = clocks.sm_clock_mhz;
-    board_watts = clocks.watts;
+    report.sm_clock_mhz = clocks.sm_clock_mhz;
+    report.board_watts = clocks.watts;
   }
 #endif
-  RunReport report;
   report.backend = f.backend;
   report.model = model.name;
   report.cuda = cuda;
@@ -969,20 +968,12 @@ int Main(int argc, char** argv) {
     report.device_used = memory.device_used_peak_bytes;
     report.pinned_host = memory.host_bytes;
   }
-  if (cuda) {
-    int device = 0;
-    CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
-    report.machine = gpu::GpuUuid(device) + ", host CPU " + gpu::HostCpuModel();
-  }
 #endif
   report.gpu_tier_pages = plan.geometry().gpu_tier_pages();
   report.pages_per_layer = plan.geometry().total_pages();
   if (last.page_reads.total() > 0)
     for (const double fraction : kTierFractions)
       report.read_shares.push_back(ShareOfReads(last.page_reads, fraction));
-  report.sm_clock_mhz = sm_clock_mhz;
-  report.board_watts = board_watts;
-  report.traced_pass_clocks = traced_pass_clocks;
   if (!lead) {  // one line each for the lead rank's log; the report is the lead's
     std::fprintf(stderr,
                  "ctxtrain: %sstage of layers %d-%d: arena allocated peak %s, device-level peak "
@@ -1005,10 +996,18 @@ int Main(int argc, char** argv) {
     } catch (const InputError&) {  // no chunk whose union says anything
     }
   }
-  if (f.json)
+  if (f.json) {
     PrintRunReportJson(report);
-  else
+  } else {
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+    if (cuda) {  // the text names the very GPU and host CPU: lent machines of one kind differ
+      int device = 0;
+      CTXPLAN_CUDA_CHECK(cudaGetDevice(&device));
+      report.machine = gpu::GpuUuid(device) + ", host CPU " + gpu::HostCpuModel();
+    }
+#endif
     PrintRunReportText(report);
+  }
   return 0;
 }
 

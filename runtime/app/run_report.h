@@ -55,7 +55,7 @@ struct RunReport {
   // NVML over the steps tokens/s counts (0: not known), and pass by pass over the traced step.
   double sm_clock_mhz = 0, board_watts = 0;
   sim::MeasuredPassClocks traced_pass_clocks{};
-  std::string machine;  // the very GPU and host CPU (CUDA): lent machines of one kind differ
+  std::string machine;  // the very GPU and host CPU (CUDA, the text): lent machines differ
 };
 
 void PrintRunReportJson(const RunReport& r);
