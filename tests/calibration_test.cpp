@@ -75,6 +75,15 @@ CalibrationSample Row(std::string op) {
   return s;
 }
 
+// The time model that times the synthetic samples: `profile` on `gpu`, a host that never binds.
+KernelTimeModel TruthModel(const GpuSpec& gpu, const KernelProfile& profile) {
+  MachineSpec machine;
+  machine.gpu = gpu;
+  machine.host_ram_bytes = 1;
+  machine.host_memory_gbs = 100;
+  return KernelTimeModel(machine, profile);
+}
+
 // A power-group attention row: a 4096-token causal launch sustained at 0.85 of the clock, drawing
 // `watts`, 1024-wide KV (kv_heads = 1024 / head_dim).
 CalibrationSample PowerAttentionRow(const KernelTimeModel& truth, bool backward, int64_t head_dim,
@@ -101,11 +110,7 @@ struct SparseHeads {
 CalibrationSamples MakeSamples(const GpuSpec& gpu,
                                const KernelProfile& truth_profile = TruthProfile(),
                                const std::vector<SparseHeads>& sparse_heads = {{28, 4, 128}}) {
-  MachineSpec machine;
-  machine.gpu = gpu;
-  machine.host_ram_bytes = 1;
-  machine.host_memory_gbs = 100;
-  const KernelTimeModel truth(machine, truth_profile);
+  const KernelTimeModel truth = TruthModel(gpu, truth_profile);
   CalibrationSamples out;
   out.header = {{"gpu_name", "Test GPU"},
                 {"driver", "1.0"},
@@ -499,11 +504,7 @@ TEST(Calibration, PowerGroupFitsHeadDim64AttentionApart) {
   EXPECT_EQ(one.attention_fwd_w_d64, 0.0);
   EXPECT_EQ(one.attention_bwd_w_d64, 0.0);
   ASSERT_GT(one.attention_fwd_w, 0.0);
-  MachineSpec machine;
-  machine.gpu = gpu;
-  machine.host_ram_bytes = 1;
-  machine.host_memory_gbs = 100;
-  const KernelTimeModel truth(machine, TruthProfile());
+  const KernelTimeModel truth = TruthModel(gpu, TruthProfile());
   for (const bool backward : {false, true})  // as the head dim 128 rows, 0.6 the watts above idle
     samples.rows.push_back(PowerAttentionRow(truth, backward, 64, 100 + 0.6 * (690 - 100)));
   const KernelProfile apart = FitCalibration(samples, gpu, "s.csv").gpu.kernels;
