@@ -414,6 +414,13 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
   for (int i = 0; i < kDqRegs; ++i) dq[i] = 0.0f;
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;
+  // Head dim 64 on two warpgroups: the block's K and V rows of this warpgroup held in registers
+  // (kKvRegs: 16 registers each), so that S^T and dP^T read only Q and dO from shared memory; an
+  // m64n64 wgmma with both operands there reads 4 KB a 32-clock step, all that shared memory
+  // gives (1.03x on the head dim 64 sweep, kernels/PERF.md). At head dim 128 they would need 64
+  // registers the kernel does not have.
+  constexpr bool kKvRegs = HD == 64 && L::kPipelined;
+  uint32_t k_frag[kKvRegs ? HD / 16 : 1][4], v_frag[kKvRegs ? HD / 16 : 1][4];
 
   if constexpr (L::kPipelined) {
     // dQ's bulk reduce: one thread of the warpgroup whose turn it is issues it, from the one
@@ -505,13 +512,28 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       }
       WgmmaCommit();
     };
+    // The same from the warpgroup's keys held in registers (kKvRegs).
+    auto key_query_product_rs = [&](float(&acc)[BM / 2], const auto& frag, uint32_t queries) {
+      const SmemTileDesc rows(queries, 16, 1024);
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        WgmmaRS_m64n64(acc, frag[kk], rows.At((kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                       kk > 0 ? 1 : 0);
+      }
+      WgmmaCommit();
+    };
     // S^T = K_wg Q^T, then dP^T = V_wg dO^T (which needs no P), from operand buffer `buf`: the
     // tensor cores run dP^T while this warpgroup exponentiates S^T, and later dV += P^T dO while it
     // forms dS^T. Two commit groups.
     auto issue_s_dp = [&](int buf) {
       WgmmaFence();
-      key_query_product(s, k_wg, sQ + buf * L::kQBytes);
-      key_query_product(dp_, v_wg, sdO + buf * L::kQBytes);
+      if constexpr (kKvRegs) {
+        key_query_product_rs(s, k_frag, sQ + buf * L::kQBytes);
+        key_query_product_rs(dp_, v_frag, sdO + buf * L::kQBytes);
+      } else {
+        key_query_product(s, k_wg, sQ + buf * L::kQBytes);
+        key_query_product(dp_, v_wg, sdO + buf * L::kQBytes);
+      }
     };
 
     // With S^T done and dP^T in flight: P^T, dV += P^T dO, dS^T = P^T (dP^T - D) (into the dS
@@ -720,6 +742,14 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       }
       SetMaxRegistersInc<240>();
     }
+    if constexpr (kKvRegs) {
+      const int row = wwarp * 16 + (lane & 15);
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        LdMatrixX4(k_frag[kk], k_wg + Sw128<BN>(row, 2 * kk + (lane >> 4)));
+        LdMatrixX4(v_frag[kk], v_wg + Sw128<BN>(row, 2 * kk + (lane >> 4)));
+      }
+    }
 
     // Without a producer, after item n's release: the issuing thread of the warpgroup whose
     // count on s_release comes second waits for that phase of the buffer's empty mbarrier (every
@@ -800,10 +830,11 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
       // dQ at the top of item n, ahead of n's S^T and dP^T, and stages it once they are issued, so
       // that the tensor cores run dQ while the loads and issues go on (head_dim 64 has the
-      // registers: 231; at 128 dQ's 64 would not fit beside S^T and dP^T). 1.085-1.090x on the
-      // sweep's dense rows (H100, kernels/PERF.md). Item n + 2's dS^T is still written only after
-      // dQ(n) is done: the owner waits for it before its softmax of n + 1, so before its arrival
-      // at n + 1's kDsReady, where the other warpgroup syncs before it reaches n + 2.
+      // registers, beside kKvRegs' 32; at 128 dQ's 64 would not fit beside S^T and
+      // dP^T). 1.085-1.090x on the sweep's dense rows (H100, kernels/PERF.md). Item n + 2's dS^T is
+      // still written only after dQ(n) is done: the owner waits for it before its softmax of n + 1,
+      // so before its arrival at n + 1's kDsReady, where the other warpgroup syncs before it
+      // reaches n + 2.
       constexpr bool kDeferDq = HD == 64 && !kItemBarrier;
       int prev_h = 0, prev_q0 = 0;
       for (int n = 0; n < n_items; ++n) {
