@@ -3,7 +3,10 @@
 // backward over a random selection, timed on an H200 at the maximum clock, as the calibration's
 // rows are (the GPU idle before each window; the mean of two runs). These rows are
 // validation: the profile's attention parameters are fitted on ctxplan-measure's grid
-// (models/gpu/calibration/), never on them. Each set's error is printed; the assertions hold the
+// (models/gpu/calibration/), never on them. Each row is judged by the calibration that describes
+// its kernels (support/profile_history.h: a kernel change since the rows were timed, at their
+// head dim and page size, sends them to the history profile of their day). Each set's error is
+// printed; the assertions hold the
 // model at its accuracy today, so that no change makes it worse unnoticed (tighten them as it
 // improves).
 #include <gtest/gtest.h>
@@ -12,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "ctxplan/sim/calibration.h"
 #include "ctxplan/sim/kernel_time_model.h"
 #include "support/csv.h"
+#include "support/profile_history.h"
 
 namespace ctxplan {
 namespace {
@@ -28,6 +33,8 @@ using sim::KernelTimeModel;
 
 const std::string kSweeps =
     std::string(CTXPLAN_SOURCE_DIR) + "/models/gpu/validation/h200-attention-sweeps.csv";
+// When the rows were timed (the file's header: .device/h2.sh, kernels of 409503c).
+constexpr const char* kSweepsTimed = "2026-11-29T03:16Z";
 
 struct SweepRow {
   bool backward;
@@ -79,7 +86,6 @@ struct ErrorSet {
 
 TEST(AttentionSweeps, PlannerPredictsTheGroupOneAndTwoSweeps) {
   const GpuSpec gpu = LoadGpu("h200");
-  const KernelTimeModel model(MakeMachine(gpu, int64_t{128} << 30), gpu.kernels);
   const std::vector<SweepRow> rows = ReadSweeps();
   ASSERT_GE(rows.size(), 150u);
   ErrorSet forward, union_blocks, gathered;
@@ -88,6 +94,9 @@ TEST(AttentionSweeps, PlannerPredictsTheGroupOneAndTwoSweeps) {
     // Both sides at the maximum clock: the profile's rates, the rows timed cool (the file's
     // header; back to back at the power limit head_dim 128 ran 7-8% slower, which the planner
     // gives to its power model on whole steps, not to the kernels' rates).
+    const std::optional<GpuSpec> judge = test::ProfileOfRun(gpu, kSweepsTimed, r.page, r.head_dim);
+    ASSERT_TRUE(judge.has_value()) << "no calibration describes the kernels of " << r.line;
+    const KernelTimeModel model(MakeMachine(*judge, int64_t{128} << 30), judge->kernels);
     const double ratio = sim::PredictedSeconds(model, AsSample(r)) * 1e3 / r.ms;
     ASSERT_TRUE(std::isfinite(ratio) && ratio > 0) << r.line;
     const bool over_union = AttentionBackwardOverUnion(r.chunk, r.heads, r.kv_heads, r.head_dim,

@@ -98,23 +98,23 @@ TEST_F(GuiReplayTest, RecordedTraceMatchesTheReplayCommand) {
   const ReplayData& d = model.LoadNow(kRecorded);
   ASSERT_TRUE(d.ok()) << d.error;
   // `ctxplan replay traces/recorded/qwen2.5-7b-32k-k64-h200.ctxtrace --json`:
-  // measured_step_seconds 5.279517211, predicted_step_seconds 4.631497744304, plan_ops and
+  // measured_step_seconds 5.279517211, predicted_step_seconds 4.629959204852, plan_ops and
   // traced_ops 10967, 37 by-kind rows, the first attention_bwd.paged (196 ops, 1.199029084 s
-  // measured, 0.74061227114 s predicted: the own positions run in its launch), linear_fwd.gate_up
+  // measured, 0.740376122248 s predicted: the own positions run in its launch), linear_fwd.gate_up
   // 644 ops, copy_h2d 588, copy_d2h 392, embedding_fwd 15, zero_fill 28.
   EXPECT_EQ(d.model_name, "qwen2.5-7b");
   EXPECT_EQ(d.source, "ctxtrain");
   EXPECT_EQ(d.machine_name, "h200-125g");
   EXPECT_NEAR(d.result.measured_step_seconds, 5.279517211, 1e-9);
-  EXPECT_NEAR(d.result.predicted_step_seconds, 4.631497744304, 1e-6);
+  EXPECT_NEAR(d.result.predicted_step_seconds, 4.629959204852, 1e-6);
   EXPECT_EQ(d.result.plan_ops, 10967u);
   EXPECT_EQ(d.result.traced_ops, 10967u);
   ASSERT_EQ(d.by_kind.size(), 37u);
   EXPECT_EQ(d.by_kind[0].name, "attention_bwd.paged");
   EXPECT_EQ(d.by_kind[0].count, 196);
   EXPECT_NEAR(d.by_kind[0].measured_seconds, 1.199029084, 1e-9);
-  EXPECT_NEAR(d.by_kind[0].predicted_seconds, 0.74061227114, 1e-6);
-  EXPECT_NEAR(d.by_kind[0].ratio(), 1.6190, 5e-4);  // as printed
+  EXPECT_NEAR(d.by_kind[0].predicted_seconds, 0.740376122248, 1e-6);
+  EXPECT_NEAR(d.by_kind[0].ratio(), 1.6195, 5e-4);  // as printed
   const std::map<std::string, int64_t> counts = {{"linear_fwd.gate_up", 644},
                                                  {"copy_h2d", 588},
                                                  {"copy_d2h", 392},
@@ -128,17 +128,17 @@ TEST_F(GuiReplayTest, RecordedTraceMatchesTheReplayCommand) {
   int64_t total = 0;
   for (const KindRow& k : d.by_kind) total += k.count;
   EXPECT_EQ(total, 10967);
-  EXPECT_NE(d.Summary().find("measured 5.280 s, predicted 4.631 s"), std::string::npos)
+  EXPECT_NE(d.Summary().find("measured 5.280 s, predicted 4.630 s"), std::string::npos)
       << d.Summary();
 
   // `--by-chunk attention_bwd.paged`: 7 chunks, the first chunk 1 with 28 ops, 0.115474406 s
-  // measured, 0.058837545144 s predicted.
+  // measured, 0.058578974384 s predicted.
   const std::vector<ChunkRow> chunks = d.ByChunk("attention_bwd.paged");
   ASSERT_EQ(chunks.size(), 7u);
   EXPECT_EQ(chunks[0].chunk, 1);
   EXPECT_EQ(chunks[0].count, 28);
   EXPECT_NEAR(chunks[0].measured_seconds, 0.115474406, 1e-9);
-  EXPECT_NEAR(chunks[0].predicted_seconds, 0.058837545144, 1e-6);
+  EXPECT_NEAR(chunks[0].predicted_seconds, 0.058578974384, 1e-6);
   EXPECT_GT(d.ByChunk("attention_bwd").size(), chunks.size());  // own and paged
   EXPECT_TRUE(d.ByChunk("no_such_kind").empty());
 

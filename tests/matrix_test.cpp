@@ -540,8 +540,7 @@ TEST(Matrix, H100FromTheH200ProfileScaled) {
 }
 
 // A run recorded with kernels the committed profile no longer describes is judged by the earlier
-// calibration kept in the history folder that does; a scaled estimate by its sibling's. The
-// committed H200 profile (2026-11-27T09:34Z) postdates every kernel change of that morning.
+// calibration kept in the history folder that does; a scaled estimate by its sibling's.
 TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
   test::ScratchDir dir;
   const std::string yaml = test::ProfileRedated("h200", "2026-11-25T10:00Z");
@@ -559,13 +558,14 @@ TEST(Matrix, AnEarlierCalibrationJudgesTheRunsOfItsKernels) {
     EXPECT_EQ(early->kernels.date, "2026-11-25T10:00Z") << gpu.name;
     EXPECT_EQ(early->name, gpu.name);
     EXPECT_EQ(early->kernels.provenance, gpu.kernels.provenance) << gpu.name;
-    // After the last change at either head dim (the forward's slices and lazy rescale,
-    // 2026-11-28T07:30Z): the committed profile; before it, not here (this folder holds no
-    // calibration of those kernels).
+    // After the last change at head dim 128 (the forward's slices and lazy rescale,
+    // 2026-11-28T07:30Z) and at 64 (K and V in registers, 2026-11-29T08:45Z): the committed
+    // profile; before them, not here (this folder holds no calibration of those kernels).
     const auto late = test::ProfileOfRun(gpu, "2026-11-28T07:50Z", 96, 128, dir.path());
     ASSERT_TRUE(late.has_value()) << gpu.name;
     EXPECT_EQ(late->kernels.date, gpu.kernels.date) << gpu.name;
-    EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-28T07:50Z", 128, 64, dir.path()).has_value());
+    EXPECT_TRUE(test::ProfileOfRun(gpu, "2026-11-29T08:50Z", 128, 64, dir.path()).has_value());
+    EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-28T07:50Z", 128, 64, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-28T05:00Z", 96, 128, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-28T02:40Z", 96, 128, dir.path()).has_value());
     EXPECT_FALSE(test::ProfileOfRun(gpu, "2026-11-27T19:40Z", 96, 128, dir.path()).has_value());

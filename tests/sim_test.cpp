@@ -956,7 +956,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   // of T19:15Z at head dim 128; the head dim 64 backward's 128-key blocks of T21:12Z and its
   // deferred dQ of T23:20Z, the three-consumer forward of T23:50Z; the backward's producer
   // warpgroup of 2026-11-28T02:25Z and its gathered blocks of T04:45Z everywhere; the forward's
-  // slices and lazy rescale of T07:30Z everywhere)
+  // slices and lazy rescale of T07:30Z everywhere; at head dim 64 K and V in registers of
+  // 2026-11-29T08:45Z)
   EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 128).size(), 12u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 32, 128).size(), 12u);
   EXPECT_EQ(ChangesAfterProfile(old_profile, 128, 128).size(), 10u);
@@ -964,8 +965,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 96, 128)[0].date, groups.date);
   EXPECT_EQ(ChangesAfterProfile(cursor_profile, 80, 128).size(), 11u);  // a multiple of 16 only now
   EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 128).size(), 10u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 11u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 12u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 128, 64).size(), 12u);
   EXPECT_TRUE(
       RunAndProfileKernelsDiffer(new_profile, "2026-11-26", 48, 128));  // the day's earlier run
   EXPECT_FALSE(RunAndProfileKernelsDiffer(new_profile, "2026-11-26T19:20Z", 48, 128));
@@ -984,16 +985,16 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   KernelProfile groups_profile;
   groups_profile.date = "2026-11-26T18:32Z";
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 128, 128).size(), 10u);
-  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 13u);
+  ASSERT_EQ(ChangesAfterProfile(groups_profile, 128, 64).size(), 14u);
   EXPECT_EQ(ChangesAfterProfile(groups_profile, 256, 64)[0].date, d64.date);
-  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 15u);
-  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 11u);
+  EXPECT_EQ(ChangesAfterProfile(old_profile, 96, 64).size(), 16u);
+  EXPECT_EQ(ChangesAfterProfile(new_profile, 96, 64).size(), 12u);
   EXPECT_TRUE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 64));
   EXPECT_FALSE(RunAndProfileKernelsDiffer(groups_profile, "2026-11-26T18:55Z", 128, 128));
   // dQ four columns an atomic in 64-key blocks: recorded at head dim 64 only.
   KernelProfile d64_profile;
   d64_profile.date = "2026-11-26T18:52Z";
-  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 12u);  // and the morning's two
+  EXPECT_EQ(ChangesAfterProfile(d64_profile, 256, 64).size(), 13u);  // and the morning's two
   EXPECT_EQ(ChangesAfterProfile(d64_profile, 32, 128).size(), 10u);  // and the gathered blocks
   // The backward's bulk reduces: a run of that day's evening against a profile of the day before.
   const KernelChange& bulk = KernelChanges()[4];
@@ -1051,7 +1052,7 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   EXPECT_EQ(deferred_dq.date, "2026-11-27T23:20Z");
   KernelProfile evening;
   evening.date = "2026-11-27T21:22Z";
-  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 5u);
+  ASSERT_EQ(ChangesAfterProfile(evening, 128, 64).size(), 6u);
   EXPECT_EQ(ChangesAfterProfile(evening, 128, 64)[0].date, deferred_dq.date);
   ASSERT_EQ(ChangesAfterProfile(evening, 128, 128).size(), 3u);  // the producer twice, the forward
   EXPECT_TRUE(RunAndProfileKernelsDiffer(later, "2026-11-27T21:20:00Z", 128, 64));
@@ -1079,8 +1080,8 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   night.date = "2026-11-28T02:30Z";
   expect_everywhere(15, "2026-11-28T02:25Z", night, "2026-11-28T02:00:00Z", "2026-11-28T02:40:00Z",
                     96, 128);
-  EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 2u);  // gathered producer, the forward
-  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 3u);
+  EXPECT_EQ(ChangesAfterProfile(night, 96, 64).size(), 3u);  // gathered producer, the forward
+  EXPECT_EQ(ChangesAfterProfile(later, 96, 64).size(), 4u);  // (and K and V in registers)
   // The gathered blocks beside the producer. A profile of T04:50Z has it; a run of T04:00Z under
   // that profile differs, one of T04:55Z does not.
   KernelProfile dawn;
@@ -1095,6 +1096,19 @@ TEST(KernelChanges, ByDatePageSizeAndHeadDim) {
   expect_everywhere(17, "2026-11-28T07:30Z", morning, "2026-11-28T05:10:00Z",
                     "2026-11-28T07:45:00Z", 96, 64);
   EXPECT_TRUE(ChangesAfterProfile(morning, 64, 128).empty());
+  // K and V in registers at head dim 64: the morning's profile predates it there, not at 128; a
+  // run of 2026-11-29T05:40Z (today's calibration runs) differs from a profile of T08:49Z at
+  // head dim 64 only.
+  const KernelChange& kv_registers = KernelChanges()[18];
+  EXPECT_EQ(kv_registers.date, "2026-11-29T08:45Z");
+  EXPECT_TRUE(kv_registers.pages.empty());
+  ASSERT_EQ(ChangesAfterProfile(morning, 64, 64).size(), 1u);
+  EXPECT_EQ(ChangesAfterProfile(morning, 64, 64)[0].date, kv_registers.date);
+  KernelProfile refit;
+  refit.date = "2026-11-29T08:49Z";
+  EXPECT_TRUE(RunAndProfileKernelsDiffer(refit, "2026-11-29T05:40:00Z", 128, 64));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(refit, "2026-11-29T05:40:00Z", 128, 128));
+  EXPECT_FALSE(RunAndProfileKernelsDiffer(refit, "2026-11-29T08:50:00Z", 128, 64));
 }
 
 }  // namespace
