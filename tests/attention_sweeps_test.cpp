@@ -6,9 +6,8 @@
 // (models/gpu/calibration/), never on them. Each row is judged by the calibration that describes
 // its kernels (support/profile_history.h: a kernel change since the rows were timed, at their
 // head dim and page size, sends them to the history profile of their day). Each set's error is
-// printed; the assertions hold the
-// model at its accuracy today, so that no change makes it worse unnoticed (tighten them as it
-// improves).
+// printed; the assertions hold the model at its accuracy today, so that no change makes it worse
+// unnoticed (tighten them as it improves).
 #include <gtest/gtest.h>
 
 #include <algorithm>
