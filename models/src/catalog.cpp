@@ -3,16 +3,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
-#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -20,9 +16,28 @@
 #include "ctxplan/models/errors.h"
 #include "ctxplan/models/units.h"
 #include "embedded_catalog.h"
+#include "kernel_profile_reader.h"
+#include "yaml_fields.h"
 
 namespace ctxplan {
 namespace {
+
+using detail::Describe;
+using detail::Fail;
+using detail::Fields;
+using detail::FormatLimit;
+using detail::IntLimit;
+using detail::Join;
+using detail::kDeviceGbsLimit;
+using detail::kFixedCostLimit;
+using detail::kHostGbsLimit;
+using detail::kProfileLimit;
+using detail::kTflopsLimit;
+using detail::Lower;
+using detail::NumberLimit;
+using detail::ParseDocument;
+using detail::Quote;
+using detail::ReadKernelProfile;
 
 constexpr std::string_view kEmbeddedPrefix = "<embedded>/";
 
@@ -33,300 +48,9 @@ constexpr double kDefaultHostMemoryGbs = 200.0;
 
 // --- small string helpers -----------------------------------------------------------------------
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 bool EndsWithIgnoreCase(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && Lower(s.substr(s.size() - suffix.size())) == suffix;
 }
-
-std::string Join(const std::vector<std::string>& items, std::string_view separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += separator;
-    out += items[i];
-  }
-  return out;
-}
-
-// A user's text inside a one-line message: quoted, newlines escaped, long values cut.
-std::string Quote(std::string_view text) {
-  std::string out = "'";
-  for (char c : text.substr(0, 60)) {
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r' || c == '\t') {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() > 60) out += "...";
-  return out + "'";
-}
-
-// 10000000 -> "10,000,000"; 0.1 -> "0.1"; 1e12 -> "1e+12".
-std::string FormatLimit(double value) {
-  if (value >= 1 && value < 1e13 && value == std::floor(value)) {
-    return FormatCount(static_cast<int64_t>(value));
-  }
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", value);
-  return buffer;
-}
-
-// --- errors: "<file>:<line>: key '<key>': <problem>; <what is accepted>" ------------------------
-
-int LineOf(const YAML::Mark& mark) {
-  return mark.line >= 0 ? mark.line + 1 : 1;
-}
-
-[[noreturn]] void Fail(std::string_view source, const YAML::Mark& mark, std::string_view key,
-                       std::string_view problem, std::string_view accepted) {
-  std::string message = std::string(source) + ":" + std::to_string(LineOf(mark)) + ": ";
-  if (!key.empty()) message += "key '" + std::string(key) + "': ";
-  message += problem;
-  if (!accepted.empty()) message += "; " + std::string(accepted);
-  throw InputError(message);
-}
-
-std::string Describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return "empty";
-    case YAML::NodeType::Scalar:
-      return "the scalar " + Quote(node.Scalar());
-    case YAML::NodeType::Sequence:
-      return "a sequence";
-    case YAML::NodeType::Map:
-      return "a mapping";
-  }
-  return "unknown";
-}
-
-// Parses a whole file and insists on a mapping at the top. yaml-cpp reads JSON too.
-YAML::Node ParseDocument(std::string_view text, std::string_view source,
-                         std::string_view expected) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(text));
-  } catch (const YAML::Exception& e) {
-    Fail(source, e.mark, "", "malformed YAML: " + e.msg, expected);
-  }
-  if (root.IsNull()) Fail(source, root.Mark(), "", "the file is empty", expected);
-  if (!root.IsMap()) {
-    Fail(source, root.Mark(), "", "the top level is " + Describe(root) + ", not a mapping",
-         expected);
-  }
-  return root;
-}
-
-// --- typed access to the keys of one mapping ----------------------------------------------------
-
-struct IntLimit {
-  int64_t max;
-};
-struct NumberLimit {
-  double max;            // values must be finite, > 0 and <= max
-  bool zero_ok = false;  // ... or >= 0 (a fixed cost a calibration may find absent)
-};
-
-std::string Accepted(IntLimit limit) {
-  return "expected an integer from 1 to " + FormatLimit(static_cast<double>(limit.max));
-}
-std::string Accepted(NumberLimit limit) {
-  if (limit.zero_ok) return "expected a number from 0 to " + FormatLimit(limit.max);
-  return "expected a positive number up to " + FormatLimit(limit.max);
-}
-constexpr std::string_view kBoolAccepted = "expected true or false";
-constexpr std::string_view kStringAccepted = "expected a non-empty string";
-
-// The keys of one mapping, read with their types checked. Keys are case-sensitive, as in
-// config.json. Every error names the key and its line; `prefix` qualifies keys of a nested
-// mapping ("memory_gib." + "value").
-class Fields {
- public:
-  Fields(const YAML::Node& map, std::string_view source, std::string prefix)
-      : map_(map), source_(source), prefix_(std::move(prefix)) {
-    // By value: yaml-cpp's iterator yields a temporary pair, so a reference into it would dangle.
-    for (const auto& pair : map) {
-      const YAML::Node key = pair.first;
-      if (!key.IsScalar()) {
-        Fail(source_, key.Mark(), "", "a key is " + Describe(key), "expected a plain string key");
-      }
-      if (Find(key.Scalar()) != nullptr) {
-        Fail(source_, key.Mark(), Shown(key.Scalar()), "duplicate key", "expected each key once");
-      }
-      entries_.push_back({key.Scalar(), key.Mark(), pair.second});
-    }
-  }
-
-  std::string_view source() const { return source_; }
-
-  // Our own files admit only the keys we read: a typo must not silently become a default.
-  void RejectUnknown(std::initializer_list<std::string_view> allowed) const {
-    for (const Entry& e : entries_) {
-      if (std::find(allowed.begin(), allowed.end(), e.key) != allowed.end()) continue;
-      std::vector<std::string> names(allowed.begin(), allowed.end());
-      Fail(source_, e.mark, Shown(e.key), "unknown key", "accepted keys: " + Join(names, ", "));
-    }
-  }
-
-  // Present with a value; a null value (`head_dim: null` in config.json) counts as absent.
-  bool Has(std::string_view key) const {
-    const Entry* e = Find(key);
-    return e != nullptr && !e->value.IsNull();
-  }
-
-  // The line of the key, or of the mapping when the key is absent.
-  YAML::Mark MarkOf(std::string_view key) const {
-    const Entry* e = Find(key);
-    return e != nullptr ? e->mark : map_.Mark();
-  }
-
-  [[noreturn]] void FailKey(std::string_view key, std::string_view problem,
-                            std::string_view accepted) const {
-    Fail(source_, MarkOf(key), Shown(key), problem, accepted);
-  }
-
-  std::string String(std::string_view key) const {
-    const YAML::Node& v = Require(key, kStringAccepted);
-    if (!v.IsScalar()) FailKey(key, "the value is " + Describe(v), kStringAccepted);
-    if (v.Scalar().empty()) FailKey(key, "the value is an empty string", kStringAccepted);
-    return v.Scalar();
-  }
-  std::optional<std::string> OptionalString(std::string_view key) const {
-    if (!Has(key)) return std::nullopt;
-    return String(key);
-  }
-
-  // One of `choices` (lower case), compared case-insensitively; returns the lower-case choice.
-  std::string Choice(std::string_view key, const std::vector<std::string>& choices) const {
-    const std::string accepted = "expected one of: " + Join(choices, ", ");
-    const YAML::Node& v = Require(key, accepted);
-    if (!v.IsScalar()) FailKey(key, "the value is " + Describe(v), accepted);
-    const std::string value = Lower(v.Scalar());
-    if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
-      FailKey(key, Quote(v.Scalar()) + " is not accepted", accepted);
-    }
-    return value;
-  }
-
-  bool Bool(std::string_view key) const {
-    const YAML::Node& v = Require(key, kBoolAccepted);
-    const std::string text = PlainScalar(key, v, "true or false", kBoolAccepted);
-    const std::string lower = Lower(text);
-    if (lower == "true") return true;
-    if (lower == "false") return false;
-    FailKey(key, Quote(text) + " is not true or false", kBoolAccepted);
-  }
-  std::optional<bool> OptionalBool(std::string_view key) const {
-    if (!Has(key)) return std::nullopt;
-    return Bool(key);
-  }
-
-  int64_t Int(std::string_view key, IntLimit limit) const {
-    const std::string accepted = Accepted(limit);
-    const double value = Number(key, static_cast<double>(limit.max), accepted);
-    if (value != std::floor(value)) {
-      FailKey(key, Quote(Require(key, accepted).Scalar()) + " is not an integer", accepted);
-    }
-    return static_cast<int64_t>(value);  // exact: limit.max is far below 2^53
-  }
-  std::optional<int64_t> OptionalInt(std::string_view key, IntLimit limit) const {
-    if (!Has(key)) return std::nullopt;
-    return Int(key, limit);
-  }
-
-  double Number(std::string_view key, NumberLimit limit) const {
-    return Number(key, limit.max, Accepted(limit), limit.zero_ok);
-  }
-  std::optional<double> OptionalNumber(std::string_view key, NumberLimit limit) const {
-    if (!Has(key)) return std::nullopt;
-    return Number(key, limit);
-  }
-
-  // The keys present, in file order.
-  std::vector<std::string> Keys() const {
-    std::vector<std::string> keys;
-    for (const Entry& e : entries_) keys.push_back(e.key);
-    return keys;
-  }
-
-  // A nested mapping, to be read with its own Fields.
-  Fields Map(std::string_view key, std::string_view accepted) const {
-    const YAML::Node& v = Require(key, accepted);
-    if (!v.IsMap()) FailKey(key, "the value is " + Describe(v) + ", not a mapping", accepted);
-    return Fields(v, source_, Shown(key) + ".");
-  }
-
- private:
-  struct Entry {
-    std::string key;
-    YAML::Mark mark;
-    YAML::Node value;
-  };
-
-  std::string Shown(std::string_view key) const { return prefix_ + std::string(key); }
-
-  const Entry* Find(std::string_view key) const {
-    for (const Entry& e : entries_) {
-      if (e.key == key) return &e;
-    }
-    return nullptr;
-  }
-
-  const YAML::Node& Require(std::string_view key, std::string_view accepted) const {
-    const Entry* e = Find(key);
-    if (e == nullptr) Fail(source_, map_.Mark(), Shown(key), "missing", accepted);
-    if (e->value.IsNull()) FailKey(key, "no value", accepted);
-    return e->value;
-  }
-
-  // The text of an unquoted scalar: a quoted "3584" is a string, not a number, in YAML and JSON.
-  std::string PlainScalar(std::string_view key, const YAML::Node& v, std::string_view type,
-                          std::string_view accepted) const {
-    if (!v.IsScalar()) {
-      FailKey(key, "the value is " + Describe(v) + ", not " + std::string(type), accepted);
-    }
-    if (v.Tag() == "!") {
-      FailKey(key,
-              "the value is the quoted string " + Quote(v.Scalar()) + ", not " + std::string(type),
-              accepted);
-    }
-    return v.Scalar();
-  }
-
-  double Number(std::string_view key, double max, const std::string& accepted,
-                bool zero_ok = false) const {
-    const YAML::Node& v = Require(key, accepted);
-    const std::string text = PlainScalar(key, v, "a number", accepted);
-    const std::string lower = Lower(text);
-    if (lower == ".inf" || lower == "+.inf" || lower == "-.inf" || lower == ".nan") {
-      FailKey(key, Quote(text) + " is not finite", accepted);
-    }
-    double value = 0.0;
-    const char* end = text.data() + text.size();
-    const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-    if (ec == std::errc::result_out_of_range)
-      FailKey(key, Quote(text) + " is out of range", accepted);
-    if (ec != std::errc() || ptr != end) FailKey(key, Quote(text) + " is not a number", accepted);
-    if (!std::isfinite(value)) FailKey(key, Quote(text) + " is not finite", accepted);
-    if (value < 0 || (value == 0 && !zero_ok))
-      FailKey(key, Quote(text) + (zero_ok ? " is negative" : " is not positive"), accepted);
-    if (value > max) FailKey(key, Quote(text) + " is absurdly large", accepted);
-    return value;
-  }
-
-  YAML::Node map_;
-  std::string source_;
-  std::string prefix_;
-  std::vector<Entry> entries_;
-};
 
 // --- models -------------------------------------------------------------------------------------
 
@@ -418,9 +142,6 @@ void ReadShape(const Fields& f, bool hf, ModelSpec* m) {
 // --- GPUs and machines --------------------------------------------------------------------------
 
 constexpr NumberLimit kMemoryGiBLimit{1e5};
-constexpr NumberLimit kDeviceGbsLimit{1e6};
-constexpr NumberLimit kTflopsLimit{1e6};
-constexpr NumberLimit kHostGbsLimit{1e5};
 constexpr NumberLimit kContextGiBLimit{1e3};
 constexpr IntLimit kSmCountLimit{1'000'000};
 
@@ -434,7 +155,6 @@ constexpr std::string_view kMachineExpected =
     "host_links_d2h_gbs, selection_read_back_us, selection_read_back_ns_per_entry, "
     "selection_read_back_ns_per_page, note";
 
-constexpr NumberLimit kProfileLimit{1e7};
 constexpr IntLimit kMachineGpusLimit{1024};
 constexpr NumberLimit kLinkGbsLimit{1e5};
 // A machine that names no links: PCIe Gen5 between its GPUs (~50 GB/s one way, as the pinned
@@ -442,270 +162,9 @@ constexpr NumberLimit kLinkGbsLimit{1e5};
 constexpr double kDefaultPeerGbs = 50.0;
 constexpr double kDefaultNetworkGbs = 50.0;
 constexpr double kDefaultPeerLatencyUs = 10.0;
-constexpr NumberLimit kFixedCostLimit{1e7, true};        // microseconds or nanoseconds, 0 allowed
-constexpr NumberLimit kNvmlClockErrorLimit{10.0, true};  // a fraction; 0 allowed
-constexpr IntLimit kPageTokensLimit{1 << 20};
 constexpr std::string_view kKernelModelExpected =
     "expected a mapping of the kernel-time model's parameters (source: measured|estimate, "
     "launch_us, gemm_tflops, ...; see models/gpu/h200.yaml)";
-constexpr std::string_view kPageTableExpected =
-    "expected a mapping of page size in tokens to a fraction in (0, 2], e.g. {64: 0.95, 128: 1}";
-
-std::map<int64_t, double> ReadPageTable(const Fields& f, std::string_view key) {
-  const Fields table = f.Map(key, kPageTableExpected);
-  std::map<int64_t, double> out;
-  for (const std::string& page : table.Keys()) {
-    char* end = nullptr;
-    const long long tokens = std::strtoll(page.c_str(), &end, 10);
-    if (end == page.c_str() || *end != '\0' || tokens <= 0 || tokens > kPageTokensLimit.max)
-      table.FailKey(page, "not a page size", kPageTableExpected);
-    const double fraction = table.Number(page, NumberLimit{2.0});
-    if (fraction <= 0) table.FailKey(page, "not positive", kPageTableExpected);
-    out[tokens] = fraction;
-  }
-  if (out.empty()) f.FailKey(key, "the table is empty", kPageTableExpected);
-  return out;
-}
-
-// A memory-bound kernel table: {rmsnorm_fwd: 2.8, ...}, the names of cost.h MemoryKernelName.
-// zero_ok: a fixed cost may be 0 (a warm launch whose latency the L2 hides).
-std::map<std::string, double> ReadMemoryKernelTable(const Fields& f, std::string_view key,
-                                                    NumberLimit limit, bool zero_ok = false) {
-  constexpr std::string_view kExpected =
-      "a map of memory-bound kernel names (rmsnorm_fwd, rope, ...) to positive numbers";
-  const auto& names = kMemoryKernelNames;
-  const Fields table = f.Map(key, kExpected);
-  std::map<std::string, double> out;
-  for (const std::string& name : table.Keys()) {
-    if (std::find(names.begin(), names.end(), name) == names.end())
-      table.FailKey(name, "not a memory-bound kernel", kExpected);
-    const double value = table.Number(name, limit);
-    if (value < 0 || (value == 0 && !zero_ok)) table.FailKey(name, "not positive", kExpected);
-    out[name] = value;
-  }
-  return out;
-}
-
-KernelProfile ReadKernelProfile(const Fields& f) {
-  f.RejectUnknown({"source",
-                   "gpu_name",
-                   "driver",
-                   "date",
-                   "commit",
-                   "samples",
-                   "derived_from",
-                   "launch_us",
-                   "gemm_tflops",
-                   "gemm_tile_rows",
-                   "gemm_tile_cols",
-                   "gemm_split_max",
-                   "gemm_wave_us",
-                   "gemm_accumulate_tflops",
-                   "gemm_accumulate_tile_rows",
-                   "gemm_accumulate_tile_cols",
-                   "gemm_accumulate_wave_us_per_byte",
-                   "loss_efficiency",
-                   "attention_fwd_tflops_d128",
-                   "attention_fwd_tflops_d64",
-                   "attention_bwd_tflops_d128",
-                   "attention_bwd_tflops_d64",
-                   "attention_fwd_item_us",
-                   "attention_bwd_item_us",
-                   "attention_fwd_rows128_efficiency_d64",
-                   "attention_fwd_slices_d64",
-                   "page_fwd_efficiency",
-                   "page_bwd_efficiency",
-                   "page_fwd_efficiency_d64",
-                   "page_bwd_efficiency_d64",
-                   "sparse_fwd_efficiency",
-                   "sparse_bwd_efficiency",
-                   "sparse_fwd_page_efficiency",
-                   "sparse_bwd_page_efficiency",
-                   "sparse_fwd_page_efficiency_d64",
-                   "sparse_bwd_page_efficiency_d64",
-                   "sparse_bwd_gathered",
-                   "own_bwd_split",
-                   "attention_bwd_gathered_item_us",
-                   "attention_bwd_gathered_item_us_d64",
-                   "attention_bwd_union_block_us",
-                   "sparse_bwd_union_efficiency",
-                   "attention_bwd_union64_block_us",
-                   "sparse_bwd_union64_efficiency",
-                   "sparse_bwd_union64_efficiency_d64",
-                   "attention_bwd_own_item_us",
-                   "memory_efficiency",
-                   "memory_kernel_fixed_us",
-                   "memory_kernel_efficiency",
-                   "memory_kernel_warm_fixed_us",
-                   "memory_kernel_warm_efficiency",
-                   "l2_cache_mib",
-                   "lora_efficiency",
-                   "page_score_fixed_us",
-                   "page_score_ns_per_tile_page",
-                   "page_score_ns_per_tile_element",
-                   "page_topk_fixed_us",
-                   "page_topk_ns_per_page",
-                   "copy_call_us",
-                   "pin_gbs",
-                   "host_memcpy_gbs",
-                   "host_adamw_gparams",
-                   "weights_init_gparams",
-                   "device_alloc_gbs",
-                   "max_sm_clock_mhz",
-                   "power_limit_w",
-                   "idle_w",
-                   "gemm_w",
-                   "attention_fwd_w",
-                   "attention_bwd_w",
-                   "attention_fwd_w_d64",
-                   "attention_bwd_w_d64",
-                   "memory_w",
-                   "nvml_clock_speed_error",
-                   "loss_ns_per_logit",
-                   "weights_upload_gparams"});
-  KernelProfile k;
-  const std::string source = f.Choice("source", {"measured", "estimate"});
-  k.provenance = source == "measured" ? Provenance::kMeasured : Provenance::kEstimate;
-  if (k.provenance == Provenance::kEstimate) {
-    // Scaled from a calibrated sibling at load time: only the sibling is named here.
-    f.RejectUnknown({"source", "derived_from"});
-    k.derived_from = f.String("derived_from");
-    return k;
-  }
-  k.gpu_name = f.String("gpu_name");
-  k.driver = f.String("driver");
-  k.date = f.String("date");
-  k.commit = f.String("commit");
-  k.samples = f.OptionalString("samples").value_or("");
-  k.launch_us = f.Number("launch_us", kFixedCostLimit);
-  k.gemm_tflops = f.Number("gemm_tflops", kTflopsLimit);
-  k.gemm_tile_rows = f.Int("gemm_tile_rows", kPageTokensLimit);
-  k.gemm_tile_cols = f.Int("gemm_tile_cols", kPageTokensLimit);
-  k.gemm_split_max = f.Int("gemm_split_max", kPageTokensLimit);
-  k.gemm_wave_us = f.Number("gemm_wave_us", kFixedCostLimit);
-  k.gemm_accumulate_tflops = f.Number("gemm_accumulate_tflops", kTflopsLimit);
-  k.gemm_accumulate_tile_rows = f.Int("gemm_accumulate_tile_rows", kPageTokensLimit);
-  k.gemm_accumulate_tile_cols = f.Int("gemm_accumulate_tile_cols", kPageTokensLimit);
-  k.gemm_accumulate_wave_us_per_byte =
-      f.Number("gemm_accumulate_wave_us_per_byte", kFixedCostLimit);
-  k.loss_efficiency = f.Number("loss_efficiency", NumberLimit{2.0});
-  k.loss_ns_per_logit = f.OptionalNumber("loss_ns_per_logit", NumberLimit{1.0, true}).value_or(0.0);
-  k.attention_fwd_tflops_d128 = f.Number("attention_fwd_tflops_d128", kTflopsLimit);
-  k.attention_fwd_tflops_d64 = f.Number("attention_fwd_tflops_d64", kTflopsLimit);
-  k.attention_bwd_tflops_d128 = f.Number("attention_bwd_tflops_d128", kTflopsLimit);
-  k.attention_bwd_tflops_d64 = f.Number("attention_bwd_tflops_d64", kTflopsLimit);
-  k.attention_fwd_item_us = f.Number("attention_fwd_item_us", kFixedCostLimit);
-  k.attention_bwd_item_us = f.Number("attention_bwd_item_us", kFixedCostLimit);
-  k.attention_fwd_rows128_efficiency_d64 =
-      f.OptionalNumber("attention_fwd_rows128_efficiency_d64", NumberLimit{2.0}).value_or(0.0);
-  k.page_fwd_efficiency = ReadPageTable(f, "page_fwd_efficiency");
-  k.page_bwd_efficiency = ReadPageTable(f, "page_bwd_efficiency");
-  if (f.Has("page_fwd_efficiency_d64"))
-    k.page_fwd_efficiency_d64 = ReadPageTable(f, "page_fwd_efficiency_d64");
-  if (f.Has("page_bwd_efficiency_d64"))
-    k.page_bwd_efficiency_d64 = ReadPageTable(f, "page_bwd_efficiency_d64");
-  k.sparse_fwd_efficiency = f.Number("sparse_fwd_efficiency", NumberLimit{2.0});
-  k.sparse_bwd_efficiency = f.Number("sparse_bwd_efficiency", NumberLimit{2.0});
-  if (f.Has("sparse_fwd_page_efficiency"))
-    k.sparse_fwd_page_efficiency = ReadPageTable(f, "sparse_fwd_page_efficiency");
-  if (f.Has("sparse_bwd_page_efficiency"))
-    k.sparse_bwd_page_efficiency = ReadPageTable(f, "sparse_bwd_page_efficiency");
-  if (f.Has("sparse_fwd_page_efficiency_d64"))
-    k.sparse_fwd_page_efficiency_d64 = ReadPageTable(f, "sparse_fwd_page_efficiency_d64");
-  if (f.Has("sparse_bwd_page_efficiency_d64"))
-    k.sparse_bwd_page_efficiency_d64 = ReadPageTable(f, "sparse_bwd_page_efficiency_d64");
-  k.attention_fwd_slices_d64 = f.OptionalBool("attention_fwd_slices_d64").value_or(false);
-  k.sparse_bwd_gathered = f.OptionalBool("sparse_bwd_gathered").value_or(false);
-  k.own_bwd_split = f.OptionalBool("own_bwd_split").value_or(false);
-  k.attention_bwd_gathered_item_us =
-      f.OptionalNumber("attention_bwd_gathered_item_us", kFixedCostLimit).value_or(0.0);
-  k.attention_bwd_gathered_item_us_d64 =
-      f.OptionalNumber("attention_bwd_gathered_item_us_d64", kFixedCostLimit).value_or(0.0);
-  k.attention_bwd_union_block_us =
-      f.OptionalNumber("attention_bwd_union_block_us", kFixedCostLimit).value_or(0.0);
-  k.sparse_bwd_union_efficiency =
-      f.OptionalNumber("sparse_bwd_union_efficiency", NumberLimit{2.0}).value_or(1.0);
-  k.attention_bwd_union64_block_us =
-      f.OptionalNumber("attention_bwd_union64_block_us", kFixedCostLimit).value_or(0.0);
-  k.sparse_bwd_union64_efficiency =
-      f.OptionalNumber("sparse_bwd_union64_efficiency", NumberLimit{2.0}).value_or(1.0);
-  k.sparse_bwd_union64_efficiency_d64 =
-      f.OptionalNumber("sparse_bwd_union64_efficiency_d64", NumberLimit{2.0}).value_or(0.0);
-  k.attention_bwd_own_item_us =
-      f.OptionalNumber("attention_bwd_own_item_us", kFixedCostLimit).value_or(0.0);
-  k.memory_efficiency = f.Number("memory_efficiency", NumberLimit{2.0});
-  if (f.Has("memory_kernel_fixed_us"))
-    k.memory_kernel_fixed_us =
-        ReadMemoryKernelTable(f, "memory_kernel_fixed_us", kFixedCostLimit, true);
-  if (f.Has("memory_kernel_efficiency"))
-    k.memory_kernel_efficiency =
-        ReadMemoryKernelTable(f, "memory_kernel_efficiency", NumberLimit{2.0});
-  if (f.Has("memory_kernel_warm_efficiency"))
-    k.memory_kernel_warm_efficiency =
-        ReadMemoryKernelTable(f, "memory_kernel_warm_efficiency", NumberLimit{20.0});
-  if (f.Has("memory_kernel_warm_fixed_us"))
-    k.memory_kernel_warm_fixed_us =
-        ReadMemoryKernelTable(f, "memory_kernel_warm_fixed_us", kFixedCostLimit, true);
-  k.l2_cache_mib = f.OptionalNumber("l2_cache_mib", NumberLimit{4096.0}).value_or(0.0);
-  for (const auto& [name, warm] : k.memory_kernel_warm_efficiency)
-    if (!k.memory_kernel_fixed_us.contains(name) || !k.memory_kernel_warm_fixed_us.contains(name) ||
-        k.l2_cache_mib <= 0)
-      f.FailKey("memory_kernel_warm_efficiency", "has " + name + " without its cold fit",
-                "kernels of memory_kernel_fixed_us and memory_kernel_warm_fixed_us, with "
-                "l2_cache_mib given");
-  for (const auto& [name, fixed] : k.memory_kernel_fixed_us)
-    if (!k.memory_kernel_efficiency.contains(name))
-      f.FailKey("memory_kernel_efficiency", "has no " + name,
-                "the kernels of memory_kernel_fixed_us, each with its fraction");
-  k.lora_efficiency = f.OptionalNumber("lora_efficiency", NumberLimit{2.0}).value_or(1.0);
-  k.page_score_fixed_us = f.Number("page_score_fixed_us", kFixedCostLimit);
-  k.page_score_ns_per_tile_page = f.Number("page_score_ns_per_tile_page", kFixedCostLimit);
-  k.page_score_ns_per_tile_element =
-      f.OptionalNumber("page_score_ns_per_tile_element", kFixedCostLimit).value_or(0.0);
-  k.page_topk_fixed_us = f.Number("page_topk_fixed_us", kFixedCostLimit);
-  k.page_topk_ns_per_page = f.Number("page_topk_ns_per_page", kFixedCostLimit);
-  k.copy_call_us = f.Number("copy_call_us", kFixedCostLimit);
-  k.pin_gbs = f.Number("pin_gbs", kHostGbsLimit);
-  k.host_memcpy_gbs = f.Number("host_memcpy_gbs", kHostGbsLimit);
-  k.host_adamw_gparams = f.Number("host_adamw_gparams", kProfileLimit);
-  k.weights_init_gparams = f.Number("weights_init_gparams", kProfileLimit);
-  k.device_alloc_gbs = f.Number("device_alloc_gbs", kDeviceGbsLimit);
-  k.weights_upload_gparams =
-      f.OptionalNumber("weights_upload_gparams", kProfileLimit).value_or(0.0);
-  // Power (optional: a profile measured without NVML has none).
-  k.max_sm_clock_mhz = f.OptionalNumber("max_sm_clock_mhz", kProfileLimit).value_or(0.0);
-  k.power_limit_w = f.OptionalNumber("power_limit_w", kProfileLimit).value_or(0.0);
-  k.idle_w = f.OptionalNumber("idle_w", kProfileLimit).value_or(0.0);
-  k.gemm_w = f.OptionalNumber("gemm_w", kProfileLimit).value_or(0.0);
-  k.attention_fwd_w = f.OptionalNumber("attention_fwd_w", kProfileLimit).value_or(0.0);
-  k.attention_bwd_w = f.OptionalNumber("attention_bwd_w", kProfileLimit).value_or(0.0);
-  k.attention_fwd_w_d64 = f.OptionalNumber("attention_fwd_w_d64", kProfileLimit).value_or(0.0);
-  k.attention_bwd_w_d64 = f.OptionalNumber("attention_bwd_w_d64", kProfileLimit).value_or(0.0);
-  k.memory_w = f.OptionalNumber("memory_w", kProfileLimit).value_or(0.0);
-  k.nvml_clock_speed_error =
-      f.OptionalNumber("nvml_clock_speed_error", kNvmlClockErrorLimit).value_or(-1.0);
-  for (const auto& [key, value] :
-       {std::pair<const char*, double>{"gemm_tflops", k.gemm_tflops},
-        {"gemm_accumulate_tflops", k.gemm_accumulate_tflops},
-        {"gemm_split_max", static_cast<double>(k.gemm_split_max)},
-        {"gemm_tile_rows", static_cast<double>(k.gemm_tile_rows)},
-        {"gemm_tile_cols", static_cast<double>(k.gemm_tile_cols)},
-        {"gemm_accumulate_tile_rows", static_cast<double>(k.gemm_accumulate_tile_rows)},
-        {"gemm_accumulate_tile_cols", static_cast<double>(k.gemm_accumulate_tile_cols)},
-        {"attention_fwd_tflops_d128", k.attention_fwd_tflops_d128},
-        {"attention_fwd_tflops_d64", k.attention_fwd_tflops_d64},
-        {"attention_bwd_tflops_d128", k.attention_bwd_tflops_d128},
-        {"attention_bwd_tflops_d64", k.attention_bwd_tflops_d64},
-        {"memory_efficiency", k.memory_efficiency},
-        {"lora_efficiency", k.lora_efficiency},
-        {"pin_gbs", k.pin_gbs},
-        {"host_memcpy_gbs", k.host_memcpy_gbs},
-        {"host_adamw_gparams", k.host_adamw_gparams},
-        {"device_alloc_gbs", k.device_alloc_gbs}}) {
-    if (value <= 0) f.FailKey(key, "not positive", "expected a positive number");
-  }
-  return k;
-}
 
 SpecValue ReadSpec(const Fields& f, std::string_view key, NumberLimit limit) {
   const Fields s = f.Map(key, kSpecAccepted);
