@@ -59,8 +59,10 @@
 #include "ctxplan/traces/chrome_trace_writer.h"
 #include "ctxplan/traces/op_trace.h"
 #include "ctxplan_git_commit.h"  // generated at build time: CTXPLAN_GIT_COMMIT
+#include "data_source.h"
 #include "run_flags.h"
 #include "run_report.h"
+#include "step_observers.h"
 
 namespace ctxplan::train {
 namespace {
@@ -116,169 +118,8 @@ struct Flags {
   }
 };
 
-// What the step's inputs are: a window of a token file, or a synthetic task.
-class DataSource {
- public:
-  DataSource(const Flags& f, const ModelSpec& model, int64_t n)
-      : task_(f.task), vocab_(model.vocab_size), n_(n), seed_(f.seed) {
-    if (!f.data.empty()) {
-      file_.emplace(f.data, model.vocab_size);
-    } else if (task_ != "retrieval" && task_ != "random") {
-      throw InputError("--task: '" + task_ +
-                       "' is not a task; accepted: retrieval (a key "
-                       "placed early, queried at the end), random, or --data FILE");
-    }
-  }
-  TokenSequence Step(int64_t step) const {
-    if (file_) return file_->Window(step, n_);
-    const uint64_t seed = StepSeed(seed_, step);
-    if (task_ == "retrieval") {
-      RetrievalSample s = SyntheticRetrieval(vocab_, n_, seed, /*label_filler=*/false);
-      return {std::move(s.tokens), std::move(s.labels)};
-    }
-    TokenSequence s;
-    s.tokens = RandomTokens(vocab_, n_, seed);
-    s.labels.assign(s.tokens.begin() + 1, s.tokens.end());
-    s.labels.push_back(-1);
-    return s;
-  }
-
- private:
-  std::optional<TokenFile> file_;
-  std::string task_;
-  int64_t vocab_, n_;
-  uint64_t seed_;
-};
-
 // "rank R: " before every error line of a rank of several GPUs (their lines share one log).
 std::string rank_prefix;
-
-// A progress line on stderr while a step runs: step, pass, chunk, tokens/s (when a terminal).
-class Progress final : public StepObserver {
- public:
-  // `shown`: false on the ranks of several GPUs that do not report.
-  Progress(int64_t steps, int32_t chunks, int64_t tokens, bool shown = true)
-      : steps_(steps),
-        chunks_(chunks),
-        tokens_(tokens),
-        enabled_(shown && isatty(STDERR_FILENO) == 1) {}
-  void StartStep(int64_t step) {
-    step_ = step;
-    start_ = std::chrono::steady_clock::now();
-  }
-  void BeforeOp(const Op& op) override {
-    if (!enabled_ || op.chunk < 0 || (op.chunk == chunk_ && op.phase == phase_)) return;
-    chunk_ = op.chunk;
-    phase_ = op.phase;
-    std::fprintf(stderr, "\r  step %lld/%lld  %-9s chunk %d/%d   ",
-                 static_cast<long long>(step_ + 1), static_cast<long long>(steps_),
-                 std::string(PhaseName(op.phase)).c_str(), chunk_ + 1, chunks_);
-    std::fflush(stderr);
-  }
-  void EndStep(double loss, double seconds) {
-    if (!enabled_) return;
-    std::fprintf(stderr, "\r  step %lld/%lld  loss %.4f  %.0f tokens/s              \n",
-                 static_cast<long long>(step_ + 1), static_cast<long long>(steps_), loss,
-                 static_cast<double>(tokens_) / seconds);
-  }
-
- private:
-  int64_t steps_;
-  int32_t chunks_;
-  int64_t tokens_;
-  bool enabled_;
-  int64_t step_ = 0;
-  int32_t chunk_ = -1;
-  Phase phase_ = Phase::kSetup;
-  std::chrono::steady_clock::time_point start_;
-};
-
-#ifdef CTXPLAN_HAVE_CUDA_BACKEND
-// Brackets each op of this process's rank for CUPTI (so its GPU work maps to its plan id) and
-// hands the rank's memory events to the tracer, which writes them on its clock. The other ranks'
-// ops run in their own processes, and their traces.
-class CuptiStepObserver final : public StepObserver {
- public:
-  CuptiStepObserver(gpu::CuptiTracer& tracer, int32_t rank) : tracer_(tracer), rank_(rank) {}
-  void BeforeOp(const Op& op) override {
-    if (op.rank == rank_) tracer_.PushOp(op);
-  }
-  void AfterOp(const Op& op) override {
-    if (op.rank != rank_) return;
-    tracer_.PopOp();
-    if (!IsMemory(op.kind)) return;
-    tracer_.OnMemoryEvent(op.space, op.category, memory_.Apply(op));
-  }
-
- private:
-  gpu::CuptiTracer& tracer_;
-  int32_t rank_;
-  PlanMemoryTally memory_;
-};
-
-// The traced step's pinned copies, by direction and size: calls, bytes and the copy engine's
-// busy time, so a copy op slower than planned shows whether a per-copy cost or a bandwidth lost.
-void PrintCopies(const gpu::TraceStepSummary& summary) {
-  auto gbs = [](const gpu::TracedCopies::Bucket& b) {
-    return b.busy_ns > 0 ? static_cast<double>(b.bytes) / static_cast<double>(b.busy_ns) : 0.0;
-  };
-  auto direction = [&](const char* name, const gpu::TracedCopies& c) {
-    if (c.all.calls == 0) return;
-    std::printf(
-        "  traced step, %s copies: %llu, %.2f GiB, busy %.3f s (%.1f GB/s), active %.3f s\n", name,
-        static_cast<unsigned long long>(c.all.calls),
-        static_cast<double>(c.all.bytes) / double(1ull << 30), c.all.busy_ns * 1e-9, gbs(c.all),
-        c.active_ns * 1e-9);
-    uint64_t lower = 0;
-    for (size_t i = 0; i < c.by_size.size(); ++i) {
-      const gpu::TracedCopies::Bucket& b = c.by_size[i];
-      const uint64_t upper = gpu::TracedCopies::kBucketMaxBytes[i];
-      if (b.calls > 0) {
-        const std::string range = upper == UINT64_MAX
-                                      ? "> " + std::to_string(lower >> 10) + " KiB"
-                                      : "<= " + std::to_string(upper >> 10) + " KiB";
-        std::printf("    %-14s %9llu copies, mean %8.1f KiB, %7.2f us each, %5.1f GB/s\n",
-                    range.c_str(), static_cast<unsigned long long>(b.calls),
-                    static_cast<double>(b.bytes) / static_cast<double>(b.calls) / 1024.0,
-                    static_cast<double>(b.busy_ns) / static_cast<double>(b.calls) * 1e-3, gbs(b));
-      }
-      lower = upper;
-    }
-  };
-  direction("H2D", summary.h2d);
-  direction("D2H", summary.d2h);
-  if (summary.duplex_ns > 0)
-    std::printf("  traced step, both directions at once %.3f s\n", summary.duplex_ns * 1e-9);
-  for (size_t d = 0; d < 2; ++d)
-    for (size_t p = 0; p < summary.copy_ops[d].size(); ++p) {
-      const gpu::TracedCopyOps& t = summary.copy_ops[d][p];
-      if (t.ops == 0) continue;
-      std::printf(
-          "  traced step, %s ops of %s: %llu, spans %.3f s; copies busy %.3f s, %llu memsets "
-          "%.3f s\n",
-          d == 0 ? "copy_h2d" : "copy_d2h", std::string(PhaseName(static_cast<Phase>(p))).c_str(),
-          static_cast<unsigned long long>(t.ops), t.span_ns * 1e-9, t.memcpy_ns * 1e-9,
-          static_cast<unsigned long long>(t.memsets), t.memset_ns * 1e-9);
-    }
-}
-#endif
-
-class BothObservers final : public StepObserver {
- public:
-  BothObservers(StepObserver* a, StepObserver* b) : a_(a), b_(b) {}
-  void BeforeOp(const Op& op) override {
-    if (a_) a_->BeforeOp(op);
-    if (b_) b_->BeforeOp(op);
-  }
-  void AfterOp(const Op& op) override {
-    if (a_) a_->AfterOp(op);
-    if (b_) b_->AfterOp(op);
-  }
-
- private:
-  StepObserver* a_;
-  StepObserver* b_;
-};
 
 std::string UtcNow() {
   const std::time_t now = std::time(nullptr);
@@ -625,7 +466,7 @@ int Main(int argc, char** argv) {
     first_step = checkpoint.step;
     optimizer.params.step = first_step + 1;
   }
-  const DataSource data(f, model, options.context_tokens);
+  const DataSource data(f.data, f.task, f.seed, model, options.context_tokens);
   if (!f.export_weights.empty() && lead) ExportHuggingFace(f.export_weights, model, weights);
 
   ModelWeights grads = cuda ? ModelWeights{} : ZeroWeights(model);
@@ -819,7 +660,7 @@ int Main(int argc, char** argv) {
                      r.reading.sm_clock_mhz, r.reading.watts});
               report.traced_pass_clocks = sim::MeasurePassClocks(summary.ops, samples);
             }
-            if (!f.json) PrintCopies(summary);
+            if (!f.json) PrintTracedCopies(summary);
             // GPU work no plan op claims would be missing from the trace's op times: say so.
             // (The step's input uploads before its first op are copies of no op: not counted.)
             if (!summary.unattributed_kernels.empty() || summary.dropped_records > 0) {

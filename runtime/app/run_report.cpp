@@ -156,4 +156,50 @@ void PrintRunReportText(const RunReport& r) {
       FormatGiB(r.pinned_host).c_str(), FormatGiB(r.plan_host_peak).c_str());
 }
 
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+void PrintTracedCopies(const gpu::TraceStepSummary& summary) {
+  auto gbs = [](const gpu::TracedCopies::Bucket& b) {
+    return b.busy_ns > 0 ? static_cast<double>(b.bytes) / static_cast<double>(b.busy_ns) : 0.0;
+  };
+  auto direction = [&](const char* name, const gpu::TracedCopies& c) {
+    if (c.all.calls == 0) return;
+    std::printf(
+        "  traced step, %s copies: %llu, %.2f GiB, busy %.3f s (%.1f GB/s), active %.3f s\n", name,
+        static_cast<unsigned long long>(c.all.calls),
+        static_cast<double>(c.all.bytes) / double(1ull << 30), c.all.busy_ns * 1e-9, gbs(c.all),
+        c.active_ns * 1e-9);
+    uint64_t lower = 0;
+    for (size_t i = 0; i < c.by_size.size(); ++i) {
+      const gpu::TracedCopies::Bucket& b = c.by_size[i];
+      const uint64_t upper = gpu::TracedCopies::kBucketMaxBytes[i];
+      if (b.calls > 0) {
+        const std::string range = upper == UINT64_MAX
+                                      ? "> " + std::to_string(lower >> 10) + " KiB"
+                                      : "<= " + std::to_string(upper >> 10) + " KiB";
+        std::printf("    %-14s %9llu copies, mean %8.1f KiB, %7.2f us each, %5.1f GB/s\n",
+                    range.c_str(), static_cast<unsigned long long>(b.calls),
+                    static_cast<double>(b.bytes) / static_cast<double>(b.calls) / 1024.0,
+                    static_cast<double>(b.busy_ns) / static_cast<double>(b.calls) * 1e-3, gbs(b));
+      }
+      lower = upper;
+    }
+  };
+  direction("H2D", summary.h2d);
+  direction("D2H", summary.d2h);
+  if (summary.duplex_ns > 0)
+    std::printf("  traced step, both directions at once %.3f s\n", summary.duplex_ns * 1e-9);
+  for (size_t d = 0; d < 2; ++d)
+    for (size_t p = 0; p < summary.copy_ops[d].size(); ++p) {
+      const gpu::TracedCopyOps& t = summary.copy_ops[d][p];
+      if (t.ops == 0) continue;
+      std::printf(
+          "  traced step, %s ops of %s: %llu, spans %.3f s; copies busy %.3f s, %llu memsets "
+          "%.3f s\n",
+          d == 0 ? "copy_h2d" : "copy_d2h", std::string(PhaseName(static_cast<Phase>(p))).c_str(),
+          static_cast<unsigned long long>(t.ops), t.span_ns * 1e-9, t.memcpy_ns * 1e-9,
+          static_cast<unsigned long long>(t.memsets), t.memset_ns * 1e-9);
+    }
+}
+#endif
+
 }  // namespace ctxplan::train

@@ -9,6 +9,9 @@
 
 #include "ctxplan/runtime/plan/page_reads.h"
 #include "ctxplan/sim/measured_pass_clocks.h"
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+#include "ctxplan/runtime/cuda/cupti_tracer.h"
+#endif
 
 namespace ctxplan::train {
 
@@ -60,5 +63,11 @@ struct RunReport {
 
 void PrintRunReportJson(const RunReport& r);
 void PrintRunReportText(const RunReport& r);
+
+#ifdef CTXPLAN_HAVE_CUDA_BACKEND
+// The traced step's pinned copies, by direction and size: calls, bytes and the copy engine's
+// busy time, so a copy op slower than planned shows whether a per-copy cost or a bandwidth lost.
+void PrintTracedCopies(const gpu::TraceStepSummary& summary);
+#endif
 
 }  // namespace ctxplan::train
