@@ -517,8 +517,8 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       const SmemTileDesc rows(queries, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk) {
-        WgmmaRS_m64n64(acc, frag[kk], rows.At((kk >> 2) * (BM * 128) + (kk & 3) * 32),
-                       kk > 0 ? 1 : 0);
+        WgmmaRS_m64n64<0>(acc, frag[kk], rows.At((kk >> 2) * (BM * 128) + (kk & 3) * 32),
+                          kk > 0 ? 1 : 0);
       }
       WgmmaCommit();
     };
@@ -593,9 +593,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n128<1>(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n64<1>(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -626,9 +626,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n128<1>(dk, da[kq], qb_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n64<1>(dk, da[kq], qb_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -1006,9 +1006,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n128<1>(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dv, pa[kq], dob_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n64<1>(dv, pa[kq], dob_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();
@@ -1040,9 +1040,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         if constexpr (HD == 128) {
-          WgmmaRS_m64n128_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n128<1>(dk, da[kq], qb_desc.At(kq * 16 * 128));
         } else {
-          WgmmaRS_m64n64_tb(dk, da[kq], qb_desc.At(kq * 16 * 128));
+          WgmmaRS_m64n64<1>(dk, da[kq], qb_desc.At(kq * 16 * 128));
         }
       }
       WgmmaCommit();

@@ -422,9 +422,9 @@ __global__ void __launch_bounds__(FwdRoles<NC>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       if constexpr (HD == 128) {
-        WgmmaRS_m64n128_tb(o, pa[kk], values.At(kk * 16 * 128));
+        WgmmaRS_m64n128<1>(o, pa[kk], values.At(kk * 16 * 128));
       } else {
-        WgmmaRS_m64n64_tb(o, pa[kk], values.At(kk * 16 * 128));
+        WgmmaRS_m64n64<1>(o, pa[kk], values.At(kk * 16 * 128));
       }
     }
     WgmmaCommit();
