@@ -229,23 +229,26 @@ struct WbSmem {  // 64 * NWG keys, 64 queries
   // accumulator's own order: float4 chunk c of thread w (of 128) at (128 c + w) * 16 bytes, which
   // is also its order in the tiled dQ accumulator (DqTileOffset).
   static constexpr int kdQBytes = kPipelined ? kBwdBM * 64 * 4 : 0;
+  // Head dim 64 beside the producer stages items' dQ in two buffers, alternately (the loops
+  // without a producer use the first).
+  static constexpr int kdQBuffers = HD == 64 && kPipelined ? 2 : 1;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKvBytes;
   static constexpr int kQ = kV + kKvBytes;                 // kStages buffers
   static constexpr int kdO = kQ + kStages * kQBytes;       // kStages buffers
   static constexpr int kdS = kdO + kStages * kQBytes;      // kdSBuffers buffers
-  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;  // the staging: HD / 64 halves
-  static constexpr int kL = kdQ + HD / 64 * kdQBytes;      // [kStages][64] fp32
-  static constexpr int kD = kL + kStages * kBwdBM * 4;     // [kStages][64] fp32
+  static constexpr int kdQ = kdS + kdSBuffers * kdSBytes;  // kdQBuffers stagings of HD / 64 halves
+  static constexpr int kL = kdQ + kdQBuffers * HD / 64 * kdQBytes;  // [kStages][64] fp32
+  static constexpr int kD = kL + kStages * kBwdBM * 4;              // [kStages][64] fp32
   static constexpr int kBars = kD + kStages * kBwdBM * 4;  // [kStages] operands-landed mbarriers
-  static constexpr int kStagingBar = kBars + 8 * kStages;  // the dQ staging read
-  static constexpr int kRelease = kStagingBar + 8;         // [kStages] uint32 release counts
-  // With a producer warpgroup: [kStages] operands-released mbarriers, then dQ-staged.
+  static constexpr int kStagingBar = kBars + 8 * kStages;  // [2] the dQ staging read
+  static constexpr int kRelease = kStagingBar + 16;        // [kStages] uint32 release counts
+  // With a producer warpgroup: [kStages] operands-released mbarriers, then [2] dQ-staged.
   static constexpr int kEmptyBars = (kRelease + 4 * kStages + 7) & ~7;
   static constexpr int kStagedBar = kEmptyBars + 8 * kStages;
   // Gathered blocks: [BN] int64, where each key's dK row starts in the dKV pool (DkvPoolRow), found
   // by the producer's idle warp at the block's start for the epilogue.
-  static constexpr int kDkvRows = kStagedBar + 8;
+  static constexpr int kDkvRows = kStagedBar + 16;
   static constexpr int kUnion =
       kPipelined ? kDkvRows + 8 * BN : kBars;  // uint32 union, int32 count
   // [sel_tiles] uint32, then [n_q_tiles] TileIndex: 16-bit where the dQ staging leaves little room
@@ -428,6 +431,13 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // every kdQBytes).
     const bool dq_issuer = (tid & 127) == 0;
     const uint32_t dq_stage_mine = base + L::kdQ + (tid & 127) * 16;
+    // Two stagings (head dim 64 beside the producer): item m's dQ in staging m % 2, with its own
+    // staged and free mbarriers, so that an owner waits for the reduce of its own item two back
+    // rather than the other warpgroup's just before (64K causal 1.015x, kernels/PERF.md).
+    constexpr bool kDqDouble = kProducer && L::kdQBuffers == 2;
+    constexpr uint32_t kStagingBytes = HD / 64 * L::kdQBytes;
+    auto staging_of = [&](int m) { return kDqDouble ? (m & 1) * kStagingBytes : 0u; };
+    auto bar_of = [&](int m) { return kDqDouble ? 8u * (m & 1) : 0u; };
     ItemOrder order(n_tiles, item_heads, kb0, prm.n_q_tiles, tile_at);
     // A tile's gathered blocks run side by side: each starts at its own head and query tile.
     if (gathered) order.first.i = (kb0 / BN / prm.group) % n_tiles;
@@ -442,8 +452,9 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // serialise them all. Operands (Q, dO, LSE2, D) land by TMA on their buffer's mbarrier, two
     // items ahead, waited just before the item's S^T. dS^T alternates between two buffers. Item
     // n's whole dQ [64 q][d_h] is warpgroup n % 2's (its owner's), from both warpgroups' dS^T,
-    // and the owners pass one staging buffer between them. At head_dim 64 this ran 1.08x the
-    // loop in which each warpgroup added its own keys' share from its own staging (PERF.md).
+    // and the owners pass one staging buffer between them (two at head dim 64 beside the
+    // producer, one each). At head_dim 64 this ran 1.08x the loop in which each warpgroup added
+    // its own keys' share from its own staging (PERF.md).
     // How the two warpgroups meet:
     //  - Without a block barrier (key blocks over own positions or pages): each warpgroup
     //    releases an operands buffer once its item's wgmmas are done (its own named barrier, then
@@ -480,6 +491,8 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
       }
       MbarInit(staging_free, 1);
       MbarInit(dq_staged, 128);
+      MbarInit(staging_free + 8, 1);
+      MbarInit(dq_staged + 8, 128);
       FenceMbarInit();
       TmaPrefetchMap(&maps.q);
       TmaPrefetchMap(&maps.d_out);
@@ -667,19 +680,19 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // staging_free.
     // The staging's reduce into item (h, q0)'s dQ tile, committed (by the owner's issuing thread,
     // or the producer's thread 288).
-    auto reduce_staged_dq = [&](int h, int q0) {
-      BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0), base + L::kdQ,
-                       HD / 64 * L::kdQBytes);
+    auto reduce_staged_dq = [&](int h, int q0, uint32_t staging = 0) {
+      BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
+                       base + L::kdQ + staging, HD / 64 * L::kdQBytes);
       BulkCommit();
     };
-    auto add_dq = [&](int h, int q0) {
+    auto add_dq = [&](int m, int h, int q0) {
 #pragma unroll
       for (int c = 0; c < kDqRegs / 4; ++c)
-        StShared4(dq_stage_mine + (c >> 3) * L::kdQBytes + (c & 7) * 128 * 16, dq[4 * c],
-                  dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
+        StShared4(dq_stage_mine + staging_of(m) + (c >> 3) * L::kdQBytes + (c & 7) * 128 * 16,
+                  dq[4 * c], dq[4 * c + 1], dq[4 * c + 2], dq[4 * c + 3]);
       FenceProxyAsync();
       if constexpr (kProducer) {
-        MbarArrive(dq_staged);  // the producer's warp 9 issues the reduce
+        MbarArrive(dq_staged + bar_of(m));  // the producer's warp 9 issues the reduce
         return;
       }
       NamedBarrierSync(1 + wg, 128);
@@ -715,10 +728,10 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
             int h, q0;
             item_at(c, h, q0);
             next_item(c);
-            MbarWait(dq_staged, m & 1);
-            reduce_staged_dq(h, q0);
+            MbarWait(dq_staged + bar_of(m), (kDqDouble ? m >> 1 : m) & 1);
+            reduce_staged_dq(h, q0, staging_of(m));
             BulkWaitRead<0>();
-            MbarArrive(staging_free);
+            MbarArrive(staging_free + bar_of(m));
           }
           BulkWait<0>();  // the reduces done before the block's shared memory goes
         } else if (kGather && warp == 10 && gathered) {
@@ -816,6 +829,15 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         }
         staging_owed = false;
       };
+      // Before staging item m's dQ: the staging's last reduce (item m - 1's, or m - 2's with two
+      // stagings) has read it.
+      auto wait_staging = [&](int m) {
+        if constexpr (kDqDouble) {
+          if (m > 1) MbarWait(staging_free + bar_of(m), ((m - 2) >> 1) & 1);
+        } else {
+          if (m > 0) MbarWait(staging_free, (m - 1) & 1);
+        }
+      };
       // Item m's whole dQ by its owner, from its issue to the bulk reduce.
       auto whole_dq = [&](int m, int h, int q0, uint32_t ds) {
         issue_dq(ds);
@@ -823,8 +845,8 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         FenceAcc(dv);
         FenceAcc(dk);
         FenceAcc(dq);
-        if (!kItemBarrier && m > 0) MbarWait(staging_free, (m - 1) & 1);
-        add_dq(h, q0);
+        if constexpr (!kItemBarrier) wait_staging(m);
+        add_dq(m, h, q0);
         staging_owed = !kProducer;
       };
       // kDeferDq (head_dim 64, without the item barrier): the owner of item n - 1 issues its whole
@@ -854,8 +876,8 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
           WgmmaWait<2>();  // item n - 1's dQ (where this warpgroup owes it)
           if (dq_owed) {
             FenceAcc(dq);
-            if (n > 1) MbarWait(staging_free, (n - 2) & 1);
-            add_dq(prev_h, prev_q0);
+            wait_staging(n - 1);
+            add_dq(n - 1, prev_h, prev_q0);
             staging_owed = !kProducer;
           }
         }
