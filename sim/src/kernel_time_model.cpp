@@ -263,7 +263,7 @@ double KernelTimeModel::AttentionComputeSeconds(const OpCost& cost) const {
                                                      /*dkv_f32=*/s.out_bytes == 4);
   if (sparse && k.sparse_bwd_gathered && !over_union) {
     // Gathered blocks: each query tile's selected positions 128 at a time, a block serving that
-    // tile's queries only (attention_bwd.cu); the same attended pairs, no item masked.
+    // tile's queries only (attention_bwd_kernels.cuh); the same attended pairs, no item masked.
     const double gathered_us = d64 && k.attention_bwd_gathered_item_us_d64 > 0
                                    ? k.attention_bwd_gathered_item_us_d64
                                    : k.attention_bwd_gathered_item_us;

@@ -1,6 +1,7 @@
-// Paged attention backward: what its kernel and launch share (attention_bwd.cu): the launch
-// parameters, which keys a block owns, the copies into shared memory, the page-sparse selection's
-// scan, and the dK/dV epilogue's row adders. The method is told at the top of attention_bwd.cu.
+// Paged attention backward: what its kernels (attention_bwd_kernels.cuh) and launch
+// (attention_bwd.cu) share: the launch parameters, which keys a block owns, the copies into shared
+// memory, the page-sparse selection's scan, and the dK/dV epilogue's row adders. The method is
+// told at the top of attention_bwd_kernels.cuh.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,6 +1,6 @@
-// Device helpers shared by the paged attention kernels (attention_fwd.cu, attention_bwd.cu):
-// PTX wrappers for cp.async, bf16 packing and the flushed exponential, and host-side argument
-// checks. (The wgmma layouts and wrappers: attention_wgmma.cuh.)
+// Device helpers shared by the paged attention kernels (attention_fwd.cu,
+// attention_bwd_kernels.cuh): PTX wrappers for cp.async, bf16 packing and the flushed exponential,
+// and host-side argument checks. (The wgmma layouts and wrappers: attention_wgmma.cuh.)
 #pragma once
 
 #include <cuda_bf16.h>
