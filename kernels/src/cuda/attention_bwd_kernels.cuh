@@ -682,7 +682,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
     // staging_free.
     // The staging's reduce into item (h, q0)'s dQ tile, committed (by the owner's issuing thread,
     // or the producer's thread 288).
-    auto reduce_staged_dq = [&](int h, int q0, uint32_t staging = 0) {
+    auto reduce_staged_dq = [&](int h, int q0, uint32_t staging) {
       BulkReduceAddF32(prm.dq_acc + DqTileOffset<HD>(prm.n_q_tiles, h, q0 / BM, 0),
                        base + L::kdQ + staging, HD / 64 * L::kdQBytes);
       BulkCommit();
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kProducer ? 384 : 128 * NWG, NWG == 1 ? 2 : 1)
         return;
       }
       NamedBarrierSync(1 + wg, 128);
-      if (dq_issuer) reduce_staged_dq(h, q0);
+      if (dq_issuer) reduce_staged_dq(h, q0, staging_of(m));
     };
 
     ItemCursor cur = order.first, ahead = order.first;  // items n and n + 2
